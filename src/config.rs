@@ -1,0 +1,594 @@
+//! The TOML configuration: defaults, parsing and the start-up check (locking-semantics.md §3,
+//! C-1, C-2). The commented example lives in `config/locketd.toml` and a test loads it.
+
+use crate::lock::FailureBackend;
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the daemon looks for its config when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/locketd/locketd.toml";
+
+/// A bad configuration: the message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or had an unknown key or a bad value.
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// The file (or `<inline>`).
+        path: String,
+        /// toml's message, with line and key.
+        message: String,
+    },
+    /// A value parsed but is not allowed.
+    #[error("invalid setting {setting}: {message}")]
+    Invalid {
+        /// Dotted name, e.g. `locket.heartbeat_interval`.
+        setting: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(setting: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting: setting.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A duration written as `"35s"`, `"100ms"`, `"5m"`, `"1h"`, `"1d"`, or a number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Secs(pub Duration);
+
+impl Secs {
+    /// The duration.
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+/// Parses `"35s"`, `"250ms"`, `"1.5s"`, `"5m"`, `"2h"`, `"1d"` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?} (use e.g. \"35s\", \"250ms\", \"5m\")"))?;
+    let scale = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "ms" => 0.001,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        other => return Err(format!("invalid duration unit {other:?} in {text:?}")),
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || secs < 0.0 || secs > 1.0e9 {
+        return Err(format!("duration {text:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secs, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Secs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"35s\", \"250ms\" or a number of seconds")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Secs, E> {
+                parse_duration(v).map(Secs).map_err(E::custom)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Secs, E> {
+                u64::try_from(v)
+                    .map(|s| Secs(Duration::from_secs(s)))
+                    .map_err(|_| E::custom("a duration cannot be negative"))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Secs, E> {
+                Ok(Secs(Duration::from_secs(v)))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Secs, E> {
+                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A list written either as a TOML array or as one comma-separated string.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct List(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for List {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<List, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::One(s) => List(
+                s.split(',')
+                    .map(|p| p.trim().to_string())
+                    .filter(|p| !p.is_empty())
+                    .collect(),
+            ),
+            Either::Many(v) => List(v),
+        })
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What happens when a running job's lock is lost (A-11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLockLost {
+    /// Stop the handler and record `Locket::LockLost`.
+    #[default]
+    Kill,
+    /// Stop the handler and put the payload back at the tail of its queue.
+    Requeue,
+    /// Log and count only; the job keeps running without exclusivity.
+    Continue,
+}
+
+/// What happens to a job that was running in a process that died (R-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnWorkerDeath {
+    /// Record `Resque::DirtyExit`, as Resque does.
+    #[default]
+    Fail,
+    /// Requeue to the tail, up to `max_recoveries` times per payload digest.
+    Requeue,
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Redis URL (`redis://`, `rediss://`, `unix://`), overridden by `--redis` / `REDIS_URL`.
+    #[serde(default = "default_redis")]
+    pub redis: String,
+    /// Resque namespace: every key is `<namespace>:<key>`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Queue patterns in priority order, Resque's syntax (`*`, globs, `!skip`).
+    #[serde(default)]
+    pub queues: List,
+    /// Seconds to sleep after a pass that found nothing (Resque's INTERVAL); 0 drains and exits.
+    #[serde(default = "default_interval")]
+    pub interval: Secs,
+    /// `text` or `json`.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Log filter when `RUST_LOG` is not set, e.g. `info` or `locketd=debug`.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    /// Largest payload run, in bytes; larger ones are failed with `Locket::BadPayload`.
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: usize,
+    /// `redis` (the `failed` list) or `redis_multi_queue` (`<q>_failed` lists).
+    #[serde(default)]
+    pub failure_backend: FailureBackend,
+    /// Prune dead Resque workers at start, by Resque's own rules.
+    #[serde(default = "yes")]
+    pub prune_dead_workers: bool,
+    /// Locket settings.
+    #[serde(default)]
+    pub locket: Locket,
+    /// Handlers and lock settings per job class; `"*"` is the fallback.
+    #[serde(default)]
+    pub classes: BTreeMap<String, ClassConfig>,
+}
+
+/// The `[locket]` table (locking-semantics.md §3).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Locket {
+    /// Lock every class that did not opt out.
+    #[serde(default = "yes")]
+    pub lock_all: bool,
+    /// Only jobs from these queues are locked (resque-locket's `locketed_queues`); empty = all.
+    #[serde(default)]
+    pub lock_queues: List,
+    /// Lease length.
+    #[serde(default = "d35s")]
+    pub lock_ttl: Secs,
+    /// Time between extensions while a job runs.
+    #[serde(default = "d30s")]
+    pub heartbeat_interval: Secs,
+    /// Longest life of a queue lock counter (A-15).
+    #[serde(default = "d15s")]
+    pub counter_ttl: Secs,
+    /// Delete the skipped queues' counters after a pass that reserved nothing (A-16).
+    #[serde(default)]
+    pub clear_counters_when_idle: bool,
+    /// `kill`, `requeue` or `continue` (A-11).
+    #[serde(default)]
+    pub on_lock_lost: OnLockLost,
+    /// Time between the polite stop (SIGTERM) and the hard stop (SIGKILL) of a handler.
+    #[serde(default = "d10s")]
+    pub kill_grace: Secs,
+    /// Process liveness renewal period (R-1).
+    #[serde(default = "d10s")]
+    pub process_heartbeat: Secs,
+    /// Process liveness lease (R-1); a process silent this long is recovered.
+    #[serde(default = "d60s")]
+    pub process_ttl: Secs,
+    /// Janitor period (R-3).
+    #[serde(default = "d5s")]
+    pub janitor_interval: Secs,
+    /// `fail` or `requeue` for jobs running in a dead process (R-4).
+    #[serde(default)]
+    pub on_worker_death: OnWorkerDeath,
+    /// Crash requeues of one payload before it is failed instead.
+    #[serde(default = "three")]
+    pub max_recoveries: u32,
+    /// Time running jobs get to finish on shutdown.
+    #[serde(default = "d25s")]
+    pub shutdown_timeout: Secs,
+    /// Run even if Redis may evict keys (S-7).
+    #[serde(default)]
+    pub allow_evicting_redis: bool,
+}
+
+impl Default for Locket {
+    fn default() -> Locket {
+        // An empty table gets every default.
+        toml::from_str("").unwrap_or_else(|_| unreachable_defaults())
+    }
+}
+
+fn unreachable_defaults() -> Locket {
+    Locket {
+        lock_all: true,
+        lock_queues: List::default(),
+        lock_ttl: d35s(),
+        heartbeat_interval: d30s(),
+        counter_ttl: d15s(),
+        clear_counters_when_idle: false,
+        on_lock_lost: OnLockLost::Kill,
+        kill_grace: d10s(),
+        process_heartbeat: d10s(),
+        process_ttl: d60s(),
+        janitor_interval: d5s(),
+        on_worker_death: OnWorkerDeath::Fail,
+        max_recoveries: 3,
+        shutdown_timeout: d25s(),
+        allow_evicting_redis: false,
+    }
+}
+
+/// One `[classes."Name"]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Handler command as argv (no shell): `["bin/sync", "--fast"]`.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Longest run of one job; then it is stopped and failed with `Locket::Timeout`.
+    #[serde(default, alias = "max_runtime")]
+    pub timeout: Option<Secs>,
+    /// `false` opts the class out of locking.
+    #[serde(default)]
+    pub lock: Option<bool>,
+    /// Working directory of the command.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// Extra environment for the command.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Per-class override of `locket.on_lock_lost`.
+    #[serde(default)]
+    pub on_lock_lost: Option<OnLockLost>,
+    /// Per-class override of `locket.kill_grace`.
+    #[serde(default)]
+    pub kill_grace: Option<Secs>,
+}
+
+fn default_redis() -> String {
+    "redis://127.0.0.1:6379/0".to_string()
+}
+fn default_namespace() -> String {
+    "resque".to_string()
+}
+fn default_interval() -> Secs {
+    Secs(Duration::from_secs(5))
+}
+fn default_log_level() -> String {
+    "info".to_string()
+}
+fn default_max_payload() -> usize {
+    8 * 1024 * 1024
+}
+fn yes() -> bool {
+    true
+}
+fn three() -> u32 {
+    3
+}
+fn d5s() -> Secs {
+    Secs(Duration::from_secs(5))
+}
+fn d10s() -> Secs {
+    Secs(Duration::from_secs(10))
+}
+fn d15s() -> Secs {
+    Secs(Duration::from_secs(15))
+}
+fn d25s() -> Secs {
+    Secs(Duration::from_secs(25))
+}
+fn d30s() -> Secs {
+    Secs(Duration::from_secs(30))
+}
+fn d35s() -> Secs {
+    Secs(Duration::from_secs(35))
+}
+fn d60s() -> Secs {
+    Secs(Duration::from_secs(60))
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            redis: default_redis(),
+            namespace: default_namespace(),
+            queues: List::default(),
+            interval: default_interval(),
+            log_format: LogFormat::Text,
+            log_level: default_log_level(),
+            max_payload_bytes: default_max_payload(),
+            failure_backend: FailureBackend::Redis,
+            prune_dead_workers: true,
+            locket: Locket::default(),
+            classes: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string().trim().replace('\n', " "),
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Rejects what C-1 rejects; returns the warnings (C-2 and friends) to log once logging is up.
+    pub fn check(&self) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
+        if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
+            return Err(invalid("namespace", "must be non-empty, without spaces"));
+        }
+        if self.queues.0.is_empty() {
+            return Err(invalid(
+                "queues",
+                "no queues: give --queues, QUEUES or `queues` in the config",
+            ));
+        }
+        crate::resque::patterns::QueueSpec::from_list(&self.queues.0)
+            .map_err(|e| invalid("queues", e.to_string()))?;
+        if let Err(e) = redis::Client::open(self.redis.as_str()) {
+            return Err(invalid("redis", format!("bad Redis URL: {e}")));
+        }
+        let l = &self.locket;
+        if l.lock_ttl.get() < Duration::from_secs(1) {
+            return Err(invalid(
+                "locket.lock_ttl",
+                format!("{} is below 1s", l.lock_ttl),
+            ));
+        }
+        if l.heartbeat_interval.get() < Duration::from_millis(100) {
+            return Err(invalid(
+                "locket.heartbeat_interval",
+                format!("{} is below 100ms", l.heartbeat_interval),
+            ));
+        }
+        if l.heartbeat_interval >= l.lock_ttl {
+            return Err(invalid(
+                "locket.heartbeat_interval",
+                format!(
+                    "{} must be shorter than locket.lock_ttl ({})",
+                    l.heartbeat_interval, l.lock_ttl
+                ),
+            ));
+        }
+        if l.counter_ttl.get() < Duration::from_secs(1) {
+            return Err(invalid(
+                "locket.counter_ttl",
+                format!("{} is below 1s", l.counter_ttl),
+            ));
+        }
+        if l.process_heartbeat.get() < Duration::from_millis(100) {
+            return Err(invalid("locket.process_heartbeat", "is below 100ms"));
+        }
+        if l.process_ttl.get() < l.process_heartbeat.get() * 2 {
+            return Err(invalid(
+                "locket.process_ttl",
+                format!(
+                    "{} must be at least twice locket.process_heartbeat ({})",
+                    l.process_ttl, l.process_heartbeat
+                ),
+            ));
+        }
+        if l.janitor_interval.get() < Duration::from_millis(100) {
+            return Err(invalid("locket.janitor_interval", "is below 100ms"));
+        }
+        if l.lock_ttl.get().saturating_sub(l.heartbeat_interval.get()) < Duration::from_secs(3) {
+            warnings.push(format!(
+                "locket.lock_ttl ({}) leaves less than 3s after locket.heartbeat_interval ({}): \
+                 a slow heartbeat may lose the lock",
+                l.lock_ttl, l.heartbeat_interval
+            ));
+        }
+        for (name, class) in &self.classes {
+            let setting = format!("classes.{name:?}");
+            if name.is_empty() {
+                return Err(invalid("classes", "a class name is empty"));
+            }
+            if let Some(cmd) = &class.command {
+                if cmd.is_empty() || cmd[0].is_empty() {
+                    return Err(invalid(
+                        &format!("{setting}.command"),
+                        "must name a program: [\"path\", \"arg\", ...]",
+                    ));
+                }
+            } else if name != "*" && !self.classes.contains_key("*") {
+                warnings.push(format!(
+                    "{setting} has no command and there is no \"*\" fallback: its jobs fail unless \
+                     an in-process handler is registered"
+                ));
+            }
+            if let Some(t) = class.timeout {
+                if t.get().is_zero() {
+                    return Err(invalid(&format!("{setting}.timeout"), "must be above 0"));
+                }
+            }
+        }
+        if self.classes.is_empty() {
+            warnings.push(
+                "no [classes] configured: every job fails unless an in-process handler is registered"
+                    .to_string(),
+            );
+        }
+        Ok(warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::parse(text, "test").unwrap()
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = cfg("queues = \"high,low\"");
+        assert_eq!(c.namespace, "resque");
+        assert_eq!(c.redis, "redis://127.0.0.1:6379/0");
+        assert_eq!(c.queues.0, vec!["high", "low"]);
+        assert_eq!(c.locket.lock_ttl.get(), Duration::from_secs(35));
+        assert_eq!(c.locket.heartbeat_interval.get(), Duration::from_secs(30));
+        assert_eq!(c.locket.counter_ttl.get(), Duration::from_secs(15));
+        assert!(c.locket.lock_all);
+        assert!(!c.locket.clear_counters_when_idle);
+        assert_eq!(c.interval.get(), Duration::from_secs(5));
+        assert!(c.check().is_ok());
+        assert_eq!(Config::default().locket.lock_ttl, c.locket.lock_ttl);
+    }
+
+    #[test]
+    fn durations_take_units_and_numbers() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        let c = cfg("queues = [\"a\"]\ninterval = 0.5\n[locket]\nlock_ttl = 40\n");
+        assert_eq!(c.interval.get(), Duration::from_millis(500));
+        assert_eq!(c.locket.lock_ttl.get(), Duration::from_secs(40));
+    }
+
+    // locking-semantics.md C-1: rejected at startup with a message naming the setting.
+    #[test]
+    fn bad_settings_are_rejected_by_name() {
+        let cases = [
+            ("[locket]\nlock_ttl = \"500ms\"", "locket.lock_ttl"),
+            (
+                "[locket]\nheartbeat_interval = \"50ms\"",
+                "locket.heartbeat_interval",
+            ),
+            (
+                "[locket]\nheartbeat_interval = \"40s\"",
+                "locket.heartbeat_interval",
+            ),
+            ("[locket]\ncounter_ttl = \"10ms\"", "locket.counter_ttl"),
+            ("[classes.\"A\"]\ncommand = []", "command"),
+            ("namespace = \"\"", "namespace"),
+        ];
+        for (text, setting) in cases {
+            let c = cfg(&format!("queues = \"q\"\n{text}"));
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.contains(setting), "{text}: {err}");
+        }
+        let err = Config::parse("queues = \"q\"\nbogus = 1", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bogus"), "{err}");
+        let err = Config::parse("[locket]\nlock_ttl = \"forever\"", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lock_ttl") || err.contains("forever"), "{err}");
+        assert!(cfg("").check().unwrap_err().to_string().contains("queues"));
+    }
+
+    // locking-semantics.md C-2
+    #[test]
+    fn short_slack_is_a_warning_not_an_error() {
+        let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"8s\"");
+        let w = c.check().unwrap();
+        assert!(w.iter().any(|w| w.contains("less than 3s")), "{w:?}");
+    }
+
+    #[test]
+    fn the_shipped_example_config_loads_and_checks() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/locketd.toml");
+        let c = Config::load(&path).unwrap();
+        c.check().unwrap();
+        assert!(c.classes.contains_key("*"));
+    }
+}

@@ -1,0 +1,367 @@
+//! Job handlers: the configured command per class, or an in-process [`Handler`] registered by a
+//! program that uses locketd as a library.
+//!
+//! The command contract (README "Handler contract"): argv without a shell, the payload on stdin,
+//! `LOCKETD_CLASS`, `LOCKETD_QUEUE`, `LOCKETD_ARGS` (JSON), `LOCKETD_WORKER`, `LOCKETD_LOCK_KEYS`
+//! (JSON array) and `LOCKETD_LOCK_TOKEN` in the environment; exit 0 is success; a polite stop is
+//! SIGTERM to the handler's process group, a hard stop SIGKILL.
+
+use crate::config::{ClassConfig, Config};
+use crate::resque::failure::JobFailure;
+use futures::future::BoxFuture;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+/// What a handler sees of one job.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    /// Job class.
+    pub class: String,
+    /// Queue it was reserved from.
+    pub queue: String,
+    /// The payload exactly as enqueued.
+    pub payload: String,
+    /// `args` as decoded (exact number text).
+    pub args: serde_json::Value,
+    /// `args` exactly as enqueued.
+    pub args_raw: String,
+    /// The Resque worker id running it.
+    pub worker: String,
+    /// Ids of the locks held for it.
+    pub lock_keys: Vec<String>,
+    /// The attempt's lock token (empty when unlocked).
+    pub lock_token: String,
+}
+
+/// The result of one run: `Ok` is success; `Err` becomes a Resque failure record.
+pub type HandlerResult = Result<(), JobFailure>;
+
+/// Runs jobs of one class.
+///
+/// `stop` is cancelled when the supervisor asks the job to stop politely (lost lock, timeout,
+/// shutdown); if the future has not completed `kill_grace` later it is dropped.
+pub trait Handler: Send + Sync {
+    /// Runs one job.
+    fn perform(
+        &self,
+        job: JobContext,
+        stop: CancellationToken,
+    ) -> BoxFuture<'static, HandlerResult>;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(JobContext) -> Fut + Send + Sync,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    fn perform(
+        &self,
+        job: JobContext,
+        _stop: CancellationToken,
+    ) -> BoxFuture<'static, HandlerResult> {
+        Box::pin(self(job))
+    }
+}
+
+/// Class name → handler, with the `"*"` fallback.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    by_class: HashMap<String, Arc<dyn Handler>>,
+    fallback: Option<Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handlers")
+            .field("classes", &self.by_class.keys().collect::<Vec<_>>())
+            .field("fallback", &self.fallback.is_some())
+            .finish()
+    }
+}
+
+impl Handlers {
+    /// No handlers.
+    pub fn new() -> Handlers {
+        Handlers::default()
+    }
+
+    /// The command handlers of a config's `[classes]`.
+    pub fn from_config(config: &Config) -> Handlers {
+        let mut h = Handlers::new();
+        for (name, class) in &config.classes {
+            if class.command.is_some() {
+                h.insert(name, CommandHandler::new(class));
+            }
+        }
+        h
+    }
+
+    /// Registers a handler for `class` (`"*"` for the fallback), replacing any before it.
+    pub fn insert(&mut self, class: &str, handler: impl Handler + 'static) -> &mut Handlers {
+        let handler: Arc<dyn Handler> = Arc::new(handler);
+        if class == "*" {
+            self.fallback = Some(handler);
+        } else {
+            self.by_class.insert(class.to_string(), handler);
+        }
+        self
+    }
+
+    /// The handler for `class`, or the fallback.
+    pub fn get(&self, class: &str) -> Option<Arc<dyn Handler>> {
+        self.by_class.get(class).or(self.fallback.as_ref()).cloned()
+    }
+}
+
+const STDERR_TAIL_LINES: usize = 20;
+const LINE_LIMIT: usize = 2000;
+
+/// Runs a configured command per job.
+#[derive(Debug, Clone)]
+pub struct CommandHandler {
+    argv: Vec<String>,
+    dir: Option<PathBuf>,
+    env: Vec<(String, String)>,
+}
+
+impl CommandHandler {
+    /// From a class table (`command` must be set and non-empty; `Config::check` ensures it).
+    pub fn new(class: &ClassConfig) -> CommandHandler {
+        CommandHandler {
+            argv: class.command.clone().unwrap_or_default(),
+            dir: class.dir.clone(),
+            env: class
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// A handler running `argv`.
+    pub fn from_argv(argv: Vec<String>) -> CommandHandler {
+        CommandHandler {
+            argv,
+            dir: None,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// Kills the handler's whole process group when dropped, so a hard stop (the supervisor dropping
+/// the future) never leaves it running.
+struct GroupGuard {
+    pgid: Option<i32>,
+}
+
+impl GroupGuard {
+    fn signal(&self, sig: i32) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: kill(2) with a negative pid signals that process group; no memory is shared.
+            unsafe {
+                libc::kill(-pgid, sig);
+            }
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+fn trim_line(mut line: String) -> String {
+    if line.len() > LINE_LIMIT {
+        let mut cut = LINE_LIMIT;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+    line
+}
+
+/// Text Ruby's `Process::Status#to_s` gives for a signalled child: `pid 9521 SIGKILL (signal 9)`.
+pub fn signal_status_text(pid: u32, sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => "",
+    };
+    if name.is_empty() {
+        format!("pid {pid} signal {sig}")
+    } else {
+        format!("pid {pid} {name} (signal {sig})")
+    }
+}
+
+impl Handler for CommandHandler {
+    fn perform(
+        &self,
+        job: JobContext,
+        stop: CancellationToken,
+    ) -> BoxFuture<'static, HandlerResult> {
+        let this = self.clone();
+        Box::pin(async move { this.run(job, stop).await })
+    }
+}
+
+impl CommandHandler {
+    async fn run(&self, job: JobContext, stop: CancellationToken) -> HandlerResult {
+        use std::os::unix::process::ExitStatusExt;
+
+        let program = &self.argv[0];
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(&self.argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("LOCKETD_CLASS", &job.class)
+            .env("LOCKETD_QUEUE", &job.queue)
+            .env("LOCKETD_ARGS", &job.args_raw)
+            .env("LOCKETD_WORKER", &job.worker)
+            .env(
+                "LOCKETD_LOCK_KEYS",
+                serde_json::to_string(&job.lock_keys).unwrap_or_else(|_| "[]".into()),
+            )
+            .env("LOCKETD_LOCK_TOKEN", &job.lock_token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &self.dir {
+            cmd.current_dir(dir);
+        }
+        // SAFETY: prctl only sets a flag on the child between fork and exec; it allocates
+        // nothing and is async-signal-safe. If locketd dies, the kernel kills the handler, so
+        // no handler outlives the lock it ran under.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(JobFailure::new(
+                    "Locket::HandlerError",
+                    format!(
+                        "cannot start handler {program:?} for class {}: {e}",
+                        job.class
+                    ),
+                ))
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        let guard = GroupGuard {
+            pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
+        };
+
+        if let Some(mut stdin) = child.stdin.take() {
+            let payload = job.payload.clone().into_bytes();
+            tokio::spawn(async move {
+                // A handler that does not read stdin closes the pipe: that is not an error.
+                let _ = stdin.write_all(&payload).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let (class, queue) = (job.class.clone(), job.queue.clone());
+        let out_task = tokio::spawn(async move {
+            if let Some(out) = stdout {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(target: "locketd::handler", class = %class, queue = %queue, stream = "stdout", "{}", trim_line(line));
+                }
+            }
+        });
+        let (class, queue) = (job.class.clone(), job.queue.clone());
+        let err_task = tokio::spawn(async move {
+            let mut tail = VecDeque::new();
+            if let Some(err) = stderr {
+                let mut lines = BufReader::new(err).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let line = trim_line(line);
+                    tracing::warn!(target: "locketd::handler", class = %class, queue = %queue, stream = "stderr", "{}", line);
+                    if tail.len() == STDERR_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+            }
+            tail
+        });
+
+        let status = tokio::select! {
+            s = child.wait() => s,
+            _ = stop.cancelled() => {
+                guard.signal(libc::SIGTERM);
+                child.wait().await
+            }
+        };
+        // The handler is gone; anything it left in its group goes too.
+        drop(guard);
+        let _ = tokio::time::timeout(Duration::from_secs(1), out_task).await;
+        let tail: Vec<String> = match tokio::time::timeout(Duration::from_secs(1), err_task).await {
+            Ok(Ok(t)) => t.into_iter().collect(),
+            _ => Vec::new(),
+        };
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(JobFailure::new(
+                    "Locket::HandlerError",
+                    format!("waiting for handler {program:?}: {e}"),
+                ))
+            }
+        };
+        if status.success() {
+            return Ok(());
+        }
+        let last = tail
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .cloned()
+            .unwrap_or_default();
+        if let Some(code) = status.code() {
+            let mut error = format!("{program} exited with status {code}");
+            if !last.is_empty() {
+                error.push_str(": ");
+                error.push_str(last.trim());
+            }
+            Err(JobFailure::new("Locket::CommandFailed", error).with_backtrace(tail))
+        } else {
+            let sig = status.signal().unwrap_or(0);
+            Err(JobFailure::new(
+                "Resque::DirtyExit",
+                format!(
+                    "Child process received unhandled signal {}",
+                    signal_status_text(pid, sig)
+                ),
+            )
+            .with_backtrace(tail)
+            .dirty())
+        }
+    }
+}

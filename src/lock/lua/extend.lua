@@ -1,0 +1,41 @@
+-- EXTEND (locking-semantics.md A-10, L-8, NEVER-5): compare-and-extend of one job's locks.
+-- Only an existing, unexpired member with the caller's token moves forward; a lapsed or
+-- removed member is reported lost and never re-added.
+--
+-- KEYS[1]      <ns>:locket:locks                     (index)
+-- KEYS[3i-1]   <ns>:locket:lock:<id_i>               for i = 1..n
+-- KEYS[3i]     <ns>:locket:lockinfo:<id_i>
+-- KEYS[3i+1]   <ns>:locket:blocked:lock:<id_i>
+-- ARGV[1]      token
+-- ARGV[2]      lock_ttl in ms
+-- ARGV[3]      counter key prefix, "<ns>:locket:counter:"
+-- ARGV[3+i]    lock id i
+--
+-- Returns {deadline_ms, lost_1, ..., lost_n} where lost_i is 1 when lock i was not extended.
+-- Raises nothing.
+
+local token = ARGV[1]
+local now = now_ms()
+local deadline = now + tonumber(ARGV[2])
+local out = {deadline}
+for i = 1, #ARGV - 3 do
+  local lk, ik, bk = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local id = ARGV[3 + i]
+  purge_expired(lk, ik, bk, now, ARGV[3])
+  if redis.call('ZSCORE', lk, token) then
+    redis.call('ZADD', lk, 'XX', deadline, token)
+    local raw = redis.call('HGET', ik, token)
+    if raw then
+      local ok, info = pcall(cjson.decode, raw)
+      if ok and type(info) == 'table' then
+        info['extended_at'] = now
+        redis.call('HSET', ik, token, cjson.encode(info))
+      end
+    end
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = 1
+  end
+  fix_lock(lk, ik, KEYS[1], id)
+end
+return out

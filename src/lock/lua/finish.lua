@@ -1,0 +1,76 @@
+-- FINISH (locking-semantics.md A-13, A-14, L-5, R-6; resque-protocol.md §4 done_working, §5, §6).
+-- Ends one reservation: deletes the inflight record if it is still this slot's, releases the
+-- attempt's locks by token, and records the outcome the way Resque does.
+--
+-- KEYS[1]      <ns>:locket:inflight:<slot key>
+-- KEYS[2]      <ns>:worker:<resque worker id>
+-- KEYS[3]      <ns>:stat:processed
+-- KEYS[4]      <ns>:stat:processed:<resque worker id>
+-- KEYS[5]      <ns>:stat:failed
+-- KEYS[6]      <ns>:stat:failed:<resque worker id>
+-- KEYS[7]      failure list: <ns>:failed, or <ns>:<q>_failed with the redis_multi_queue backend
+-- KEYS[8]      <ns>:failed_queues
+-- KEYS[9]      <ns>:queue:<q>
+-- KEYS[10]     <ns>:queues
+-- KEYS[11]     <ns>:locket:locks
+-- KEYS[9+3i]   <ns>:locket:lock:<id_i>               for i = 1..n
+-- KEYS[10+3i]  <ns>:locket:lockinfo:<id_i>
+-- KEYS[11+3i]  <ns>:locket:blocked:lock:<id_i>
+-- ARGV[1]      rid
+-- ARGV[2]      token ("" when no lock was taken)
+-- ARGV[3]      outcome:
+--                success  the job ran and succeeded: processed + 1
+--                failure  the job raised / exited non-zero: failure record, processed + 1, failed + 1
+--                dirty    the job was killed (Resque::DirtyExit): failure record, processed + 1
+--                requeue  the payload goes back to the tail of its queue, no Resque stats
+-- ARGV[4]      failure record JSON (outcomes failure and dirty)
+-- ARGV[5]      "" for <ns>:failed, or the list name "<q>_failed" to add to failed_queues
+-- ARGV[6]      counter key prefix, "<ns>:locket:counter:"
+-- ARGV[7]      queue name q
+-- ARGV[7+i]    lock id i
+--
+-- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
+-- token is released and nothing is recorded a second time.
+-- Raises nothing.
+
+local inflight = KEYS[1]
+local outcome = ARGV[3]
+local mine = redis.call('HGET', inflight, 'rid') == ARGV[1]
+local payload = nil
+if mine then
+  payload = redis.call('HGET', inflight, 'payload')
+  redis.call('DEL', inflight)
+end
+
+if ARGV[2] ~= '' then
+  for i = 1, #ARGV - 7 do
+    release_token(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i], KEYS[11],
+      ARGV[7 + i], ARGV[2], ARGV[6])
+  end
+end
+
+if not mine then
+  return 'missing'
+end
+
+if outcome == 'requeue' then
+  redis.call('RPUSH', KEYS[9], payload)
+  redis.call('SADD', KEYS[10], ARGV[7])
+  redis.call('DEL', KEYS[2])
+  return 'ok'
+end
+
+if outcome == 'failure' or outcome == 'dirty' then
+  redis.call('RPUSH', KEYS[7], ARGV[4])
+  if ARGV[5] ~= '' then
+    redis.call('SADD', KEYS[8], ARGV[5])
+  end
+end
+if outcome == 'failure' then
+  redis.call('INCRBY', KEYS[5], 1)
+  redis.call('INCRBY', KEYS[6], 1)
+end
+redis.call('DEL', KEYS[2])
+redis.call('INCRBY', KEYS[3], 1)
+redis.call('INCRBY', KEYS[4], 1)
+return 'ok'

@@ -1,0 +1,63 @@
+-- RESERVE (locking-semantics.md A-1, A-2, A-3, A-16; resque-protocol.md §3 pause rule).
+-- Pops the first job from the first queue, in priority order, whose lock counter is below its
+-- length, and moves it into the slot's inflight record in the same step.
+--
+-- KEYS[1]       <ns>:locket:inflight:<slot key>
+-- KEYS[2]       <ns>:pause-all-workers
+-- KEYS[2+2i-1]  <ns>:queue:<q_i>              for i = 1..n, in priority order
+-- KEYS[2+2i]    <ns>:locket:counter:<q_i>
+-- ARGV[1]       rid (fresh, 16 hex chars)
+-- ARGV[2]       Resque worker id of the slot
+-- ARGV[3]       "1" to clear the counters of skipped queues when nothing was reserved
+-- ARGV[3+i]     queue name q_i
+--
+-- Returns one of
+--   {"job", queue, payload, rid}
+--   {"nothing", skipped queue...}
+--   {"paused"}            pause-all-workers is "true" (trimmed, any case)
+--   {"busy"}              the slot already holds a reservation (K-2; a bug report)
+-- Raises nothing.
+
+local inflight = KEYS[1]
+if is_true(redis.call('GET', KEYS[2])) then
+  return {'paused'}
+end
+if redis.call('EXISTS', inflight) == 1 then
+  return {'busy'}
+end
+
+local n = #ARGV - 3
+local skipped = {}
+for i = 1, n do
+  local qkey = KEYS[2 + 2 * i - 1]
+  local len = redis.call('LLEN', qkey)
+  if len > 0 then
+    local c = tonumber(redis.call('GET', KEYS[2 + 2 * i]) or '0') or 0
+    if c >= len then
+      skipped[#skipped + 1] = ARGV[3 + i]
+    else
+      local payload = redis.call('LPOP', qkey)
+      redis.call('HSET', inflight,
+        'rid', ARGV[1],
+        'queue', ARGV[3 + i],
+        'payload', payload,
+        'reserved_at', now_ms(),
+        'state', 'reserved',
+        'resque_worker', ARGV[2])
+      return {'job', ARGV[3 + i], payload, ARGV[1]}
+    end
+  end
+end
+
+if ARGV[3] == '1' then
+  for i = 1, n do
+    for _, q in ipairs(skipped) do
+      if q == ARGV[3 + i] then
+        redis.call('DEL', KEYS[2 + 2 * i])
+      end
+    end
+  end
+end
+local out = {'nothing'}
+for _, q in ipairs(skipped) do out[#out + 1] = q end
+return out

@@ -1,0 +1,19 @@
+-- RETURN a reservation that never started to the head of its queue
+-- (locking-semantics.md R-8, rid-checked like every move out of an inflight record).
+--
+-- KEYS[1]  <ns>:locket:inflight:<slot key>
+-- KEYS[2]  <ns>:queue:<q>
+-- KEYS[3]  <ns>:queues
+-- ARGV[1]  rid
+-- ARGV[2]  queue name q
+--
+-- Returns "ok", or "missing" when the record is not this reservation's. Raises nothing.
+
+if redis.call('HGET', KEYS[1], 'rid') ~= ARGV[1] then
+  return 'missing'
+end
+local payload = redis.call('HGET', KEYS[1], 'payload')
+redis.call('DEL', KEYS[1])
+redis.call('LPUSH', KEYS[2], payload)
+redis.call('SADD', KEYS[3], ARGV[2])
+return 'ok'

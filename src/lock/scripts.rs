@@ -1,0 +1,89 @@
+//! The locket Lua scripts, one operation per file under `lua/`, each prefixed with the shared
+//! helpers in `lua/lib.lua`. Only this file names the files.
+
+use redis::Script;
+use std::sync::OnceLock;
+
+macro_rules! script {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/lib.lua"),
+            include_str!(concat!("lua/", $file))
+        )
+    };
+}
+
+/// Every locket script, built once per process.
+#[derive(Debug)]
+pub struct Scripts {
+    /// RESERVE.
+    pub reserve: Script,
+    /// ACQUIRE and START.
+    pub acquire: Script,
+    /// EXTEND.
+    pub extend: Script,
+    /// FINISH.
+    pub finish: Script,
+    /// Return a reservation to the head of its queue.
+    pub return_job: Script,
+    /// Resque registration and process liveness.
+    pub register: Script,
+    /// Process heartbeat and Resque heartbeat.
+    pub heartbeat: Script,
+    /// Resque unregistration.
+    pub unregister: Script,
+    /// Recover one slot of a dead process.
+    pub recover: Script,
+    /// Purge expired lock holders (R-3 step 2).
+    pub purge: Script,
+}
+
+/// The scripts, compiled (hashed) on first use.
+pub fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        reserve: Script::new(script!("reserve.lua")),
+        acquire: Script::new(script!("acquire.lua")),
+        extend: Script::new(script!("extend.lua")),
+        finish: Script::new(script!("finish.lua")),
+        return_job: Script::new(script!("return.lua")),
+        register: Script::new(script!("register.lua")),
+        heartbeat: Script::new(script!("heartbeat.lua")),
+        unregister: Script::new(script!("unregister.lua")),
+        recover: Script::new(script!("recover.lua")),
+        purge: Script::new(script!("purge.lua")),
+    })
+}
+
+/// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
+pub fn sources() -> [(&'static str, &'static str); 10] {
+    [
+        ("reserve.lua", script!("reserve.lua")),
+        ("acquire.lua", script!("acquire.lua")),
+        ("extend.lua", script!("extend.lua")),
+        ("finish.lua", script!("finish.lua")),
+        ("return.lua", script!("return.lua")),
+        ("register.lua", script!("register.lua")),
+        ("heartbeat.lua", script!("heartbeat.lua")),
+        ("unregister.lua", script!("unregister.lua")),
+        ("recover.lua", script!("recover.lua")),
+        ("purge.lua", script!("purge.lua")),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // locking-semantics.md NEVER-7 and K-1: no script lists keys by pattern.
+    #[test]
+    fn no_script_calls_keys_or_scan() {
+        for (name, src) in sources() {
+            for bad in [
+                "'KEYS'", "'SCAN'", "\"KEYS\"", "\"SCAN\"", "'keys'", "'scan'",
+            ] {
+                assert!(!src.contains(bad), "{name} calls {bad}");
+            }
+        }
+    }
+}

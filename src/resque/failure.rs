@@ -1,0 +1,159 @@
+//! Failure records in Ruby Resque's exact shape (resque-protocol.md §6, checklist 21):
+//!
+//! ```text
+//! 127.0.0.1:6379> LINDEX resque:failed 0
+//! "{\"failed_at\":\"2026/11/21 12:18:24 UTC\",\"payload\":{\"class\":\"BoomJob\",\"args\":[7]},
+//!   \"exception\":\"ArgumentError\",\"error\":\"bad thing 7\",\"backtrace\":[],
+//!   \"worker\":\"vm:9397:high,low\",\"queue\":\"low\"}"
+//! ```
+//!
+//! Fields in that order; `payload` is the popped payload embedded verbatim, or `null` with the
+//! raw text in an extra `raw_payload` field when it is not JSON (locketd's choice; Ruby loses
+//! such jobs).
+
+use crate::resque::payload::raw_json;
+use crate::resque::time;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::time::SystemTime;
+
+/// What went wrong with a job, before it is placed in a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFailure {
+    /// Exception class name, e.g. `Locket::CommandFailed`, `Resque::DirtyExit`.
+    pub exception: String,
+    /// The message.
+    pub error: String,
+    /// Lines of context (for command handlers, the tail of stderr).
+    pub backtrace: Vec<String>,
+    /// When true the job was killed rather than failing by itself: Resque records it but does
+    /// not count it in `stat:failed` (resque-protocol.md §5).
+    pub dirty: bool,
+}
+
+impl JobFailure {
+    /// A failure that counts in `stat:failed`.
+    pub fn new(exception: impl Into<String>, error: impl Into<String>) -> JobFailure {
+        JobFailure {
+            exception: exception.into(),
+            error: error.into(),
+            backtrace: Vec::new(),
+            dirty: false,
+        }
+    }
+
+    /// The same, with a backtrace.
+    pub fn with_backtrace(mut self, backtrace: Vec<String>) -> JobFailure {
+        self.backtrace = backtrace;
+        self
+    }
+
+    /// Marks the failure as a kill (`Resque::DirtyExit`-like: not counted in `stat:failed`).
+    pub fn dirty(mut self) -> JobFailure {
+        self.dirty = true;
+        self
+    }
+
+    /// The record's JSON text for a payload popped from `queue` by `worker`.
+    pub fn record(&self, payload: &str, worker: &str, queue: &str, at: SystemTime) -> String {
+        let json = raw_json(payload);
+        let record = Record {
+            failed_at: time::failed_at(at),
+            payload: json.as_deref(),
+            exception: if self.exception.is_empty() {
+                "Exception"
+            } else {
+                &self.exception
+            },
+            error: &self.error,
+            backtrace: &self.backtrace,
+            worker,
+            queue,
+            raw_payload: if json.is_none() { Some(payload) } else { None },
+        };
+        // Serializing borrowed strings and a RawValue cannot fail.
+        serde_json::to_string(&record).unwrap_or_default()
+    }
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    failed_at: String,
+    payload: Option<&'a RawValue>,
+    exception: &'a str,
+    error: &'a str,
+    backtrace: &'a [String],
+    worker: &'a str,
+    queue: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw_payload: Option<&'a str>,
+}
+
+/// Resque's "working on" record, `worker:<id>` (checklist 15):
+/// `{"queue":"<q>","run_at":"YYYY-MM-DDTHH:MM:SSZ","payload":{…}}`.
+pub fn working_on(payload: &str, queue: &str, at: SystemTime) -> String {
+    #[derive(Serialize)]
+    struct WorkingOn<'a> {
+        queue: &'a str,
+        run_at: String,
+        payload: Option<&'a RawValue>,
+    }
+    let json = raw_json(payload);
+    serde_json::to_string(&WorkingOn {
+        queue,
+        run_at: time::run_at(at),
+        payload: json.as_deref(),
+    })
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    // resque-protocol.md §13 items 3 and 21
+    #[test]
+    fn record_has_resque_fields_in_order_and_payload_verbatim() {
+        let at = UNIX_EPOCH + Duration::from_secs(1795263504);
+        let payload = r#"{"class": "B", "args": [1.0, 123456789012345678901], "extra":true}"#;
+        let rec = JobFailure::new("ArgumentError", "bad")
+            .with_backtrace(vec!["line".into()])
+            .record(payload, "vm:1:q", "low", at);
+        assert_eq!(
+            rec,
+            format!(
+                r#"{{"failed_at":"{}","payload":{},"exception":"ArgumentError","error":"bad","backtrace":["line"],"worker":"vm:1:q","queue":"low"}}"#,
+                time::failed_at(at),
+                payload
+            )
+        );
+    }
+
+    // resque-protocol.md §13 item 9
+    #[test]
+    fn invalid_json_payload_is_kept_as_raw_text() {
+        let rec = JobFailure::new("Locket::BadPayload", "x").record(
+            "{oops",
+            "vm:1:q",
+            "q",
+            SystemTime::now(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&rec).unwrap();
+        assert!(v["payload"].is_null());
+        assert_eq!(v["raw_payload"], "{oops");
+    }
+
+    #[test]
+    fn working_on_record_matches_resque() {
+        let at = UNIX_EPOCH + Duration::from_secs(1795263509);
+        let w = working_on(r#"{"class":"S","args":[4]}"#, "slow", at);
+        assert_eq!(
+            w,
+            format!(
+                r#"{{"queue":"slow","run_at":"{}","payload":{{"class":"S","args":[4]}}}}"#,
+                time::run_at(at)
+            )
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! Key names, Ruby Resque's and locketd's, under one namespace prefix.
+//!
+//! Every key locketd touches is `<ns>:<key>` (resque-protocol.md §13 item 1). Resque's names
+//! follow `lib/resque/data_store.rb`; locketd's own live under `<ns>:locket:` (locking-semantics.md
+//! §2). A `redis-cli` look at a busy default namespace:
+//!
+//! ```text
+//! 127.0.0.1:6379> KEYS resque:*
+//! 1) "resque:queues"                        2) "resque:queue:high"
+//! 3) "resque:workers"                       4) "resque:worker:vm:4242:high,low"
+//! 5) "resque:worker:vm:4242:high,low:started"
+//! 6) "resque:workers:heartbeat"             7) "resque:stat:processed"
+//! 8) "resque:locket:inflight:vm:4242:1f0c9a2e:0"
+//! 9) "resque:locket:lock:Billing::Sync:5d41..."   10) "resque:locket:locks"
+//! ```
+
+/// Builds every key name from the namespace.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    ns: String,
+    locket: String,
+}
+
+impl Keys {
+    /// Keys under namespace `ns` (Resque's default is `resque`).
+    pub fn new(ns: &str) -> Keys {
+        Keys {
+            ns: ns.to_string(),
+            locket: format!("{ns}:locket:"),
+        }
+    }
+
+    /// The namespace, without the trailing colon.
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+
+    fn resque(&self, key: &str) -> String {
+        format!("{}:{key}", self.ns)
+    }
+
+    /// `<ns>:queues`: the set of known queue names.
+    pub fn queues(&self) -> String {
+        self.resque("queues")
+    }
+    /// `<ns>:queue:<q>`: a queue's list of JSON payloads.
+    pub fn queue(&self, q: &str) -> String {
+        self.resque(&format!("queue:{q}"))
+    }
+    /// `<ns>:workers`: the set of registered worker ids.
+    pub fn workers(&self) -> String {
+        self.resque("workers")
+    }
+    /// `<ns>:worker:<id>`: what a worker is working on.
+    pub fn worker(&self, id: &str) -> String {
+        self.resque(&format!("worker:{id}"))
+    }
+    /// `<ns>:worker:<id>:started`: when a worker registered.
+    pub fn worker_started(&self, id: &str) -> String {
+        self.resque(&format!("worker:{id}:started"))
+    }
+    /// `<ns>:workers:heartbeat`: worker id → last heartbeat.
+    pub fn heartbeat(&self) -> String {
+        self.resque("workers:heartbeat")
+    }
+    /// `<ns>:pruning_dead_workers_in_progress`: the pruning mutex.
+    pub fn pruning(&self) -> String {
+        self.resque("pruning_dead_workers_in_progress")
+    }
+    /// `<ns>:pause-all-workers`.
+    pub fn pause_all(&self) -> String {
+        self.resque("pause-all-workers")
+    }
+    /// `<ns>:stat:processed`.
+    pub fn stat_processed(&self) -> String {
+        self.resque("stat:processed")
+    }
+    /// `<ns>:stat:processed:<id>`.
+    pub fn stat_processed_by(&self, id: &str) -> String {
+        self.resque(&format!("stat:processed:{id}"))
+    }
+    /// `<ns>:stat:failed`.
+    pub fn stat_failed(&self) -> String {
+        self.resque("stat:failed")
+    }
+    /// `<ns>:stat:failed:<id>`.
+    pub fn stat_failed_by(&self, id: &str) -> String {
+        self.resque(&format!("stat:failed:{id}"))
+    }
+    /// `<ns>:failed`: the failure list.
+    pub fn failed(&self) -> String {
+        self.resque("failed")
+    }
+    /// `<ns>:<q>_failed`: a per-queue failure list (`redis_multi_queue` backend).
+    pub fn queue_failed(&self, q: &str) -> String {
+        self.resque(&format!("{q}_failed"))
+    }
+    /// `<ns>:failed_queues`: names of the per-queue failure lists.
+    pub fn failed_queues(&self) -> String {
+        self.resque("failed_queues")
+    }
+
+    /// `<ns>:locket:`, the prefix of every locket key.
+    pub fn locket_prefix(&self) -> &str {
+        &self.locket
+    }
+    fn locket(&self, key: &str) -> String {
+        format!("{}{key}", self.locket)
+    }
+    /// `<ns>:locket:inflight:<slot key>`.
+    pub fn inflight(&self, slot_key: &str) -> String {
+        self.locket(&format!("inflight:{slot_key}"))
+    }
+    /// `<ns>:locket:counter:<q>`.
+    pub fn counter(&self, q: &str) -> String {
+        self.locket(&format!("counter:{q}"))
+    }
+    /// `<ns>:locket:counter:`, for scripts that reset counters of queues they find in sets.
+    pub fn counter_prefix(&self) -> String {
+        self.locket("counter:")
+    }
+    /// `<ns>:locket:locks`: lock id → earliest holder deadline.
+    pub fn locks(&self) -> String {
+        self.locket("locks")
+    }
+    /// `<ns>:locket:lock:<id>`: token → deadline.
+    pub fn lock(&self, id: &str) -> String {
+        self.locket(&format!("lock:{id}"))
+    }
+    /// `<ns>:locket:lockinfo:<id>`: token → holder metadata.
+    pub fn lockinfo(&self, id: &str) -> String {
+        self.locket(&format!("lockinfo:{id}"))
+    }
+    /// `<ns>:locket:blocked:lock:<id>`: queues that requeued a job because of this lock.
+    pub fn blocked_lock(&self, id: &str) -> String {
+        self.locket(&format!("blocked:lock:{id}"))
+    }
+    /// `<ns>:locket:processes`: live (or not yet recovered) process ids.
+    pub fn processes(&self) -> String {
+        self.locket("processes")
+    }
+    /// `<ns>:locket:alive:<process id>`: the liveness lease.
+    pub fn alive(&self, process: &str) -> String {
+        self.locket(&format!("alive:{process}"))
+    }
+    /// `<ns>:locket:slots:<process id>`: slot number → Resque worker id.
+    pub fn slots(&self, process: &str) -> String {
+        self.locket(&format!("slots:{process}"))
+    }
+    /// `<ns>:locket:janitor`: the janitor mutex.
+    pub fn janitor(&self) -> String {
+        self.locket("janitor")
+    }
+    /// `<ns>:locket:recoveries`: digest → crash requeues.
+    pub fn recoveries(&self) -> String {
+        self.locket("recoveries")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // resque-protocol.md §13 item 1: every key is under the configured namespace.
+    #[test]
+    fn every_key_is_under_the_namespace() {
+        let k = Keys::new("app");
+        for key in [
+            k.queues(),
+            k.queue("q"),
+            k.workers(),
+            k.worker("h:1:q"),
+            k.worker_started("h:1:q"),
+            k.heartbeat(),
+            k.pruning(),
+            k.pause_all(),
+            k.stat_processed(),
+            k.stat_failed(),
+            k.failed(),
+            k.inflight("h:1:abc:0"),
+            k.counter("q"),
+            k.lock("x"),
+            k.alive("p"),
+        ] {
+            assert!(key.starts_with("app:"), "{key}");
+        }
+        assert_eq!(k.queue("high"), "app:queue:high");
+        assert_eq!(k.stat_processed_by("h:1:q"), "app:stat:processed:h:1:q");
+        assert_eq!(k.counter("low"), "app:locket:counter:low");
+    }
+}

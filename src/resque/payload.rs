@@ -1,0 +1,175 @@
+//! Job payloads as Resque clients write them: `{"class":"X","args":[...]}` plus whatever other
+//! keys a producer adds (node-resque's `queue`, php-resque's `id`, ...).
+//!
+//! The popped bytes are kept exactly; they are what goes back to a queue on requeue and what is
+//! embedded in `worker:<id>` and failure records (resque-protocol.md §2, §13 items 3 and 10).
+//! Decoding reads only `class` and `args`.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// A decoded job: the exact payload text plus the two fields a worker reads.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The payload exactly as popped from the queue.
+    pub raw: String,
+    /// The queue it was reserved from.
+    pub queue: String,
+    /// The `class` field.
+    pub class: String,
+    /// The `args` field, decoded with exact number text (`[]` when absent, as Ruby reads it).
+    pub args: Value,
+    /// The `args` field's exact text (`[]` when absent).
+    pub args_raw: String,
+}
+
+/// Why a payload cannot be run (locking-semantics.md E-1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// Larger than the configured limit.
+    #[error("payload is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        /// Payload size in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Not valid UTF-8 JSON.
+    #[error("payload is not valid JSON: {0}")]
+    NotJson(String),
+    /// Valid JSON, but not an object.
+    #[error("payload is not a JSON object")]
+    NotObject,
+    /// No `class`, or a `class` that is not a non-empty string.
+    #[error("payload has no class (a non-empty string is required)")]
+    NoClass,
+    /// `args` present but not an array.
+    #[error("payload args is not an array")]
+    ArgsNotArray,
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    class: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    args: Option<&'a RawValue>,
+}
+
+impl Job {
+    /// Decodes a popped payload. `max_bytes` of 0 means no limit.
+    pub fn decode(raw: &[u8], queue: &str, max_bytes: usize) -> Result<Job, PayloadError> {
+        if max_bytes > 0 && raw.len() > max_bytes {
+            return Err(PayloadError::TooLarge {
+                size: raw.len(),
+                limit: max_bytes,
+            });
+        }
+        let text = std::str::from_utf8(raw).map_err(|e| PayloadError::NotJson(e.to_string()))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| PayloadError::NotJson(e.to_string()))?;
+        if !value.is_object() {
+            return Err(PayloadError::NotObject);
+        }
+        let wire: Wire<'_> =
+            serde_json::from_str(text).map_err(|e| PayloadError::NotJson(e.to_string()))?;
+        let class = match wire.class.map(|c| serde_json::from_str::<Value>(c.get())) {
+            Some(Ok(Value::String(s))) if !s.is_empty() => s,
+            _ => return Err(PayloadError::NoClass),
+        };
+        let (args, args_raw) = match wire.args {
+            None => (Value::Array(Vec::new()), "[]".to_string()),
+            Some(raw_args) => {
+                let v: Value = serde_json::from_str(raw_args.get())
+                    .map_err(|e| PayloadError::NotJson(e.to_string()))?;
+                if v.is_null() {
+                    (Value::Array(Vec::new()), "[]".to_string())
+                } else if v.is_array() {
+                    (v, raw_args.get().to_string())
+                } else {
+                    return Err(PayloadError::ArgsNotArray);
+                }
+            }
+        };
+        Ok(Job {
+            raw: text.to_string(),
+            queue: queue.to_string(),
+            class,
+            args,
+            args_raw,
+        })
+    }
+}
+
+/// The payload as a JSON value to embed verbatim, if it is valid JSON at all.
+pub fn raw_json(raw: &str) -> Option<Box<RawValue>> {
+    RawValue::from_string(raw.trim().to_string()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // resque-protocol.md §13 item 2: payloads of every client decode.
+    #[test]
+    fn payloads_of_every_client_decode() {
+        let cases = [
+            r#"{"class":"Archive","args":[44,"masterbrew"]}"#,
+            r#"{"class":"jobName","queue":"q","args":[1]}"#,
+            r#"{"class":"My_Job","args":[{"a":1}],"id":"abc","prefix":"","queue_time":1700000000.123}"#,
+            r#"{"class": "module.Class", "args": [1, 2]}"#,
+            r#"{"class":"ActiveJob::QueueAdapters::ResqueAdapter::JobWrapper","args":[{"job_class":"HelloJob"}]}"#,
+            r#"{"class":"NoArgs"}"#,
+        ];
+        for c in cases {
+            let job = Job::decode(c.as_bytes(), "q", 0).unwrap();
+            assert_eq!(job.raw, c);
+            assert!(job.args.is_array());
+        }
+    }
+
+    #[test]
+    fn number_text_is_kept() {
+        let job = Job::decode(
+            br#"{"class":"A","args":[12345678901234567890123, 1.0]}"#,
+            "q",
+            0,
+        )
+        .unwrap();
+        assert_eq!(job.args_raw, "[12345678901234567890123, 1.0]");
+        assert_eq!(job.args.to_string(), "[12345678901234567890123,1.0]");
+    }
+
+    // locking-semantics.md E-1
+    #[test]
+    fn bad_payloads_are_refused_with_a_reason() {
+        assert!(matches!(
+            Job::decode(b"{not json", "q", 0),
+            Err(PayloadError::NotJson(_))
+        ));
+        assert_eq!(
+            Job::decode(b"[1,2]", "q", 0).unwrap_err(),
+            PayloadError::NotObject
+        );
+        assert_eq!(
+            Job::decode(br#"{"args":[]}"#, "q", 0).unwrap_err(),
+            PayloadError::NoClass
+        );
+        assert_eq!(
+            Job::decode(br#"{"class":"","args":[]}"#, "q", 0).unwrap_err(),
+            PayloadError::NoClass
+        );
+        assert_eq!(
+            Job::decode(br#"{"class":"A","args":{"a":1}}"#, "q", 0).unwrap_err(),
+            PayloadError::ArgsNotArray
+        );
+        assert!(matches!(
+            Job::decode(br#"{"class":"A","args":[]}"#, "q", 10),
+            Err(PayloadError::TooLarge {
+                size: 23,
+                limit: 10
+            })
+        ));
+    }
+}

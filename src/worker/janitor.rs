@@ -1,0 +1,209 @@
+//! The janitor (locking-semantics.md R-3, R-4, R-5): whichever process holds the `janitor`
+//! mutex purges expired lock holders and recovers the slots of dead processes.
+
+use crate::config::{Config, OnWorkerDeath};
+use crate::lock::{self, scripts::scripts};
+use crate::resque::failure::JobFailure;
+use crate::resque::keys::Keys;
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+use std::collections::HashMap;
+use std::time::SystemTime;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// What one janitor pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JanitorReport {
+    /// Whether this pass held the mutex.
+    pub ran: bool,
+    /// Expired lock holders removed.
+    pub expired: u64,
+    /// Per recovered slot: (slot key, result of the recover script).
+    pub recovered: Vec<(String, String)>,
+}
+
+const RELEASE_MUTEX: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+/// One janitor pass, if the mutex can be had.
+pub async fn janitor_pass<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    config: &Config,
+    token: &str,
+) -> RedisResult<JanitorReport> {
+    let interval = config.locket.janitor_interval.get();
+    let got: Option<String> = redis::cmd("SET")
+        .arg(keys.janitor())
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(u64::try_from((interval * 2).as_millis()).unwrap_or(10_000))
+        .query_async(conn)
+        .await?;
+    if got.is_none() {
+        return Ok(JanitorReport::default());
+    }
+    let mut report = JanitorReport {
+        ran: true,
+        ..JanitorReport::default()
+    };
+    let result = async {
+        report.expired = lock::purge_expired(conn, keys, 100).await?;
+        recover_dead(conn, keys, config, &mut report).await
+    }
+    .await;
+    let _: RedisResult<i64> = redis::Script::new(RELEASE_MUTEX)
+        .key(keys.janitor())
+        .arg(token)
+        .invoke_async(conn)
+        .await;
+    result.map(|()| report)
+}
+
+async fn recover_dead<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    config: &Config,
+    report: &mut JanitorReport,
+) -> RedisResult<()> {
+    let processes: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.processes())
+        .query_async(conn)
+        .await?;
+    let mut recovered_processes = 0;
+    for process in processes {
+        if recovered_processes >= 10 {
+            break;
+        }
+        let alive: bool = redis::cmd("EXISTS")
+            .arg(keys.alive(&process))
+            .query_async(conn)
+            .await?;
+        if alive {
+            continue;
+        }
+        recovered_processes += 1;
+        let slots: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys.slots(&process))
+            .query_async(conn)
+            .await?;
+        if slots.is_empty() {
+            let _: () = redis::cmd("SREM")
+                .arg(keys.processes())
+                .arg(&process)
+                .query_async(conn)
+                .await?;
+            continue;
+        }
+        for (slot, worker_id) in slots {
+            let result = recover_slot(conn, keys, config, &process, &slot, &worker_id).await?;
+            info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
+            report.recovered.push((format!("{process}:{slot}"), result));
+        }
+    }
+    Ok(())
+}
+
+async fn recover_slot<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    config: &Config,
+    process: &str,
+    slot: &str,
+    worker_id: &str,
+) -> RedisResult<String> {
+    let slot_key = format!("{process}:{slot}");
+    let record: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.inflight(&slot_key))
+        .query_async(conn)
+        .await?;
+    let rid = record.get("rid").cloned().unwrap_or_default();
+    let queue = record.get("queue").cloned().unwrap_or_default();
+    let payload = record.get("payload").cloned().unwrap_or_default();
+    let class = record.get("class").cloned().unwrap_or_default();
+    let locks: Vec<String> = record
+        .get("locks")
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let failure = JobFailure::new(
+        "Resque::DirtyExit",
+        format!(
+            "Job still being processed: locketd process {process} stopped heartbeating while running {}",
+            if class.is_empty() { "<Unknown Job>" } else { &class }
+        ),
+    )
+    .dirty()
+    .record(&payload, worker_id, &queue, SystemTime::now());
+    let policy = match config.locket.on_worker_death {
+        OnWorkerDeath::Fail => "fail",
+        OnWorkerDeath::Requeue => "requeue",
+    };
+    let mut inv = scripts().recover.prepare_invoke();
+    inv.key(keys.inflight(&slot_key))
+        .key(keys.alive(process))
+        .key(keys.queue(&queue))
+        .key(keys.queues())
+        .key(keys.failed())
+        .key(keys.recoveries())
+        .key(keys.slots(process))
+        .key(keys.processes())
+        .key(keys.workers())
+        .key(keys.worker(worker_id))
+        .key(keys.worker_started(worker_id))
+        .key(keys.heartbeat())
+        .key(keys.stat_processed_by(worker_id))
+        .key(keys.stat_failed_by(worker_id))
+        .key(keys.locks());
+    for id in &locks {
+        inv.key(keys.lock(id))
+            .key(keys.lockinfo(id))
+            .key(keys.blocked_lock(id));
+    }
+    inv.arg(&rid)
+        .arg(policy)
+        .arg(failure)
+        .arg(config.locket.max_recoveries)
+        .arg(worker_id)
+        .arg(slot)
+        .arg(process)
+        .arg(keys.counter_prefix());
+    for id in &locks {
+        inv.arg(id);
+    }
+    inv.invoke_async(conn).await
+}
+
+/// Runs janitor passes every `janitor_interval` until `stop`.
+pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
+    conn: C,
+    keys: Keys,
+    config: Config,
+    stop: CancellationToken,
+) {
+    let token = super::random_hex(16);
+    let every = config.locket.janitor_interval.get();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+        match janitor_pass(&mut conn.clone(), &keys, &config, &token).await {
+            Ok(r) if r.ran && (r.expired > 0 || !r.recovered.is_empty()) => {
+                debug!(
+                    expired = r.expired,
+                    recovered = r.recovered.len(),
+                    "janitor pass"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "janitor pass failed"),
+        }
+    }
+}

@@ -1,0 +1,798 @@
+//! One worker process: one slot, one Resque worker, one job at a time.
+//!
+//! The loop is the locket loop of locking-semantics.md §5: RESERVE (skip rule atomic with the
+//! pop) → classify → ACQUIRE (+START) → run with lock heartbeats → FINISH, with a process
+//! heartbeat and the janitor running beside it.
+
+mod janitor;
+mod run;
+
+pub use janitor::{janitor_pass, JanitorReport};
+
+use crate::config::{Config, OnLockLost};
+use crate::error::{Error, Result};
+use crate::handler::{Handlers, JobContext};
+use crate::lock::canonical;
+use crate::lock::{
+    self, AcquireRequest, Acquired, Finish, FinishRequest, LockSpec, Reserved, SlotRef,
+};
+use crate::resque::failure::{self, JobFailure};
+use crate::resque::keys::Keys;
+use crate::resque::patterns::QueueSpec;
+use crate::resque::payload::Job;
+use crate::resque::registry::{self, Registration};
+use crate::{host, proctitle};
+use rand::RngCore;
+use redis::aio::ConnectionManager;
+use run::RunEnd;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// How the worker is told to stop.
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    /// Stop reserving; the running job gets `shutdown_timeout` to finish (QUIT).
+    pub quit: CancellationToken,
+    /// Stop the running job now (a second signal).
+    pub kill: CancellationToken,
+}
+
+/// Why [`Worker::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Asked to stop.
+    Shutdown,
+    /// `interval = 0` and the queues were empty.
+    Drained,
+    /// The process lease lapsed and another process may have recovered its work.
+    PresumedDead,
+}
+
+/// The identities of one worker process and its slot (locking-semantics.md §1.1).
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// `host:pid:incarnation`.
+    pub process_id: String,
+    /// `<process id>:0`.
+    pub slot_key: String,
+    /// Resque worker id `host:pid:queues`.
+    pub worker_id: String,
+}
+
+impl Identity {
+    /// Identity of this process for a queue list.
+    pub fn new(spec: &QueueSpec) -> Identity {
+        let host = host::hostname();
+        let pid = std::process::id();
+        let process_id = format!("{host}:{pid}:{}", random_hex(4));
+        Identity {
+            slot_key: format!("{process_id}:0"),
+            worker_id: format!("{host}:{pid}:{}", spec.id_part()),
+            process_id,
+        }
+    }
+}
+
+/// `n` random bytes as lowercase hex (OS CSPRNG via `rand`'s thread RNG, reseeded from the OS).
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    rand::rng().fill_bytes(&mut buf);
+    hex::encode(buf)
+}
+
+fn epoch_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A connected, registered worker.
+pub struct Worker {
+    config: Config,
+    handlers: Handlers,
+    keys: Keys,
+    spec: QueueSpec,
+    id: Identity,
+    conn: ConnectionManager,
+    lock_queues: Option<QueueSpec>,
+    title_prefix: String,
+    redis_down: bool,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("id", &self.id).finish()
+    }
+}
+
+/// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
+pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let cfg = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(2));
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let mut conn = ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?;
+            let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+            Ok::<_, redis::RedisError>(conn)
+        };
+        match attempt.await {
+            Ok(conn) => return Ok(conn),
+            Err(e) if started.elapsed() + delay < wait => {
+                warn!(error = %e, "redis not answering yet, retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(source) => {
+                return Err(Error::Unreachable {
+                    url: redact(url),
+                    secs: wait.as_secs(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// A Redis URL with any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => format!("{}***{}", &url[..s + 3], &url[at..]),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
+/// trusted.
+async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result<()> {
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    let policy = match reply {
+        Ok(v) => v.get(1).cloned().unwrap_or_default(),
+        Err(e) => {
+            debug!(error = %e, "cannot read maxmemory-policy; assuming noeviction");
+            return Ok(());
+        }
+    };
+    if policy.is_empty() || policy == "noeviction" {
+        return Ok(());
+    }
+    if allow {
+        warn!(policy = %policy, "redis may evict keys; running anyway (allow_evicting_redis)");
+        return Ok(());
+    }
+    Err(Error::EvictingRedis(policy))
+}
+
+impl Worker {
+    /// Connects, checks Redis, prunes dead workers by Resque's rules and registers.
+    pub async fn start(config: Config, handlers: Handlers) -> Result<Worker> {
+        config.check()?;
+        let spec = QueueSpec::from_list(&config.queues.0)?;
+        let lock_queues = if config.locket.lock_queues.0.is_empty() {
+            None
+        } else {
+            Some(QueueSpec::from_list(&config.locket.lock_queues.0)?)
+        };
+        let mut conn = connect(&config.redis, Duration::from_secs(30)).await?;
+        check_eviction(&mut conn, config.locket.allow_evicting_redis).await?;
+        let keys = Keys::new(&config.namespace);
+        let id = Identity::new(&spec);
+        let mut worker = Worker {
+            title_prefix: proctitle::title_prefix(),
+            config,
+            handlers,
+            keys,
+            spec,
+            id,
+            conn,
+            lock_queues,
+            redis_down: false,
+        };
+        proctitle::set_title(&format!("{}: Starting", worker.title_prefix));
+        // Recover dead locketd processes before Resque's pruning, so their jobs are recorded
+        // once, with their locks released.
+        if let Err(e) = janitor_pass(
+            &mut worker.conn,
+            &worker.keys,
+            &worker.config,
+            &random_hex(16),
+        )
+        .await
+        {
+            warn!(error = %e, "janitor pass at start failed");
+        }
+        if worker.config.prune_dead_workers {
+            let report = registry::prune_dead_workers(
+                &mut worker.conn,
+                &worker.keys,
+                &worker.id.worker_id,
+                worker.spec.patterns(),
+            )
+            .await?;
+            for id in &report.pruned {
+                info!(worker = %id, "pruned dead resque worker");
+            }
+        }
+        let alive = serde_json::json!({
+            "started_at": epoch_secs(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "concurrency": 1,
+            "queues": worker.spec.id_part(),
+            "resque_worker": worker.id.worker_id,
+        })
+        .to_string();
+        let reg = Registration {
+            keys: &worker.keys,
+            worker_id: &worker.id.worker_id,
+            process_id: &worker.id.process_id,
+            slot: 0,
+        };
+        registry::register(
+            &mut worker.conn.clone(),
+            &reg,
+            &alive,
+            worker.config.locket.process_ttl.get(),
+        )
+        .await?;
+        info!(worker = %worker.id.worker_id, process = %worker.id.process_id, queues = %worker.spec.id_part(), "worker registered");
+        Ok(worker)
+    }
+
+    /// The Resque worker id (`host:pid:queues`).
+    pub fn worker_id(&self) -> &str {
+        &self.id.worker_id
+    }
+
+    fn slot(&self) -> SlotRef<'_> {
+        SlotRef {
+            keys: &self.keys,
+            slot_key: &self.id.slot_key,
+            worker_id: &self.id.worker_id,
+        }
+    }
+
+    fn title(&self, state: &str) {
+        proctitle::set_title(&format!("{}: {state}", self.title_prefix));
+    }
+
+    fn redis_error(&mut self, what: &str, e: &redis::RedisError) {
+        if !self.redis_down {
+            self.redis_down = true;
+            error!(error = %e, step = what, "redis unavailable; retrying with backoff");
+        } else {
+            debug!(error = %e, step = what, "redis still unavailable");
+        }
+    }
+
+    fn redis_ok(&mut self) {
+        if self.redis_down {
+            self.redis_down = false;
+            info!("redis reachable again");
+        }
+    }
+
+    /// Runs until stopped; unregisters before returning.
+    pub async fn run(mut self, control: Control) -> Result<StopReason> {
+        let dead = CancellationToken::new();
+        let background = CancellationToken::new();
+        let beat = tokio::spawn(run::process_heartbeat(
+            self.conn.clone(),
+            self.keys.clone(),
+            self.id.process_id.clone(),
+            self.id.worker_id.clone(),
+            self.config.locket.process_heartbeat.get(),
+            self.config.locket.process_ttl.get(),
+            dead.clone(),
+            background.clone(),
+        ));
+        let jan = tokio::spawn(janitor::janitor_loop(
+            self.conn.clone(),
+            self.keys.clone(),
+            self.config.clone(),
+            background.clone(),
+        ));
+        let reason = self.work(&control, &dead).await;
+        background.cancel();
+        let _ = beat.await;
+        let _ = jan.await;
+        self.title("Shutting down");
+        if reason != StopReason::PresumedDead {
+            self.unregister_with_retry().await;
+        }
+        info!(worker = %self.id.worker_id, reason = ?reason, "worker stopped");
+        Ok(reason)
+    }
+
+    async fn unregister_with_retry(&mut self) {
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..20 {
+            let reg = Registration {
+                keys: &self.keys,
+                worker_id: &self.id.worker_id,
+                process_id: &self.id.process_id,
+                slot: 0,
+            };
+            match registry::unregister(&mut self.conn.clone(), &reg, None).await {
+                Ok(()) => return,
+                Err(e) => {
+                    self.redis_error("unregister", &e);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        error!("could not unregister; a janitor will recover this worker's registration");
+    }
+
+    async fn work(&mut self, control: &Control, dead: &CancellationToken) -> StopReason {
+        let interval = self.config.interval.get();
+        let waiting = format!("Waiting for {}", self.spec.id_part());
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if dead.is_cancelled() {
+                return StopReason::PresumedDead;
+            }
+            if control.quit.is_cancelled() {
+                return StopReason::Shutdown;
+            }
+            self.title(&waiting);
+            let queues = match self.expand_queues().await {
+                Ok(q) => q,
+                Err(e) => {
+                    self.redis_error("queues", &e);
+                    if sleep_or_stop(backoff, control, dead).await {
+                        continue;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let rid = random_hex(8);
+            let reserved = if queues.is_empty() {
+                Ok(Reserved::Nothing { skipped: vec![] })
+            } else {
+                let clear = self.config.locket.clear_counters_when_idle;
+                let slot = self.slot();
+                lock::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
+            };
+            match reserved {
+                Err(e) => {
+                    self.redis_error("reserve", &e);
+                    sleep_or_stop(backoff, control, dead).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Ok(Reserved::Job {
+                    queue,
+                    payload,
+                    rid,
+                }) => {
+                    self.redis_ok();
+                    backoff = Duration::from_millis(100);
+                    if let Some(reason) = self.process(queue, payload, rid, control, dead).await {
+                        return reason;
+                    }
+                }
+                Ok(Reserved::Nothing { skipped }) => {
+                    self.redis_ok();
+                    if !skipped.is_empty() {
+                        debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
+                    }
+                    if interval.is_zero() {
+                        return StopReason::Drained;
+                    }
+                    sleep_or_stop(interval, control, dead).await;
+                }
+                Ok(Reserved::Paused) => {
+                    self.redis_ok();
+                    self.title("Paused");
+                    sleep_or_stop(interval.max(Duration::from_millis(100)), control, dead).await;
+                }
+                Ok(Reserved::Busy) => {
+                    error!(slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
+                    self.return_stale().await;
+                    sleep_or_stop(backoff, control, dead).await;
+                }
+            }
+        }
+    }
+
+    async fn expand_queues(&mut self) -> redis::RedisResult<Vec<String>> {
+        if !self.spec.is_dynamic() {
+            return Ok(self.spec.expand(&[]));
+        }
+        let known: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys.queues())
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(self.spec.expand(&known))
+    }
+
+    async fn return_stale(&mut self) {
+        let fields: redis::RedisResult<(Option<String>, Option<String>)> = redis::cmd("HMGET")
+            .arg(self.keys.inflight(&self.id.slot_key))
+            .arg("rid")
+            .arg("queue")
+            .query_async(&mut self.conn)
+            .await;
+        if let Ok((Some(rid), Some(queue))) = fields {
+            let slot = self.slot();
+            let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+        }
+    }
+
+    fn is_locked(&self, job: &Job) -> bool {
+        let class_lock = self.config.classes.get(&job.class).and_then(|c| c.lock);
+        let wanted = class_lock.unwrap_or(self.config.locket.lock_all);
+        wanted
+            && match &self.lock_queues {
+                None => true,
+                Some(spec) => {
+                    if spec.is_dynamic() {
+                        spec.patterns()
+                            .iter()
+                            .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
+                            && !spec
+                                .skips()
+                                .iter()
+                                .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
+                    } else {
+                        spec.patterns().iter().any(|p| p == &job.queue)
+                    }
+                }
+            }
+    }
+
+    /// Runs one reserved job to its end. Returns a stop reason when the worker must stop.
+    async fn process(
+        &mut self,
+        queue: String,
+        payload: Vec<u8>,
+        rid: String,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Option<StopReason> {
+        let started = Instant::now();
+        let job = match Job::decode(&payload, &queue, self.config.max_payload_bytes) {
+            Ok(job) => job,
+            Err(e) => {
+                let raw = String::from_utf8_lossy(&payload).into_owned();
+                warn!(queue = %queue, error = %e, "bad payload recorded as failed");
+                let f = JobFailure::new("Locket::BadPayload", e.to_string());
+                return self
+                    .finish(&rid, &queue, "", &[], &raw, Err(f), "?", started)
+                    .await;
+            }
+        };
+        let Some(handler) = self.handlers.get(&job.class) else {
+            let f = JobFailure::new(
+                "NameError",
+                format!(
+                    "uninitialized constant {} (locketd has no handler for class {:?})",
+                    job.class, job.class
+                ),
+            );
+            warn!(queue = %queue, class = %job.class, "no handler for class");
+            return self
+                .finish(
+                    &rid,
+                    &queue,
+                    "",
+                    &[],
+                    &job.raw,
+                    Err(f),
+                    &job.class.clone(),
+                    started,
+                )
+                .await;
+        };
+        let digest = canonical::digest(&job.class, &job.args);
+        let locks: Vec<LockSpec> = if self.is_locked(&job) {
+            vec![LockSpec {
+                id: canonical::cap_lock_id(canonical::default_lock_id(&job.class, &job.args)),
+                limit: 1,
+            }]
+        } else {
+            Vec::new()
+        };
+        let token = if locks.is_empty() {
+            String::new()
+        } else {
+            random_hex(16)
+        };
+        let working_on = failure::working_on(&job.raw, &queue, SystemTime::now());
+        let lockinfo = serde_json::json!({
+            "process": self.id.process_id,
+            "slot": 0,
+            "resque_worker": self.id.worker_id,
+            "queue": queue,
+            "class": job.class,
+            "digest": digest,
+        })
+        .to_string();
+        let lt = &self.config.locket;
+        let req = AcquireRequest {
+            rid: &rid,
+            token: &token,
+            queue: &queue,
+            class: &job.class,
+            digest: &digest,
+            locks: &locks,
+            lock_ttl: lt.lock_ttl.get(),
+            counter_ttl: lt.counter_ttl.get(),
+            requeue_on_conflict: true,
+            working_on: &working_on,
+            lockinfo: &lockinfo,
+        };
+        let sent_at = Instant::now();
+        let acquired = {
+            let slot = self.slot();
+            retry(&mut self.conn.clone(), "acquire", control, |mut c| {
+                let (slot, req) = (slot.clone(), req.clone());
+                async move { lock::acquire(&mut c, &slot, &req).await }
+            })
+            .await
+        };
+        match acquired {
+            None => {
+                // Redis stayed away until we were told to stop: the reservation stays in the
+                // inflight record for recovery (E-3).
+                return Some(StopReason::Shutdown);
+            }
+            Some(Acquired::Started { .. }) => {}
+            Some(Acquired::Conflict {
+                requeued,
+                lock_id,
+                holders,
+                limit,
+            }) => {
+                debug!(queue = %queue, class = %job.class, lock_id = %lock_id, holders, limit, requeued, digest = %&digest[..12], "lock conflict: job requeued");
+                if !requeued {
+                    let slot = self.slot();
+                    let _ =
+                        lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+                }
+                return None;
+            }
+            Some(Acquired::Missing) => {
+                error!(queue = %queue, class = %job.class, "reservation was recovered elsewhere before it started");
+                return None;
+            }
+        }
+
+        self.title(&format!(
+            "Processing {queue} since {} [{}]",
+            epoch_secs(),
+            job.class
+        ));
+        info!(queue = %queue, class = %job.class, worker = %self.id.worker_id, "job started");
+        let class_cfg = self
+            .config
+            .classes
+            .get(&job.class)
+            .cloned()
+            .unwrap_or_default();
+        let ctx = JobContext {
+            class: job.class.clone(),
+            queue: queue.clone(),
+            payload: job.raw.clone(),
+            args: job.args.clone(),
+            args_raw: job.args_raw.clone(),
+            worker: self.id.worker_id.clone(),
+            lock_keys: locks.iter().map(|l| l.id.clone()).collect(),
+            lock_token: token.clone(),
+        };
+        let on_lost = class_cfg
+            .on_lock_lost
+            .unwrap_or(self.config.locket.on_lock_lost);
+        let sup = run::Supervision {
+            conn: self.conn.clone(),
+            keys: self.keys.clone(),
+            token: token.clone(),
+            locks: locks.clone(),
+            lock_ttl: self.config.locket.lock_ttl.get(),
+            heartbeat_interval: self.config.locket.heartbeat_interval.get(),
+            sent_at,
+            max_runtime: class_cfg.timeout.map(|t| t.get()),
+            kill_grace: class_cfg
+                .kill_grace
+                .unwrap_or(self.config.locket.kill_grace)
+                .get(),
+            shutdown_timeout: self.config.locket.shutdown_timeout.get(),
+            on_lock_lost: on_lost,
+        };
+        let end = sup.run(handler, ctx, control, dead).await;
+        let result = match end {
+            RunEnd::Finished(r) => r,
+            RunEnd::LockLost => {
+                error!(queue = %queue, class = %job.class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
+                if on_lost == OnLockLost::Requeue {
+                    return self
+                        .finish_outcome(
+                            &rid,
+                            &queue,
+                            &token,
+                            &locks,
+                            Finish::Requeue,
+                            &job.class,
+                            started,
+                            "requeued",
+                        )
+                        .await;
+                }
+                Err(JobFailure::new(
+                    "Locket::LockLost",
+                    format!(
+                        "lost the job lock {} while the job ran; it was stopped",
+                        locks.first().map(|l| l.id.as_str()).unwrap_or("")
+                    ),
+                ))
+            }
+            RunEnd::TimedOut(limit) => Err(JobFailure::new(
+                "Locket::Timeout",
+                format!(
+                    "job ran longer than its timeout of {}s and was stopped",
+                    limit.as_secs_f64()
+                ),
+            )),
+            RunEnd::Terminated => Err(JobFailure::new("Resque::TermException", "SIGTERM")),
+            RunEnd::PresumedDead => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "locketd process was presumed dead and stopped the job",
+            )
+            .dirty()),
+        };
+        let class = job.class.clone();
+        let stop = self
+            .finish(
+                &rid, &queue, &token, &locks, &job.raw, result, &class, started,
+            )
+            .await;
+        if dead.is_cancelled() {
+            return Some(StopReason::PresumedDead);
+        }
+        stop
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &mut self,
+        rid: &str,
+        queue: &str,
+        token: &str,
+        locks: &[LockSpec],
+        payload: &str,
+        result: crate::handler::HandlerResult,
+        class: &str,
+        started: Instant,
+    ) -> Option<StopReason> {
+        let (outcome, label) = match &result {
+            Ok(()) => (Finish::Success, "success"),
+            Err(f) => {
+                let record = f.record(payload, &self.id.worker_id, queue, SystemTime::now());
+                if f.dirty {
+                    (Finish::Dirty(record), "killed")
+                } else {
+                    (Finish::Failure(record), "failed")
+                }
+            }
+        };
+        if let Err(f) = &result {
+            warn!(queue = %queue, class = %class, exception = %f.exception, error = %f.error, "job failed");
+        }
+        self.finish_outcome(rid, queue, token, locks, outcome, class, started, label)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_outcome(
+        &mut self,
+        rid: &str,
+        queue: &str,
+        token: &str,
+        locks: &[LockSpec],
+        outcome: Finish,
+        class: &str,
+        started: Instant,
+        label: &str,
+    ) -> Option<StopReason> {
+        let req = FinishRequest {
+            rid,
+            token,
+            queue,
+            locks,
+            outcome: &outcome,
+            backend: self.config.failure_backend,
+        };
+        let slot = self.slot();
+        // FINISH must land even while we are shutting down: a fresh control that is never
+        // cancelled keeps retrying, bounded by retry()'s own deadline.
+        let never = Control::default();
+        let done = retry(&mut self.conn.clone(), "finish", &never, |mut c| {
+            let (slot, req) = (slot.clone(), req.clone());
+            async move { lock::finish(&mut c, &slot, &req).await }
+        })
+        .await;
+        let elapsed = started.elapsed().as_secs_f64();
+        match done {
+            Some(true) => {
+                info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");
+                None
+            }
+            Some(false) => {
+                error!(queue = %queue, class = %class, elapsed, outcome = label, "job finished after its reservation was recovered elsewhere; nothing recorded twice");
+                None
+            }
+            None => {
+                error!(queue = %queue, class = %class, "could not record the job's end; its inflight record is left for recovery");
+                Some(StopReason::PresumedDead)
+            }
+        }
+    }
+}
+
+/// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
+/// or ten minutes pass. `None` when it gave up.
+async fn retry<T, F, Fut>(
+    conn: &mut ConnectionManager,
+    what: &str,
+    control: &Control,
+    mut f: F,
+) -> Option<T>
+where
+    F: FnMut(ConnectionManager) -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut delay = Duration::from_millis(50);
+    let mut logged = false;
+    loop {
+        match f(conn.clone()).await {
+            Ok(v) => {
+                if logged {
+                    info!(step = what, "redis reachable again");
+                }
+                return Some(v);
+            }
+            Err(e) => {
+                if !logged {
+                    error!(step = what, error = %e, "redis error; retrying with backoff");
+                    logged = true;
+                }
+                if Instant::now() + delay > deadline || control.kill.is_cancelled() {
+                    return None;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = control.kill.cancelled() => return None,
+                }
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Sleeps `d` unless told to stop first. True when the sleep ran to its end.
+async fn sleep_or_stop(d: Duration, control: &Control, dead: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = control.quit.cancelled() => false,
+        _ = dead.cancelled() => false,
+    }
+}

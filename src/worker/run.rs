@@ -1,0 +1,208 @@
+//! Supervising one running job: lock heartbeats, the local deadline (L-9), lost locks
+//! the runtime limit and shutdown; and the process heartbeat.
+
+use crate::config::OnLockLost;
+use crate::handler::{Handler, HandlerResult, JobContext};
+use crate::lock::{self, LockSpec};
+use crate::resque::keys::Keys;
+use crate::resque::registry;
+use redis::aio::ConnectionManager;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::Control;
+
+/// How a supervised run ended.
+#[derive(Debug)]
+pub(super) enum RunEnd {
+    /// The handler returned.
+    Finished(HandlerResult),
+    /// A lock was lost and the handler was stopped.
+    LockLost,
+    /// `timeout` passed and the handler was stopped.
+    TimedOut(Duration),
+    /// Shutdown did not leave it time to finish.
+    Terminated,
+    /// The process lease lapsed.
+    PresumedDead,
+}
+
+/// Everything the supervisor needs besides the handler.
+pub(super) struct Supervision {
+    pub conn: ConnectionManager,
+    pub keys: Keys,
+    pub token: String,
+    pub locks: Vec<LockSpec>,
+    pub lock_ttl: Duration,
+    pub heartbeat_interval: Duration,
+    /// Monotonic time just before the ACQUIRE that succeeded was sent (L-9).
+    pub sent_at: std::time::Instant,
+    pub max_runtime: Option<Duration>,
+    pub kill_grace: Duration,
+    pub shutdown_timeout: Duration,
+    pub on_lock_lost: OnLockLost,
+}
+
+/// L-9: the local deadline never falls after the server's.
+fn local_deadline(t: Instant, ttl: Duration) -> Instant {
+    t + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365)
+}
+
+impl Supervision {
+    pub(super) async fn run(
+        mut self,
+        handler: Arc<dyn Handler>,
+        ctx: JobContext,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> RunEnd {
+        let stop = CancellationToken::new();
+        let mut fut = handler.perform(ctx, stop.clone());
+        let locked = !self.locks.is_empty();
+        let sent_at = Instant::from_std(self.sent_at);
+        let mut lease_end = if locked {
+            local_deadline(sent_at, self.lock_ttl)
+        } else {
+            far_future()
+        };
+        let mut next_extend = if locked {
+            sent_at + self.heartbeat_interval
+        } else {
+            far_future()
+        };
+        let runtime_end = self
+            .max_runtime
+            .map(|d| Instant::now() + d)
+            .unwrap_or_else(far_future);
+        let mut shutdown_end = far_future();
+        let mut quitting = false;
+
+        let end = loop {
+            tokio::select! {
+                r = &mut fut => return RunEnd::Finished(r),
+                _ = sleep_until(next_extend) => {
+                    let t = Instant::now();
+                    match lock::extend(&mut self.conn, &self.keys, &self.token, &self.locks, self.lock_ttl).await {
+                        Ok((_, lost)) if lost.iter().any(|l| *l) => {
+                            if let Some(end) = self.lost() { break end; }
+                            lease_end = far_future();
+                            next_extend = far_future();
+                        }
+                        Ok(_) => {
+                            debug!(token = %&self.token[..8], "job lock extended");
+                            lease_end = local_deadline(t, self.lock_ttl);
+                            next_extend = t + self.heartbeat_interval;
+                        }
+                        Err(e) => {
+                            // retry every second until the local deadline passes.
+                            warn!(error = %e, "lock extension failed; retrying");
+                            next_extend = Instant::now() + Duration::from_secs(1);
+                        }
+                    }
+                }
+                _ = sleep_until(lease_end) => {
+                    error!(token = %&self.token[..8.min(self.token.len())], "lock lease ran out without a successful extension");
+                    if let Some(end) = self.lost() { break end; }
+                    lease_end = far_future();
+                    next_extend = far_future();
+                }
+                _ = sleep_until(runtime_end) => {
+                    break RunEnd::TimedOut(self.max_runtime.unwrap_or_default());
+                }
+                _ = control.quit.cancelled(), if !quitting => {
+                    quitting = true;
+                    info!(timeout = self.shutdown_timeout.as_secs_f64(), "shutting down: waiting for the running job");
+                    shutdown_end = Instant::now() + self.shutdown_timeout;
+                }
+                _ = sleep_until(shutdown_end) => break RunEnd::Terminated,
+                _ = control.kill.cancelled() => break RunEnd::Terminated,
+                _ = dead.cancelled() => break RunEnd::PresumedDead,
+            }
+        };
+
+        // Polite stop, then hard stop after kill_grace; the lock heartbeat keeps going
+        // meanwhile so the lease does not lapse under a job that is still stopping.
+        stop.cancel();
+        let grace_end = Instant::now() + self.kill_grace;
+        loop {
+            tokio::select! {
+                r = &mut fut => {
+                    debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
+                    break;
+                }
+                _ = sleep_until(grace_end) => {
+                    warn!("handler did not stop within kill_grace; killing it");
+                    break;
+                }
+                _ = sleep_until(next_extend), if locked && !matches!(end, RunEnd::LockLost) => {
+                    let t = Instant::now();
+                    next_extend = match lock::extend(&mut self.conn, &self.keys, &self.token, &self.locks, self.lock_ttl).await {
+                        Ok(_) => t + self.heartbeat_interval,
+                        Err(_) => t + Duration::from_secs(1),
+                    };
+                }
+            }
+        }
+        drop(fut);
+        end
+    }
+
+    /// what a lost lock means for this class. `None` means keep running (`continue`).
+    fn lost(&self) -> Option<RunEnd> {
+        match self.on_lock_lost {
+            OnLockLost::Continue => {
+                error!(token = %&self.token[..8.min(self.token.len())], "job lock lost; continuing without exclusivity (on_lock_lost = continue)");
+                None
+            }
+            OnLockLost::Kill | OnLockLost::Requeue => Some(RunEnd::LockLost),
+        }
+    }
+}
+
+/// renews the process lease and the Resque heartbeat every `every`; cancels `dead`
+/// when the lease was found gone.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn process_heartbeat(
+    mut conn: ConnectionManager,
+    keys: Keys,
+    process_id: String,
+    worker_id: String,
+    every: Duration,
+    ttl: Duration,
+    dead: CancellationToken,
+    stop: CancellationToken,
+) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+        match registry::heartbeat(&mut conn, &keys, &process_id, &[worker_id.as_str()], ttl).await {
+            Ok(true) => {
+                if failing {
+                    info!("process heartbeat resumed");
+                    failing = false;
+                }
+            }
+            Ok(false) => {
+                error!(process = %process_id, "process lease was gone: presumed dead and possibly recovered elsewhere; stopping");
+                dead.cancel();
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, "process heartbeat failed; retrying");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
