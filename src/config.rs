@@ -63,7 +63,7 @@ impl Secs {
 impl fmt::Display for Secs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -90,7 +90,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         other => return Err(format!("invalid duration unit {other:?} in {text:?}")),
     };
     let secs = value * scale;
-    if !secs.is_finite() || secs < 0.0 || secs > 1.0e9 {
+    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
         return Err(format!("duration {text:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -1,0 +1,8 @@
+//! The single integration-test binary of locketd.
+//!
+//! Every test module lives below this file; shared helpers live in
+//! `support` (real `redis-server` instances, the real `locketd` binary,
+//! node-resque interop, bounded waits).
+
+mod harness;
+mod support;

@@ -1,0 +1,185 @@
+//! Shared test support: real processes, no mocks.
+//!
+//! * [`RedisServer`]: a private `redis-server` on a free loopback port with
+//!   its own temporary directory, killed on drop.
+//! * [`Daemon`]: the real `locketd` binary in its own process group; the
+//!   whole group is killed on drop.
+//! * [`wait_until`] / [`wait_until_async`]: bounded polling.
+//! * [`write_script`]: executable shell scripts for command handlers.
+//! * [`node_resque_dir`] / [`run_node`] / [`run_node_json`]: node-resque
+//!   interop scripts in `tests/node`.
+#![allow(dead_code, unused_imports)]
+
+mod daemon;
+mod node;
+mod redis_server;
+
+pub use daemon::{Daemon, DaemonBuilder};
+pub use node::{node_dir, node_resque_dir, run_node, run_node_json};
+pub use redis_server::RedisServer;
+
+use std::fs;
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Polling interval of [`wait_until`] and [`wait_until_async`].
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The crate root (`CARGO_MANIFEST_DIR`).
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Polls `f` every 20 ms until it returns true; panics with `what` once
+/// `timeout` has passed. `f` is always tried at least once, and once more
+/// right at the deadline.
+#[track_caller]
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        std::thread::sleep(POLL_INTERVAL.min(deadline - now));
+    }
+}
+
+/// Async variant of [`wait_until`] (needs a tokio runtime with timers).
+/// Each call of `f` is itself bounded by the remaining time.
+pub async fn wait_until_async<F, Fut>(timeout: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // A probe that hangs past the deadline counts as "not yet".
+        let ok = tokio::time::timeout(remaining.max(POLL_INTERVAL), f())
+            .await
+            .unwrap_or(false);
+        if ok {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+/// Writes an executable (0755) shell script `dir/name` and returns its path.
+/// A `#!/bin/sh` line is added unless `body` starts with `#!`.
+pub fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("create script dir");
+    }
+    let mut text = String::new();
+    if !body.starts_with("#!") {
+        text.push_str("#!/bin/sh\n");
+    }
+    text.push_str(body);
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    // This process must never hold a writable descriptor of the final
+    // file: another thread's fork (any Command::spawn) would inherit it
+    // until its exec, and executing the script meanwhile fails with
+    // ETXTBSY ("Text file busy"). So write a temporary file here and let a
+    // `cp` child process create the final one.
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let file_name = path.file_name().expect("script name").to_string_lossy();
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(".{file_name}.{}.{seq}.tmp", std::process::id()));
+    fs::write(&tmp, text).expect("write script");
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(&tmp)
+        .arg(&path)
+        .stdin(Stdio::null())
+        .status()
+        .expect("spawn cp");
+    assert!(
+        status.success(),
+        "cp {} {}: {status}",
+        tmp.display(),
+        path.display()
+    );
+    let _ = fs::remove_file(&tmp);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod script");
+    path
+}
+
+/// Reads a file as (lossy) UTF-8; a missing file reads as "".
+pub fn read_lossy(path: &Path) -> String {
+    match fs::read(path) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// State letter, parent pid and process group of a live process, read from
+/// `/proc/<pid>/stat`; `None` if there is no such process.
+pub fn proc_stat(pid: i32) -> Option<(char, i32, i32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid pgrp ..." — comm may contain spaces and ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, ppid, pgrp))
+}
+
+/// True if `pid` exists and is not a zombie.
+pub fn pid_alive(pid: i32) -> bool {
+    matches!(proc_stat(pid), Some((state, _, _)) if state != 'Z' && state != 'X')
+}
+
+/// Live (non-zombie) processes whose process group is `pgid`, sorted.
+pub fn process_group_members(pgid: i32) -> Vec<i32> {
+    let mut pids: Vec<i32> = fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&pid| {
+                    matches!(proc_stat(pid), Some((state, _, pgrp))
+                        if pgrp == pgid && state != 'Z' && state != 'X')
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
+
+/// Live (non-zombie) direct children of `pid`, sorted.
+pub fn child_pids(pid: i32) -> Vec<i32> {
+    let mut pids: Vec<i32> = fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| {
+                    matches!(proc_stat(p), Some((state, ppid, _))
+                        if ppid == pid && state != 'Z' && state != 'X')
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
