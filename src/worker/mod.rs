@@ -125,7 +125,15 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
         };
         match attempt.await {
             Ok(conn) => return Ok(conn),
-            Err(e) if started.elapsed() + delay < wait => {
+            // A wrong password or a bad TLS setting will not fix itself: report it at once.
+            Err(e)
+                if started.elapsed() + delay < wait
+                    && !matches!(
+                        e.kind(),
+                        redis::ErrorKind::AuthenticationFailed
+                            | redis::ErrorKind::InvalidClientConfig
+                    ) =>
+            {
                 warn!(error = %e, "redis not answering yet, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
@@ -540,6 +548,12 @@ impl Worker {
             working_on: &working_on,
             lockinfo: &lockinfo,
         };
+        if control.quit.is_cancelled() {
+            // shutting down before the job started: it goes back to the head of its queue.
+            let slot = self.slot();
+            let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+            return Some(StopReason::Shutdown);
+        }
         let sent_at = Instant::now();
         let acquired = {
             let slot = self.slot();

@@ -1,0 +1,151 @@
+//! Connecting to Redis: `--redis`, `REDIS_URL`, passwords and TLS (`rediss://`).
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::{Daemon, RedisServer};
+
+const CONFIG: &str = r#"
+queues = "q"
+interval = 0
+[classes."*"]
+command = ["/bin/true"]
+"#;
+
+fn push_job(conn: &mut redis::Connection) {
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("resque:queues")
+        .arg("q")
+        .ignore()
+        .cmd("RPUSH")
+        .arg("resque:queue:q")
+        .arg(r#"{"class":"Ping","args":[1]}"#)
+        .ignore()
+        .query(conn)
+        .unwrap();
+}
+
+fn processed(conn: &mut redis::Connection) -> Option<String> {
+    redis::cmd("GET")
+        .arg("resque:stat:processed")
+        .query(conn)
+        .unwrap()
+}
+
+#[test]
+fn password_in_the_url_authenticates() {
+    let redis = RedisServer::start();
+    // The test's own connection was opened before the password, so it stays authenticated.
+    let mut conn = redis.sync_conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query(&mut conn)
+        .unwrap();
+    push_job(&mut conn);
+    let url = format!("redis://:s3cret@127.0.0.1:{}/0", redis.port());
+    let mut daemon = Daemon::builder(&redis)
+        .config(CONFIG)
+        .redis_url(&url)
+        .start();
+    let status = daemon
+        .wait_exit(Duration::from_secs(20))
+        .expect("drains and exits");
+    assert!(status.success(), "{}", daemon.log());
+    assert_eq!(processed(&mut conn).as_deref(), Some("1"));
+    // The password never reaches the log.
+    assert!(!daemon.log().contains("s3cret"), "{}", daemon.log());
+
+    let bad = format!("redis://:wrong@127.0.0.1:{}/0", redis.port());
+    let mut daemon = Daemon::builder(&redis)
+        .config(CONFIG)
+        .redis_url(&bad)
+        .start();
+    // A wrong password is reported at once, not retried for 30 s.
+    let status = daemon
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits on a wrong password");
+    assert_eq!(status.code(), Some(69), "{}", daemon.log());
+    assert!(
+        daemon.log().to_lowercase().contains("auth"),
+        "{}",
+        daemon.log()
+    );
+}
+
+#[test]
+fn redis_url_comes_from_the_environment_when_no_flag_is_given() {
+    let redis = RedisServer::start();
+    let mut conn = redis.sync_conn();
+    push_job(&mut conn);
+    let mut daemon = Daemon::builder(&redis)
+        .config(CONFIG)
+        .no_redis_arg()
+        .env("REDIS_URL", redis.url())
+        .start();
+    let status = daemon.wait_exit(Duration::from_secs(20)).expect("exits");
+    assert!(status.success(), "{}", daemon.log());
+    assert_eq!(processed(&mut conn).as_deref(), Some("1"));
+}
+
+#[test]
+fn rediss_url_connects_over_tls() {
+    let redis = RedisServer::start();
+    let dir = redis.dir().to_path_buf();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed (.ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tls_port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut conn = redis.sync_conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("tls-cert-file")
+        .arg(cert.to_str().unwrap())
+        .arg("tls-key-file")
+        .arg(key.to_str().unwrap())
+        .arg("tls-auth-clients")
+        .arg("no")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("tls-port")
+        .arg(tls_port)
+        .query(&mut conn)
+        .unwrap();
+    push_job(&mut conn);
+    // `#insecure`: the test's certificate is self-signed.
+    let url = format!("rediss://127.0.0.1:{tls_port}/0#insecure");
+    let mut daemon = Daemon::builder(&redis)
+        .config(CONFIG)
+        .redis_url(&url)
+        .start();
+    let status = daemon.wait_exit(Duration::from_secs(20)).expect("exits");
+    assert!(status.success(), "{}", daemon.log());
+    assert_eq!(processed(&mut conn).as_deref(), Some("1"));
+}
