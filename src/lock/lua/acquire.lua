@@ -102,7 +102,7 @@ redis.call('HSET', inflight,
   'state', 'running',
   'started_at', now,
   'token', ARGV[2],
-  'locks', cjson.encode(ids),
+  'locks', (#ids == 0) and '[]' or cjson.encode(ids),
   'class', ARGV[10],
   'digest', ARGV[11])
 redis.call('SET', KEYS[5], ARGV[6])

@@ -28,6 +28,10 @@ end
 local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefix)
   local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', now)
   if #expired == 0 then
+    -- A key that lapsed on its own (L-6) lost its holders by expiry too: A-14 still applies.
+    if redis.call('EXISTS', lock_key) == 0 then
+      reset_blocked(blocked_key, counter_prefix)
+    end
     return 0
   end
   redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', now)

@@ -1,0 +1,2799 @@
+//! Locket locks at the script level (locking-semantics.md §5, §7, §9, §12).
+//!
+//! Each test drives the typed API of `locketd::lock` (RESERVE, ACQUIRE+START, EXTEND, FINISH,
+//! purge), the janitor and the registry against its own `redis-server`, and checks the Redis
+//! state the rules promise. Every test names the rules it covers.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use locketd::config::Config;
+use locketd::lock::canonical::sha256_hex;
+use locketd::lock::scripts::scripts;
+use locketd::lock::{
+    self, AcquireRequest, Acquired, FailureBackend, Finish, FinishRequest, LockSpec, Reserved,
+    SlotRef,
+};
+use locketd::resque::failure::{working_on, JobFailure};
+use locketd::resque::keys::Keys;
+use locketd::resque::registry::{self, Registration};
+use locketd::worker::{janitor_pass, random_hex};
+use rand::Rng;
+use redis::aio::MultiplexedConnection as Conn;
+use serde_json::{json, Value};
+
+use crate::support::{wait_until_async, RedisServer};
+
+const NS: &str = "resque";
+
+/// Runs one Redis command, panicking on error; the reply type comes from the binding.
+macro_rules! rcmd {
+    ($conn:expr, $name:literal $(, $arg:expr)* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut cmd = redis::cmd($name);
+        $( cmd.arg($arg); )*
+        cmd.query_async($conn)
+            .await
+            .unwrap_or_else(|e| panic!("{} failed: {e}", $name))
+    }};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn keys() -> Keys {
+    Keys::new(NS)
+}
+
+fn payload(class: &str, args: Value) -> Vec<u8> {
+    json!({"class": class, "args": args})
+        .to_string()
+        .into_bytes()
+}
+
+fn spec(id: &str, limit: u32) -> LockSpec {
+    LockSpec {
+        id: id.to_string(),
+        limit,
+    }
+}
+
+fn set_of<const N: usize>(items: [&str; N]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// One execution slot: its key and its Resque worker id.
+struct Slot {
+    keys: Keys,
+    slot_key: String,
+    worker_id: String,
+}
+
+impl Slot {
+    fn new(slot_key: impl Into<String>, worker_id: impl Into<String>) -> Slot {
+        Slot {
+            keys: keys(),
+            slot_key: slot_key.into(),
+            worker_id: worker_id.into(),
+        }
+    }
+
+    fn r(&self) -> SlotRef<'_> {
+        SlotRef {
+            keys: &self.keys,
+            slot_key: &self.slot_key,
+            worker_id: &self.worker_id,
+        }
+    }
+
+    fn inflight(&self) -> String {
+        self.keys.inflight(&self.slot_key)
+    }
+}
+
+/// A reservation as RESERVE returned it.
+#[derive(Debug, Clone)]
+struct Res {
+    queue: String,
+    payload: Vec<u8>,
+    rid: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Opts {
+    ttl: Duration,
+    counter_ttl: Duration,
+    requeue: bool,
+}
+
+fn opts(ttl_ms: u64, counter_ttl_ms: u64, requeue: bool) -> Opts {
+    Opts {
+        ttl: Duration::from_millis(ttl_ms),
+        counter_ttl: Duration::from_millis(counter_ttl_ms),
+        requeue,
+    }
+}
+
+async fn push(conn: &mut Conn, queue: &str, body: &[u8]) {
+    let k = keys();
+    let _: i64 = rcmd!(conn, "RPUSH", k.queue(queue), body);
+    let _: i64 = rcmd!(conn, "SADD", k.queues(), queue);
+}
+
+async fn reserve(conn: &mut Conn, slot: &Slot, queues: &[&str], clear: bool) -> Reserved {
+    let qs: Vec<String> = queues.iter().map(|q| q.to_string()).collect();
+    lock::reserve(conn, &slot.r(), &random_hex(8), &qs, clear)
+        .await
+        .expect("RESERVE")
+}
+
+async fn reserve_job(conn: &mut Conn, slot: &Slot, queues: &[&str]) -> Res {
+    match reserve(conn, slot, queues, false).await {
+        Reserved::Job {
+            queue,
+            payload,
+            rid,
+        } => Res {
+            queue,
+            payload,
+            rid,
+        },
+        other => panic!("expected a job from {queues:?}, got {other:?}"),
+    }
+}
+
+async fn acquire(
+    conn: &mut Conn,
+    slot: &Slot,
+    res: &Res,
+    token: &str,
+    locks: &[LockSpec],
+    o: Opts,
+) -> Acquired {
+    let text = String::from_utf8_lossy(&res.payload).into_owned();
+    let class = serde_json::from_slice::<Value>(&res.payload)
+        .ok()
+        .and_then(|v| v.get("class")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "Unknown".to_string());
+    let digest = sha256_hex(&res.payload);
+    let working = working_on(&text, &res.queue, SystemTime::now());
+    let info = json!({
+        "process": slot.slot_key,
+        "slot": 0,
+        "resque_worker": slot.worker_id,
+        "queue": res.queue,
+        "class": class,
+        "digest": digest,
+    })
+    .to_string();
+    let req = AcquireRequest {
+        rid: &res.rid,
+        token,
+        queue: &res.queue,
+        class: &class,
+        digest: &digest,
+        locks,
+        lock_ttl: o.ttl,
+        counter_ttl: o.counter_ttl,
+        requeue_on_conflict: o.requeue,
+        working_on: &working,
+        lockinfo: &info,
+    };
+    lock::acquire(conn, &slot.r(), &req).await.expect("ACQUIRE")
+}
+
+#[track_caller]
+fn started(a: Acquired) -> u64 {
+    match a {
+        Acquired::Started { deadline_ms } => deadline_ms,
+        other => panic!("expected the job to start, got {other:?}"),
+    }
+}
+
+async fn finish(
+    conn: &mut Conn,
+    slot: &Slot,
+    res: &Res,
+    token: &str,
+    locks: &[LockSpec],
+    outcome: Finish,
+) -> bool {
+    let req = FinishRequest {
+        rid: &res.rid,
+        token,
+        queue: &res.queue,
+        locks,
+        outcome: &outcome,
+        backend: FailureBackend::Redis,
+    };
+    lock::finish(conn, &slot.r(), &req).await.expect("FINISH")
+}
+
+/// A job that holds `locks`: pushed to its own queue, reserved on its own slot, started.
+struct Held {
+    slot: Slot,
+    res: Res,
+    token: String,
+    locks: Vec<LockSpec>,
+    deadline: u64,
+}
+
+impl Held {
+    async fn finish(&self, conn: &mut Conn) -> bool {
+        finish(
+            conn,
+            &self.slot,
+            &self.res,
+            &self.token,
+            &self.locks,
+            Finish::Success,
+        )
+        .await
+    }
+}
+
+async fn hold(conn: &mut Conn, name: &str, locks: &[LockSpec], ttl_ms: u64) -> Held {
+    let queue = format!("hq-{name}");
+    push(conn, &queue, &payload("Holder", json!([name]))).await;
+    let slot = Slot::new(
+        format!("holder-{name}:0"),
+        format!("testhost:{}:{queue}", 1000 + name.len()),
+    );
+    let res = reserve_job(conn, &slot, &[&queue]).await;
+    let token = random_hex(16);
+    let deadline =
+        started(acquire(conn, &slot, &res, &token, locks, opts(ttl_ms, 1000, false)).await);
+    Held {
+        slot,
+        res,
+        token,
+        locks: locks.to_vec(),
+        deadline,
+    }
+}
+
+/// Pushes `body` to a fresh `queue`, reserves it on a fresh slot and tries `locks`.
+async fn try_job(
+    conn: &mut Conn,
+    slot_name: &str,
+    queue: &str,
+    body: &[u8],
+    locks: &[LockSpec],
+    o: Opts,
+) -> (Slot, Res, String, Acquired) {
+    push(conn, queue, body).await;
+    let slot = Slot::new(
+        format!("{slot_name}:0"),
+        format!("testhost:{slot_name}:{queue}"),
+    );
+    let res = reserve_job(conn, &slot, &[queue]).await;
+    let token = random_hex(16);
+    let a = acquire(conn, &slot, &res, &token, locks, o).await;
+    (slot, res, token, a)
+}
+
+async fn server_ms(conn: &mut Conn) -> u64 {
+    let (s, us): (u64, u64) = rcmd!(conn, "TIME");
+    s * 1000 + us / 1000
+}
+
+/// Sleeps until the Redis clock has passed `t_ms` (bounded).
+async fn sleep_past_server_ms(conn: &mut Conn, t_ms: u64) {
+    let started = Instant::now();
+    loop {
+        let now = server_ms(conn).await;
+        if now > t_ms {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "server clock did not pass {t_ms}"
+        );
+        tokio::time::sleep(Duration::from_millis((t_ms - now).min(50) + 1)).await;
+    }
+}
+
+async fn lrange(conn: &mut Conn, key: &str) -> Vec<Vec<u8>> {
+    rcmd!(conn, "LRANGE", key, 0, -1)
+}
+
+async fn get(conn: &mut Conn, key: &str) -> Option<String> {
+    rcmd!(conn, "GET", key)
+}
+
+async fn exists(conn: &mut Conn, key: &str) -> bool {
+    let n: i64 = rcmd!(conn, "EXISTS", key);
+    n == 1
+}
+
+async fn zscore(conn: &mut Conn, key: &str, member: &str) -> Option<u64> {
+    let s: Option<f64> = rcmd!(conn, "ZSCORE", key, member);
+    s.map(|v| v as u64)
+}
+
+async fn zcard(conn: &mut Conn, key: &str) -> u64 {
+    rcmd!(conn, "ZCARD", key)
+}
+
+async fn zrange_scores(conn: &mut Conn, key: &str) -> Vec<(String, u64)> {
+    let v: Vec<(String, f64)> = rcmd!(conn, "ZRANGE", key, 0, -1, "WITHSCORES");
+    v.into_iter().map(|(m, s)| (m, s as u64)).collect()
+}
+
+async fn smembers(conn: &mut Conn, key: &str) -> BTreeSet<String> {
+    rcmd!(conn, "SMEMBERS", key)
+}
+
+async fn hgetall(conn: &mut Conn, key: &str) -> HashMap<String, String> {
+    rcmd!(conn, "HGETALL", key)
+}
+
+async fn hget_bytes(conn: &mut Conn, key: &str, field: &str) -> Option<Vec<u8>> {
+    rcmd!(conn, "HGET", key, field)
+}
+
+/// When `key` expires, in Redis server ms (TIME + PTTL read in one script); negative PTTL
+/// values (-1 no expiry, -2 no key) are returned as they are.
+async fn expire_at(conn: &mut Conn, key: &str) -> i64 {
+    redis::Script::new(
+        r"local p = redis.call('PTTL', KEYS[1])
+          if p < 0 then return p end
+          local t = redis.call('TIME')
+          return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + p",
+    )
+    .key(key)
+    .invoke_async(conn)
+    .await
+    .expect("expire_at script")
+}
+
+/// Members of `key` whose deadline is later than the server's now (L-1's live holders).
+async fn live_holders(conn: &mut Conn, key: &str) -> u64 {
+    redis::Script::new(
+        r"local t = redis.call('TIME')
+          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+          return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')",
+    )
+    .key(key)
+    .invoke_async(conn)
+    .await
+    .expect("live_holders script")
+}
+
+#[track_caller]
+fn assert_near(actual: i64, expected: i64, slack: i64, what: &str) {
+    assert!(
+        (actual - expected).abs() <= slack,
+        "{what}: {actual} is not within {slack} ms of {expected}"
+    );
+}
+
+/// Waits (bounded) until `key` no longer exists.
+async fn wait_gone(conn: &Conn, key: String, timeout: Duration, what: &str) {
+    let c = conn.clone();
+    wait_until_async(timeout, what, move || {
+        let mut c = c.clone();
+        let key = key.clone();
+        async move { !exists(&mut c, &key).await }
+    })
+    .await;
+}
+
+/// Locket key names of locking-semantics.md §2 (a trailing ':' means "prefix").
+const LOCKET_KEY_NAMES: &[&str] = &[
+    "lock:",
+    "lockinfo:",
+    "locks",
+    "fence",
+    "counter:",
+    "blocked:lock:",
+    "blocked:dep:",
+    "dep:",
+    "deps",
+    "inflight:",
+    "delayed",
+    "attempts",
+    "recoveries",
+    "processes",
+    "alive:",
+    "slots:",
+    "janitor",
+    "stat:",
+    "metrics:",
+];
+
+/// The only locket keys that may live without an expiry (NEVER-4).
+const WITHOUT_EXPIRY: &[&str] = &[
+    "locks",
+    "deps",
+    "processes",
+    "slots:",
+    "fence",
+    "stat:",
+    "delayed",
+    "inflight:",
+];
+
+fn name_matches(rest: &str, names: &[&str]) -> bool {
+    names.iter().any(|n| {
+        if n.ends_with(':') {
+            rest.starts_with(n)
+        } else {
+            rest == *n
+        }
+    })
+}
+
+/// K-1, NEVER-4: every locket key has a documented name and only the documented ones have no
+/// expiry. Returns the key names below `<ns>:locket:`.
+async fn audit_locket_keys(conn: &mut Conn, when: &str) -> BTreeSet<String> {
+    let prefix = format!("{NS}:locket:");
+    let all: Vec<String> = rcmd!(conn, "KEYS", format!("{prefix}*"));
+    let mut out = BTreeSet::new();
+    for key in all {
+        let rest = key.strip_prefix(&prefix).unwrap().to_string();
+        assert!(
+            name_matches(&rest, LOCKET_KEY_NAMES),
+            "{when}: undocumented locket key {key}"
+        );
+        let ttl: i64 = rcmd!(conn, "PTTL", &key);
+        if ttl == -1 {
+            assert!(
+                name_matches(&rest, WITHOUT_EXPIRY),
+                "{when}: {key} has no expiry"
+            );
+        }
+        out.insert(rest);
+    }
+    out
+}
+
+fn janitor_config(extra: &str) -> Config {
+    Config::parse(
+        &format!("queues = \"q\"\n[locket]\njanitor_interval = \"1s\"\n{extra}\n"),
+        "tests/it/lock.rs",
+    )
+    .expect("janitor config")
+}
+
+async fn register(conn: &mut Conn, process: &str, slot: u32, worker_id: &str, ttl: Duration) {
+    let k = keys();
+    let reg = Registration {
+        keys: &k,
+        worker_id,
+        process_id: process,
+        slot,
+    };
+    let alive =
+        json!({"started_at": 0, "version": "test", "concurrency": 1, "queues": "q"}).to_string();
+    registry::register(conn, &reg, &alive, ttl)
+        .await
+        .expect("register");
+}
+
+async fn wait_dead(conn: &Conn, process: &str) {
+    wait_gone(
+        conn,
+        keys().alive(process),
+        Duration::from_secs(5),
+        "the process lease to lapse",
+    )
+    .await;
+}
+
+/// Asserts that nothing of a slot's Resque registration is left.
+async fn assert_unregistered(conn: &mut Conn, worker_id: &str) {
+    let k = keys();
+    assert!(!smembers(conn, &k.workers()).await.contains(worker_id));
+    assert!(!exists(conn, &k.worker(worker_id)).await);
+    assert!(!exists(conn, &k.worker_started(worker_id)).await);
+    let beat: Option<String> = rcmd!(conn, "HGET", k.heartbeat(), worker_id);
+    assert_eq!(beat, None, "heartbeat of {worker_id} left behind");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5.1 RESERVE
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md A-1, A-3
+#[tokio::test]
+async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_inflight_record() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    // Odd spacing, a float, a big integer, non-ASCII text and an extra key: bytes must survive.
+    let raw: &[u8] = "{\"class\" : \"Mail::Send\",\"args\":[1.0, \"\u{e9}\u{1f600}\", 123456789012345678901],\"id\":\"php-7\" }".as_bytes();
+    let b2 = payload("B2", json!([]));
+    let c1 = payload("C1", json!([]));
+    push(c, "b", raw).await;
+    push(c, "b", &b2).await;
+    push(c, "c", &c1).await;
+
+    let slot = Slot::new("testhost:1:aaaaaaaa:0", "testhost:1:a,b,c");
+    let before = server_ms(c).await;
+    let rid = random_hex(8);
+    let qs: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let got = lock::reserve(c, &slot.r(), &rid, &qs, false).await.unwrap();
+    let after = server_ms(c).await;
+    assert_eq!(
+        got,
+        Reserved::Job {
+            queue: "b".into(),
+            payload: raw.to_vec(),
+            rid: rid.clone()
+        }
+    );
+
+    let rec = hgetall(c, &slot.inflight()).await;
+    assert_eq!(rec.get("rid"), Some(&rid));
+    assert_eq!(rec.get("queue").map(String::as_str), Some("b"));
+    assert_eq!(rec.get("state").map(String::as_str), Some("reserved"));
+    let reserved_at: u64 = rec["reserved_at"].parse().unwrap();
+    assert!(
+        (before..=after).contains(&reserved_at),
+        "reserved_at {reserved_at} is not server time in [{before}, {after}]"
+    );
+    assert_eq!(
+        hget_bytes(c, &slot.inflight(), "payload").await.as_deref(),
+        Some(raw)
+    );
+    assert_eq!(lrange(c, &k.queue("b")).await, vec![b2.clone()]);
+    assert_eq!(lrange(c, &k.queue("c")).await, vec![c1.clone()]);
+
+    // Priority order on every pass: b's next job, then c, then nothing.
+    let s2 = Slot::new("testhost:1:aaaaaaaa:1", "testhost:1:a,b,c#2");
+    let r2 = reserve_job(c, &s2, &["a", "b", "c"]).await;
+    assert_eq!((r2.queue.as_str(), r2.payload), ("b", b2));
+    let s3 = Slot::new("testhost:1:aaaaaaaa:2", "testhost:1:a,b,c#3");
+    let r3 = reserve_job(c, &s3, &["a", "b", "c"]).await;
+    assert_eq!((r3.queue.as_str(), r3.payload), ("c", c1));
+    let s4 = Slot::new("testhost:1:aaaaaaaa:3", "testhost:1:a,b,c#4");
+    assert_eq!(
+        reserve(c, &s4, &["a", "b", "c"], false).await,
+        Reserved::Nothing { skipped: vec![] }
+    );
+    assert!(!exists(c, &s4.inflight()).await);
+}
+
+// locking-semantics.md A-1 step 2, A-2, A-3, A-15
+#[tokio::test]
+async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_only() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let h: Vec<Vec<u8>> = (1..=3).map(|i| payload("High", json!([i]))).collect();
+    let l1 = payload("Low", json!([1]));
+    push(c, "high", &h[0]).await;
+    push(c, "high", &h[1]).await;
+    push(c, "low", &l1).await;
+    let mut n = 0;
+    let mut slot = || {
+        n += 1;
+        Slot::new(format!("p:{n}:0"), format!("testhost:{n}:high,low"))
+    };
+
+    // counter == LLEN: skipped, the next queue is served.
+    let _: () = rcmd!(c, "SET", k.counter("high"), 2);
+    let r = reserve_job(c, &slot(), &["high", "low"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("low", l1));
+    assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
+
+    // Nothing else to serve: the skipped queue is reported.
+    assert_eq!(
+        reserve(c, &slot(), &["high", "low"], false).await,
+        Reserved::Nothing {
+            skipped: vec!["high".into()]
+        }
+    );
+    // counter > LLEN: still skipped.
+    let _: () = rcmd!(c, "SET", k.counter("high"), 5);
+    assert_eq!(
+        reserve(c, &slot(), &["high", "low"], false).await,
+        Reserved::Nothing {
+            skipped: vec!["high".into()]
+        }
+    );
+    assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
+
+    // A job arriving makes the length exceed the counter once: the head is served.
+    let _: () = rcmd!(c, "SET", k.counter("high"), 2);
+    push(c, "high", &h[2]).await;
+    let r = reserve_job(c, &slot(), &["high", "low"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("high", h[0].clone()));
+
+    // counter < LLEN: served. An empty queue with a counter is not "skipped".
+    let _: () = rcmd!(c, "SET", k.counter("high"), 1);
+    let _: () = rcmd!(c, "SET", k.counter("empty"), 9);
+    let r = reserve_job(c, &slot(), &["empty", "high"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("high", h[1].clone()));
+    assert_eq!(
+        reserve(c, &slot(), &["empty", "high", "low"], false).await,
+        Reserved::Nothing {
+            skipped: vec!["high".into()]
+        }
+    );
+    assert_eq!(lrange(c, &k.queue("high")).await, vec![h[2].clone()]);
+    // RESERVE never touches counters on its own (the idle clear is off here).
+    assert_eq!(get(c, &k.counter("high")).await.as_deref(), Some("1"));
+    assert_eq!(get(c, &k.counter("empty")).await.as_deref(), Some("9"));
+}
+
+// locking-semantics.md K-2, A-1
+#[tokio::test]
+async fn reserve_returns_busy_and_changes_nothing_while_the_slot_holds_a_reservation() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let j1 = payload("J", json!([1]));
+    let j2 = payload("J", json!([2]));
+    push(c, "q", &j1).await;
+    push(c, "q", &j2).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    let first = reserve_job(c, &slot, &["q"]).await;
+    let record = hgetall(c, &slot.inflight()).await;
+
+    assert_eq!(reserve(c, &slot, &["q"], false).await, Reserved::Busy);
+    assert_eq!(reserve(c, &slot, &["q"], true).await, Reserved::Busy);
+    assert_eq!(hgetall(c, &slot.inflight()).await, record);
+    assert_eq!(record["rid"], first.rid);
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![j2]);
+}
+
+// locking-semantics.md A-1 (resque-protocol.md pause rule)
+#[tokio::test]
+async fn reserve_returns_paused_while_pause_all_workers_is_set() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let j = payload("J", json!([1]));
+    push(c, "q", &j).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    for value in ["true", " TRUE "] {
+        let _: () = rcmd!(c, "SET", k.pause_all(), value);
+        assert_eq!(reserve(c, &slot, &["q"], false).await, Reserved::Paused);
+        assert!(!exists(c, &slot.inflight()).await);
+        assert_eq!(lrange(c, &k.queue("q")).await, vec![j.clone()]);
+    }
+    let _: () = rcmd!(c, "SET", k.pause_all(), "false");
+    assert_eq!(reserve_job(c, &slot, &["q"]).await.payload, j);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5.3 ACQUIRE: conflicts
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md A-6, A-7, P-1, A-15, A-18
+#[tokio::test]
+async fn a_conflict_with_requeue_moves_the_original_bytes_to_the_tail_and_counts_the_queue() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("acct:42", 1);
+    let h = hold(c, "h", std::slice::from_ref(&l), 20_000).await;
+
+    let j1: &[u8] = b"{\"class\":\"Billing::Sync\", \"args\":[42, 1.0],\"id\":\"php-1\"}";
+    let x1 = payload("Billing::Sync", json!([42, "x1"]));
+    let x2 = payload("Other", json!([7]));
+    for p in [j1, &x1, &x2] {
+        push(c, "q", p).await;
+    }
+    let s1 = Slot::new("p:1:0", "testhost:11:q");
+    let r1 = reserve_job(c, &s1, &["q"]).await;
+    assert_eq!(r1.payload, j1);
+    // A push that lands between RESERVE and the conflict keeps its place ahead of the requeue.
+    let y = payload("Late", json!([]));
+    push(c, "q", &y).await;
+
+    let o = opts(10_000, 2_000, true);
+    let before = server_ms(c).await as i64;
+    let a = acquire(c, &s1, &r1, &random_hex(16), std::slice::from_ref(&l), o).await;
+    let after = server_ms(c).await as i64;
+    assert_eq!(
+        a,
+        Acquired::Conflict {
+            requeued: true,
+            lock_id: "acct:42".into(),
+            holders: 1,
+            limit: 1
+        }
+    );
+    assert!(!exists(c, &s1.inflight()).await, "inflight record left");
+    assert_eq!(
+        lrange(c, &k.queue("q")).await,
+        vec![x1.clone(), x2.clone(), y.clone(), j1.to_vec()]
+    );
+    assert!(smembers(c, &k.queues()).await.contains("q"));
+    assert_eq!(get(c, &k.counter("q")).await.as_deref(), Some("1"));
+    let counter_exp = expire_at(c, &k.counter("q")).await;
+    assert!(
+        counter_exp >= before + 2000 - 2 && counter_exp <= after + 2000 + 2,
+        "counter expires at {counter_exp}, not counter_ttl after its creation in [{before}, {after}]"
+    );
+    assert_eq!(smembers(c, &k.blocked_lock("acct:42")).await, set_of(["q"]));
+    let blocked_exp = expire_at(c, &k.blocked_lock("acct:42")).await;
+    assert!(blocked_exp >= before + 2000 - 2 && blocked_exp <= after + 2000 + 2);
+    // The holder is untouched.
+    assert_eq!(
+        zrange_scores(c, &k.lock("acct:42")).await,
+        vec![(h.token.clone(), h.deadline)]
+    );
+
+    // A second conflict from the same queue 400 ms later: counted, but its expiry stays
+    // counter_ttl after creation (A-15); the blocked set's expiry is refreshed.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let s2 = Slot::new("p:2:0", "testhost:12:q");
+    let r2 = reserve_job(c, &s2, &["q"]).await;
+    assert_eq!(r2.payload, x1);
+    let before2 = server_ms(c).await as i64;
+    let a = acquire(c, &s2, &r2, &random_hex(16), std::slice::from_ref(&l), o).await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    assert_eq!(get(c, &k.counter("q")).await.as_deref(), Some("2"));
+    assert_near(
+        expire_at(c, &k.counter("q")).await,
+        counter_exp,
+        3,
+        "counter expiry after a second INCR",
+    );
+    assert!(expire_at(c, &k.blocked_lock("acct:42")).await >= before2 + 2000 - 2);
+    assert_eq!(
+        lrange(c, &k.queue("q")).await,
+        vec![x2, y, j1.to_vec(), x1.clone()]
+    );
+
+    // The counter is gone counter_ttl after its creation.
+    let now = server_ms(c).await as i64;
+    wait_gone(
+        c,
+        k.counter("q"),
+        Duration::from_millis((counter_exp + 600 - now).max(0) as u64),
+        "the counter to expire counter_ttl after its creation",
+    )
+    .await;
+}
+
+// locking-semantics.md A-6 step 4 (fallback none), A-17
+#[tokio::test]
+async fn a_conflict_without_fallback_leaves_the_job_reserved_and_counts_nothing() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let h = hold(c, "h", std::slice::from_ref(&l), 20_000).await;
+    let j = payload("J", json!([1]));
+    let other = payload("J", json!([2]));
+    push(c, "q", &j).await;
+    push(c, "q", &other).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let record = hgetall(c, &slot.inflight()).await;
+
+    let a = acquire(
+        c,
+        &slot,
+        &res,
+        &random_hex(16),
+        std::slice::from_ref(&l),
+        opts(5000, 1000, false),
+    )
+    .await;
+    assert_eq!(
+        a,
+        Acquired::Conflict {
+            requeued: false,
+            lock_id: "L".into(),
+            holders: 1,
+            limit: 1
+        }
+    );
+    assert_eq!(hgetall(c, &slot.inflight()).await, record);
+    assert_eq!(record["state"], "reserved");
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![other]);
+    assert!(!exists(c, &k.counter("q")).await);
+    assert!(!exists(c, &k.blocked_lock("L")).await);
+
+    // Once the holder is gone, the same reservation starts with a new token.
+    assert!(h.finish(c).await);
+    let token = random_hex(16);
+    started(acquire(c, &slot, &res, &token, &[l], opts(5000, 1000, false)).await);
+    assert_eq!(zrange_scores(c, &k.lock("L")).await.len(), 1);
+    assert!(zscore(c, &k.lock("L"), &token).await.is_some());
+}
+
+// locking-semantics.md A-19, NEVER-10
+#[tokio::test]
+async fn conflicts_leave_resque_stats_failures_and_working_on_untouched() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let _: () = rcmd!(c, "SET", k.stat_processed(), 7);
+    let _: i64 = rcmd!(c, "RPUSH", k.failed(), "{\"old\":true}");
+    let l = spec("L", 1);
+    let _h = hold(c, "h", std::slice::from_ref(&l), 20_000).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    for i in 0..3 {
+        push(c, "q", &payload("J", json!([i]))).await;
+    }
+    for (i, requeue) in [(0, true), (1, true), (2, false)] {
+        let res = reserve_job(c, &slot, &["q"]).await;
+        let a = acquire(
+            c,
+            &slot,
+            &res,
+            &random_hex(16),
+            std::slice::from_ref(&l),
+            opts(5000, 5000, requeue),
+        )
+        .await;
+        assert!(matches!(a, Acquired::Conflict { .. }), "attempt {i}: {a:?}");
+        if !requeue {
+            assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+                .await
+                .unwrap());
+        }
+    }
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("7"));
+    assert_eq!(get(c, &k.stat_failed()).await, None);
+    assert_eq!(get(c, &k.stat_processed_by(&slot.worker_id)).await, None);
+    assert_eq!(get(c, &k.stat_failed_by(&slot.worker_id)).await, None);
+    let failed: Vec<String> = rcmd!(c, "LRANGE", k.failed(), 0, -1);
+    assert_eq!(failed, vec!["{\"old\":true}".to_string()]);
+    assert!(
+        !exists(c, &k.worker(&slot.worker_id)).await,
+        "working-on record written"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5.4 START
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md A-8, A-6 step 5
+#[tokio::test]
+async fn acquire_success_starts_the_job_resets_its_queue_counter_and_writes_working_on() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    // counter:q below LLEN (so q is served) must be reset by START; counter:other stays.
+    let _: () = rcmd!(c, "SET", k.counter("q"), 1, "PX", 10_000);
+    let _: () = rcmd!(c, "SET", k.counter("other"), 3, "PX", 10_000);
+    let j: &[u8] = b"{\"class\":\"Billing::Sync\",\"args\":[42],  \"queue\":\"q\"}";
+    push(c, "q", j).await;
+    push(c, "q", &payload("Billing::Sync", json!([43]))).await;
+    let slot = Slot::new("testhost:9:abcdef01:0", "testhost:9:q");
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let token = random_hex(16);
+    let l = spec("Billing::Sync:42", 1);
+    let deadline = started(
+        acquire(
+            c,
+            &slot,
+            &res,
+            &token,
+            std::slice::from_ref(&l),
+            opts(5000, 1000, true),
+        )
+        .await,
+    );
+
+    assert!(!exists(c, &k.counter("q")).await, "counter of q not reset");
+    assert_eq!(get(c, &k.counter("other")).await.as_deref(), Some("3"));
+
+    let working: Value = serde_json::from_str(
+        &get(c, &k.worker(&slot.worker_id))
+            .await
+            .expect("worker:<id>"),
+    )
+    .unwrap();
+    assert_eq!(working["queue"], "q");
+    assert_eq!(
+        working["payload"],
+        serde_json::from_slice::<Value>(j).unwrap()
+    );
+    assert!(working["run_at"].is_string());
+
+    let rec = hgetall(c, &slot.inflight()).await;
+    assert_eq!(rec["rid"], res.rid);
+    assert_eq!(rec["queue"], "q");
+    assert_eq!(rec["state"], "running");
+    assert_eq!(rec["token"], token);
+    assert_eq!(rec["class"], "Billing::Sync");
+    assert_eq!(rec["digest"], sha256_hex(j));
+    assert_eq!(
+        serde_json::from_str::<Value>(&rec["locks"]).unwrap(),
+        json!(["Billing::Sync:42"])
+    );
+    assert_eq!(rec["started_at"].parse::<u64>().unwrap(), deadline - 5000);
+    assert!(rec.contains_key("reserved_at"));
+    assert_eq!(
+        hget_bytes(c, &slot.inflight(), "payload").await.as_deref(),
+        Some(j)
+    );
+
+    let holders = lock::holders(c, &k, &l.id).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].token, token);
+    assert_eq!(holders[0].deadline_ms, deadline);
+    let info = holders[0].info.clone().expect("lockinfo");
+    assert_eq!(info["limit"], 1);
+    assert_eq!(info["acquired_at"].as_u64(), Some(deadline - 5000));
+    assert_eq!(info["class"], "Billing::Sync");
+    assert_eq!(info["queue"], "q");
+    assert_eq!(info["resque_worker"], slot.worker_id.as_str());
+    assert_eq!(zscore(c, &k.locks(), &l.id).await, Some(deadline));
+
+    // START alone (an unlocked job) does the same without touching any lock.
+    let _: () = rcmd!(c, "SET", k.counter("u"), 1, "PX", 10_000);
+    push(c, "u", &payload("Unlocked", json!([]))).await;
+    push(c, "u", &payload("Unlocked", json!([2]))).await;
+    let s2 = Slot::new("testhost:9:abcdef01:1", "testhost:9:u");
+    let r2 = reserve_job(c, &s2, &["u"]).await;
+    started(acquire(c, &s2, &r2, "", &[], opts(5000, 1000, true)).await);
+    assert!(!exists(c, &k.counter("u")).await);
+    let rec = hgetall(c, &s2.inflight()).await;
+    assert_eq!(rec["state"], "running");
+    assert_eq!(rec["token"], "");
+    let locks = serde_json::from_str::<Value>(&rec["locks"]).unwrap();
+    assert!(
+        locks.as_array().is_some_and(|a| a.is_empty())
+            || locks.as_object().is_some_and(|o| o.is_empty()),
+        "{locks}"
+    );
+    assert!(exists(c, &k.worker(&s2.worker_id)).await);
+}
+
+// locking-semantics.md A-6 step 1, R-6, R-8
+#[tokio::test]
+async fn acquire_for_a_reservation_no_longer_in_the_slot_returns_missing_and_changes_nothing() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let j = payload("J", json!([1]));
+    let next = payload("J", json!([2]));
+    push(c, "q", &j).await;
+    push(c, "q", &next).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let record = hgetall(c, &slot.inflight()).await;
+    let l = spec("L", 1);
+
+    let stale = Res {
+        rid: "0123456789abcdef".into(),
+        ..res.clone()
+    };
+    for requeue in [false, true] {
+        let a = acquire(
+            c,
+            &slot,
+            &stale,
+            &random_hex(16),
+            std::slice::from_ref(&l),
+            opts(5000, 1000, requeue),
+        )
+        .await;
+        assert_eq!(a, Acquired::Missing);
+    }
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!exists(c, &k.locks()).await);
+    assert_eq!(hgetall(c, &slot.inflight()).await, record);
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![next.clone()]);
+
+    // Returned to the head of its queue (R-8); the old rid then finds nothing.
+    assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+        .await
+        .unwrap());
+    assert_eq!(
+        lrange(c, &k.queue("q")).await,
+        vec![j.clone(), next.clone()]
+    );
+    let a = acquire(
+        c,
+        &slot,
+        &res,
+        &random_hex(16),
+        &[l],
+        opts(5000, 1000, true),
+    )
+    .await;
+    assert_eq!(a, Acquired::Missing);
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![j, next]);
+    assert!(!exists(c, &k.counter("q")).await);
+    assert!(!lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+        .await
+        .unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A-14..A-18 counters
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md A-14, A-13 step 2, L-5
+#[tokio::test]
+async fn finish_releases_the_lock_and_resets_only_the_counters_of_queues_it_blocked() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let m = spec("M", 1);
+    let hl = hold(c, "hl", std::slice::from_ref(&l), 20_000).await;
+    let _hm = hold(c, "hm", std::slice::from_ref(&m), 20_000).await;
+    let o = opts(5000, 10_000, true);
+    for (name, q) in [("s1", "q1"), ("s2", "q2")] {
+        let (.., a) = try_job(
+            c,
+            name,
+            q,
+            &payload("J", json!([q])),
+            std::slice::from_ref(&l),
+            o,
+        )
+        .await;
+        assert!(
+            matches!(a, Acquired::Conflict { requeued: true, .. }),
+            "{a:?}"
+        );
+    }
+    let (.., a) = try_job(
+        c,
+        "s4",
+        "q4",
+        &payload("J", json!(["q4"])),
+        std::slice::from_ref(&m),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    let _: () = rcmd!(c, "SET", k.counter("q3"), 1, "PX", 10_000);
+    assert_eq!(
+        smembers(c, &k.blocked_lock("L")).await,
+        set_of(["q1", "q2"])
+    );
+    for q in ["q1", "q2", "q3", "q4"] {
+        assert_eq!(get(c, &k.counter(q)).await.as_deref(), Some("1"), "{q}");
+    }
+
+    assert!(hl.finish(c).await);
+    assert!(!exists(c, &k.counter("q1")).await);
+    assert!(!exists(c, &k.counter("q2")).await);
+    assert!(!exists(c, &k.blocked_lock("L")).await);
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!exists(c, &k.lockinfo("L")).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+    // Other resources' blocked queues and hand-set counters are not touched.
+    assert_eq!(get(c, &k.counter("q3")).await.as_deref(), Some("1"));
+    assert_eq!(get(c, &k.counter("q4")).await.as_deref(), Some("1"));
+    assert_eq!(smembers(c, &k.blocked_lock("M")).await, set_of(["q4"]));
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("1"));
+}
+
+// locking-semantics.md A-14, A-10, A-6 step 2, R-3 step 2, R-7, L-7
+#[tokio::test]
+async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let m = spec("M", 1);
+    let n = spec("N", 2);
+    let hn1 = hold(c, "hn1", std::slice::from_ref(&n), 500).await;
+    let hn2 = hold(c, "hn2", std::slice::from_ref(&n), 20_000).await;
+    let hl = hold(c, "hl", std::slice::from_ref(&l), 1200).await;
+    let hm = hold(c, "hm", std::slice::from_ref(&m), 2500).await;
+    let o = opts(5000, 20_000, true);
+    let (.., a) = try_job(
+        c,
+        "s1",
+        "q1",
+        &payload("J", json!([1])),
+        std::slice::from_ref(&l),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    let (.., a) = try_job(
+        c,
+        "s2",
+        "q2",
+        &payload("J", json!([2])),
+        std::slice::from_ref(&m),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+
+    let (.., a) = try_job(
+        c,
+        "s5",
+        "q5",
+        &payload("J", json!([5])),
+        std::slice::from_ref(&n),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+
+    // EXTEND's purge (A-10) of N's lapsed holder resets the queue N blocked.
+    sleep_past_server_ms(c, hn1.deadline).await;
+    assert!(
+        server_ms(c).await < hl.deadline,
+        "test too slow: L expired too"
+    );
+    let (_, lost) = lock::extend(
+        c,
+        &k,
+        &hn2.token,
+        std::slice::from_ref(&n),
+        Duration::from_millis(20_000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lost, vec![false]);
+    assert!(
+        !exists(c, &k.counter("q5")).await,
+        "counter of q5 survived EXTEND's purge"
+    );
+    assert!(!exists(c, &k.blocked_lock("N")).await);
+    assert_eq!(zcard(c, &k.lock("N")).await, 1);
+    assert_eq!(get(c, &k.counter("q1")).await.as_deref(), Some("1"));
+
+    // The janitor's purge (R-3 step 2) of L, whose holder lapsed; M is still live.
+    sleep_past_server_ms(c, hl.deadline).await;
+    assert!(
+        server_ms(c).await < hm.deadline,
+        "test too slow: M expired too"
+    );
+    assert_eq!(lock::purge_expired(c, &k, 100).await.unwrap(), 1);
+    assert!(
+        !exists(c, &k.counter("q1")).await,
+        "counter of q1 survived the purge"
+    );
+    assert!(!exists(c, &k.blocked_lock("L")).await);
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!exists(c, &k.lockinfo("L")).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+    assert_eq!(get(c, &k.counter("q2")).await.as_deref(), Some("1"));
+    assert_eq!(zscore(c, &k.locks(), "M").await, Some(hm.deadline));
+
+    // ACQUIRE's own purge (A-6 step 2) when M's holder lapses.
+    sleep_past_server_ms(c, hm.deadline).await;
+    let (_, _, token, a) = try_job(
+        c,
+        "s3",
+        "q3",
+        &payload("J", json!([3])),
+        std::slice::from_ref(&m),
+        o,
+    )
+    .await;
+    started(a);
+    assert!(
+        !exists(c, &k.counter("q2")).await,
+        "counter of q2 survived ACQUIRE's purge"
+    );
+    assert!(!exists(c, &k.blocked_lock("M")).await);
+    assert_eq!(
+        zrange_scores(c, &k.lock("M"))
+            .await
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect::<Vec<_>>(),
+        vec![token]
+    );
+}
+
+// locking-semantics.md A-14, R-3 step 2, R-7, A-6 step 2, L-6
+#[tokio::test]
+async fn a_lock_key_that_lapsed_on_its_own_still_resets_the_counters_it_blocked() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let m = spec("M", 1);
+    // Both leases lapse and their keys vanish 1 s later (L-6), before anyone purges them:
+    // with the default janitor_interval (5 s) that is the usual case.
+    let hl = hold(c, "hl", std::slice::from_ref(&l), 1000).await;
+    let hm = hold(c, "hm", std::slice::from_ref(&m), 1000).await;
+    let o = opts(5000, 20_000, true);
+    let (.., a) = try_job(
+        c,
+        "s1",
+        "q1",
+        &payload("J", json!([1])),
+        std::slice::from_ref(&l),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    let (.., a) = try_job(
+        c,
+        "s2",
+        "q2",
+        &payload("J", json!([2])),
+        std::slice::from_ref(&m),
+        o,
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    sleep_past_server_ms(c, hl.deadline.max(hm.deadline) + 1000).await;
+    assert!(!exists(c, &k.lock("L")).await && !exists(c, &k.lock("M")).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(hl.deadline));
+
+    // The janitor's purge: L lost its holder by expiry, so q1 may run again.
+    lock::purge_expired(c, &k, 1).await.unwrap();
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+    assert!(
+        !exists(c, &k.counter("q1")).await,
+        "counter of q1 outlived the lock that blocked it"
+    );
+    assert!(!exists(c, &k.blocked_lock("L")).await);
+
+    // ACQUIRE of M (its key gone too, its index entry not yet purged).
+    assert_eq!(zscore(c, &k.locks(), "M").await, Some(hm.deadline));
+    let (.., a) = try_job(
+        c,
+        "s3",
+        "q3",
+        &payload("J", json!([3])),
+        std::slice::from_ref(&m),
+        o,
+    )
+    .await;
+    started(a);
+    assert!(
+        !exists(c, &k.counter("q2")).await,
+        "counter of q2 outlived the lock that blocked it"
+    );
+    assert!(!exists(c, &k.blocked_lock("M")).await);
+}
+
+// locking-semantics.md A-16
+#[tokio::test]
+async fn an_idle_pass_clears_only_the_skipped_queues_counters_and_only_when_enabled() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    push(c, "a", &payload("A", json!([]))).await;
+    let _: () = rcmd!(c, "SET", k.counter("a"), 1, "PX", 10_000);
+    let _: () = rcmd!(c, "SET", k.counter("b"), 3, "PX", 10_000); // empty queue: not skipped
+    let _: () = rcmd!(c, "SET", k.counter("e"), 1, "PX", 10_000); // not in the list
+    let slot = Slot::new("p:1:0", "testhost:1:a,b,d");
+    let skipped_a = Reserved::Nothing {
+        skipped: vec!["a".into()],
+    };
+
+    assert_eq!(reserve(c, &slot, &["a", "b", "d"], false).await, skipped_a);
+    for q in ["a", "b", "e"] {
+        assert!(
+            exists(c, &k.counter(q)).await,
+            "flag off, yet counter:{q} was cleared"
+        );
+    }
+
+    assert_eq!(reserve(c, &slot, &["a", "b", "d"], true).await, skipped_a);
+    assert!(
+        !exists(c, &k.counter("a")).await,
+        "skipped queue's counter kept"
+    );
+    assert_eq!(get(c, &k.counter("b")).await.as_deref(), Some("3"));
+    assert_eq!(get(c, &k.counter("e")).await.as_deref(), Some("1"));
+
+    // A pass that reserved something clears nothing, even with the flag.
+    let _: () = rcmd!(c, "SET", k.counter("a"), 1, "PX", 10_000);
+    push(c, "d", &payload("D", json!([]))).await;
+    let got = reserve(c, &slot, &["a", "b", "d"], true).await;
+    assert!(
+        matches!(&got, Reserved::Job { queue, .. } if queue == "d"),
+        "{got:?}"
+    );
+    assert_eq!(get(c, &k.counter("a")).await.as_deref(), Some("1"));
+}
+
+// locking-semantics.md A-17, A-13 step 4
+#[tokio::test]
+async fn only_conflict_requeues_increment_a_queue_counter() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    let free = spec("free", 1);
+    let o = opts(5000, 5000, true);
+
+    // FINISH with outcome requeue puts the job at the tail without counting.
+    let j = payload("J", json!([1]));
+    let tail = payload("J", json!([2]));
+    push(c, "q", &j).await;
+    push(c, "q", &tail).await;
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let tok = random_hex(16);
+    started(acquire(c, &slot, &res, &tok, std::slice::from_ref(&free), o).await);
+    assert!(
+        finish(
+            c,
+            &slot,
+            &res,
+            &tok,
+            std::slice::from_ref(&free),
+            Finish::Requeue
+        )
+        .await
+    );
+    assert_eq!(
+        lrange(c, &k.queue("q")).await,
+        vec![tail.clone(), j.clone()]
+    );
+    assert!(!exists(c, &k.counter("q")).await);
+
+    // A failure, a fallback-none conflict and a return to the queue don't count either.
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let tok = random_hex(16);
+    started(acquire(c, &slot, &res, &tok, std::slice::from_ref(&free), o).await);
+    let rec = JobFailure::new("RuntimeError", "boom").record(
+        &String::from_utf8_lossy(&res.payload),
+        &slot.worker_id,
+        "q",
+        SystemTime::now(),
+    );
+    assert!(
+        finish(
+            c,
+            &slot,
+            &res,
+            &tok,
+            std::slice::from_ref(&free),
+            Finish::Failure(rec)
+        )
+        .await
+    );
+    let l = spec("L", 1);
+    let _h = hold(c, "h", std::slice::from_ref(&l), 20_000).await;
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let a = acquire(
+        c,
+        &slot,
+        &res,
+        &random_hex(16),
+        std::slice::from_ref(&l),
+        opts(5000, 5000, false),
+    )
+    .await;
+    assert!(matches!(
+        a,
+        Acquired::Conflict {
+            requeued: false,
+            ..
+        }
+    ));
+    assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+        .await
+        .unwrap());
+    assert!(!exists(c, &k.counter("q")).await);
+
+    // The conflict requeue does.
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let a = acquire(c, &slot, &res, &random_hex(16), &[l], o).await;
+    assert!(matches!(a, Acquired::Conflict { requeued: true, .. }));
+    assert_eq!(get(c, &k.counter("q")).await.as_deref(), Some("1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Lock primitives and limits
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md L-1, L-2, L-3
+#[tokio::test]
+async fn a_limit_one_lock_admits_one_holder_and_the_next_token_after_release() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("one", 1);
+    let o = opts(10_000, 1000, false);
+    let (sa, ra, ta, a) = try_job(
+        c,
+        "a",
+        "qa",
+        &payload("J", json!(["a"])),
+        std::slice::from_ref(&l),
+        o,
+    )
+    .await;
+    started(a);
+    let (sb, rb, _, b) = try_job(
+        c,
+        "b",
+        "qb",
+        &payload("J", json!(["b"])),
+        std::slice::from_ref(&l),
+        o,
+    )
+    .await;
+    assert_eq!(
+        b,
+        Acquired::Conflict {
+            requeued: false,
+            lock_id: "one".into(),
+            holders: 1,
+            limit: 1
+        }
+    );
+    assert_eq!(zcard(c, &k.lock("one")).await, 1);
+    assert!(zscore(c, &k.lock("one"), &ta).await.is_some());
+
+    assert!(finish(c, &sa, &ra, &ta, std::slice::from_ref(&l), Finish::Success).await);
+    let tb = random_hex(16);
+    started(acquire(c, &sb, &rb, &tb, std::slice::from_ref(&l), o).await);
+    let members: Vec<String> = zrange_scores(c, &k.lock("one"))
+        .await
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(members, vec![tb.clone()]);
+    assert_ne!(ta, tb);
+
+    // L-3: tokens are 128-bit lowercase hex and never repeat.
+    let tokens: BTreeSet<String> = (0..2000).map(|_| random_hex(16)).collect();
+    assert_eq!(tokens.len(), 2000);
+    assert!(tokens
+        .iter()
+        .all(|t| t.len() == 32 && t.chars().all(|ch| matches!(ch, '0'..='9' | 'a'..='f'))));
+}
+
+// locking-semantics.md L-1, L-2, L-3, C-3
+#[tokio::test]
+async fn a_limit_three_lock_admits_three_distinct_holders_and_the_fourth_conflicts() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("three", 3);
+    let o = opts(10_000, 1000, false);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let name = format!("s{i}");
+        let (s, r, t, a) = try_job(
+            c,
+            &name,
+            &format!("q{i}"),
+            &payload("J", json!([i])),
+            std::slice::from_ref(&l),
+            o,
+        )
+        .await;
+        started(a);
+        held.push((s, r, t));
+    }
+    let (s4, r4, _, a) = try_job(
+        c,
+        "s4",
+        "q4",
+        &payload("J", json!([4])),
+        std::slice::from_ref(&l),
+        o,
+    )
+    .await;
+    assert_eq!(
+        a,
+        Acquired::Conflict {
+            requeued: false,
+            lock_id: "three".into(),
+            holders: 3,
+            limit: 3
+        }
+    );
+    let members: BTreeSet<String> = zrange_scores(c, &k.lock("three"))
+        .await
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    let tokens: BTreeSet<String> = held.iter().map(|(_, _, t)| t.clone()).collect();
+    assert_eq!(members, tokens);
+    assert_eq!(tokens.len(), 3);
+    let info = hgetall(c, &k.lockinfo("three")).await;
+    assert_eq!(info.keys().cloned().collect::<BTreeSet<_>>(), tokens);
+    for v in info.values() {
+        assert_eq!(serde_json::from_str::<Value>(v).unwrap()["limit"], 3);
+    }
+
+    let (s, r, t) = &held[1];
+    assert!(finish(c, s, r, t, std::slice::from_ref(&l), Finish::Success).await);
+    let t4 = random_hex(16);
+    started(acquire(c, &s4, &r4, &t4, std::slice::from_ref(&l), o).await);
+    assert_eq!(zcard(c, &k.lock("three")).await, 3);
+    assert!(zscore(c, &k.lock("three"), &t4).await.is_some());
+    assert!(zscore(c, &k.lock("three"), t).await.is_none());
+}
+
+// locking-semantics.md L-4, A-6 step 4
+#[tokio::test]
+async fn several_locks_are_taken_all_or_nothing_in_any_order() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let x = spec("X", 2);
+    let y = spec("Y", 1);
+    let hy = hold(c, "hy", std::slice::from_ref(&y), 20_000).await;
+    let none = opts(10_000, 5000, false);
+
+    let (s, r, _, a) = try_job(
+        c,
+        "j",
+        "q",
+        &payload("J", json!([1])),
+        &[x.clone(), y.clone()],
+        none,
+    )
+    .await;
+    assert!(
+        matches!(&a, Acquired::Conflict { lock_id, holders: 1, limit: 1, .. } if lock_id == "Y"),
+        "{a:?}"
+    );
+    let a = acquire(c, &s, &r, &random_hex(16), &[y.clone(), x.clone()], none).await;
+    assert!(
+        matches!(&a, Acquired::Conflict { lock_id, .. } if lock_id == "Y"),
+        "{a:?}"
+    );
+    assert!(
+        !exists(c, &k.lock("X")).await,
+        "X taken although Y was full"
+    );
+    assert!(!exists(c, &k.lockinfo("X")).await);
+    assert_eq!(zscore(c, &k.locks(), "X").await, None);
+    assert_eq!(hgetall(c, &s.inflight()).await["state"], "reserved");
+
+    // With requeue, only the full lock records the blocked queue.
+    let (.., a) = try_job(
+        c,
+        "j2",
+        "q2",
+        &payload("J", json!([2])),
+        &[x.clone(), y.clone()],
+        opts(10_000, 5000, true),
+    )
+    .await;
+    assert!(matches!(a, Acquired::Conflict { requeued: true, .. }));
+    assert_eq!(smembers(c, &k.blocked_lock("Y")).await, set_of(["q2"]));
+    assert!(!exists(c, &k.blocked_lock("X")).await);
+    assert!(!exists(c, &k.lock("X")).await);
+
+    // Y freed: both are taken with one token.
+    assert!(hy.finish(c).await);
+    let t = random_hex(16);
+    started(acquire(c, &s, &r, &t, &[x.clone(), y.clone()], none).await);
+    assert!(zscore(c, &k.lock("X"), &t).await.is_some());
+    assert!(zscore(c, &k.lock("Y"), &t).await.is_some());
+    assert_eq!(
+        serde_json::from_str::<Value>(&hgetall(c, &s.inflight()).await["locks"]).unwrap(),
+        json!(["X", "Y"])
+    );
+
+    // X full (two holders), Z free: Z is not taken.
+    let z = spec("Z", 1);
+    let _x2 = hold(c, "hx", std::slice::from_ref(&x), 20_000).await;
+    let (.., a) = try_job(
+        c,
+        "j3",
+        "q3",
+        &payload("J", json!([3])),
+        &[z.clone(), x.clone()],
+        none,
+    )
+    .await;
+    assert!(
+        matches!(&a, Acquired::Conflict { lock_id, holders: 2, limit: 2, .. } if lock_id == "X"),
+        "{a:?}"
+    );
+    assert!(
+        !exists(c, &k.lock("Z")).await,
+        "Z taken although X was full"
+    );
+    assert_eq!(zscore(c, &k.locks(), "Z").await, None);
+}
+
+// locking-semantics.md L-5, L-7, A-13 step 5
+#[tokio::test]
+async fn release_is_by_token_and_releasing_a_non_member_changes_nothing() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 2);
+    let ha = hold(c, "a", std::slice::from_ref(&l), 10_000).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let hb = hold(c, "b", std::slice::from_ref(&l), 10_000).await;
+    let members = zrange_scores(c, &k.lock("L")).await;
+    let info = hgetall(c, &k.lockinfo("L")).await;
+    let exp = expire_at(c, &k.lock("L")).await;
+
+    // A stranger's token (and a rid that is not the slot's): nothing changes.
+    let stranger = Slot::new("x:1:0", "testhost:77:x");
+    let bogus = Res {
+        queue: "x".into(),
+        payload: vec![],
+        rid: "ffffffffffffffff".into(),
+    };
+    assert!(
+        !finish(
+            c,
+            &stranger,
+            &bogus,
+            &random_hex(16),
+            std::slice::from_ref(&l),
+            Finish::Success
+        )
+        .await
+    );
+    assert_eq!(zrange_scores(c, &k.lock("L")).await, members);
+    assert_eq!(hgetall(c, &k.lockinfo("L")).await, info);
+    assert_near(expire_at(c, &k.lock("L")).await, exp, 3, "lock expiry");
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(ha.deadline));
+    assert!(lrange(c, &k.queue("x")).await.is_empty());
+    assert_eq!(get(c, &k.stat_processed()).await, None);
+
+    assert!(ha.finish(c).await);
+    assert_eq!(
+        zrange_scores(c, &k.lock("L")).await,
+        vec![(hb.token.clone(), hb.deadline)]
+    );
+    assert_eq!(
+        hgetall(c, &k.lockinfo("L"))
+            .await
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![hb.token.clone()]
+    );
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(hb.deadline));
+
+    // A's second (stale) FINISH finds nothing and changes nothing.
+    assert!(!ha.finish(c).await);
+    assert_eq!(zcard(c, &k.lock("L")).await, 1);
+
+    assert!(hb.finish(c).await);
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!exists(c, &k.lockinfo("L")).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+}
+
+// locking-semantics.md L-6, A-10
+#[tokio::test]
+async fn lock_keys_expire_one_second_after_the_latest_deadline() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 2);
+    let ha = hold(c, "a", std::slice::from_ref(&l), 2000).await;
+    let check = |d: u64| d as i64 + 1000;
+    assert_near(
+        expire_at(c, &k.lock("L")).await,
+        check(ha.deadline),
+        3,
+        "lock after A",
+    );
+    assert_near(
+        expire_at(c, &k.lockinfo("L")).await,
+        check(ha.deadline),
+        3,
+        "lockinfo after A",
+    );
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hb = hold(c, "b", std::slice::from_ref(&l), 2000).await;
+    assert!(hb.deadline > ha.deadline);
+    assert_near(
+        expire_at(c, &k.lock("L")).await,
+        check(hb.deadline),
+        3,
+        "lock after B",
+    );
+    assert_near(
+        expire_at(c, &k.lockinfo("L")).await,
+        check(hb.deadline),
+        3,
+        "lockinfo after B",
+    );
+
+    let (da2, lost) = lock::extend(
+        c,
+        &k,
+        &ha.token,
+        std::slice::from_ref(&l),
+        Duration::from_millis(3000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lost, vec![false]);
+    assert!(da2 > hb.deadline);
+    assert_near(
+        expire_at(c, &k.lock("L")).await,
+        check(da2),
+        3,
+        "lock after extend",
+    );
+    assert_near(
+        expire_at(c, &k.lockinfo("L")).await,
+        check(da2),
+        3,
+        "lockinfo after extend",
+    );
+
+    // Releasing the latest holder brings the expiry back to the remaining one's deadline.
+    assert!(ha.finish(c).await);
+    assert_near(
+        expire_at(c, &k.lock("L")).await,
+        check(hb.deadline),
+        3,
+        "lock after release",
+    );
+    assert_near(
+        expire_at(c, &k.lockinfo("L")).await,
+        check(hb.deadline),
+        3,
+        "lockinfo after release",
+    );
+}
+
+// locking-semantics.md L-7, A-10
+#[tokio::test]
+async fn the_locks_index_holds_the_earliest_deadline_and_forgets_empty_locks() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 2);
+    let ha = hold(c, "a", std::slice::from_ref(&l), 3000).await;
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(ha.deadline));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let hb = hold(c, "b", std::slice::from_ref(&l), 1000).await;
+    assert!(hb.deadline < ha.deadline);
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(hb.deadline));
+
+    let (db2, lost) = lock::extend(
+        c,
+        &k,
+        &hb.token,
+        std::slice::from_ref(&l),
+        Duration::from_millis(4000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lost, vec![false]);
+    assert!(db2 > ha.deadline);
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(ha.deadline));
+
+    assert!(ha.finish(c).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(db2));
+    assert!(hb.finish(c).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+    assert!(!exists(c, &k.locks()).await);
+}
+
+// locking-semantics.md L-8, A-10, NEVER-1
+#[tokio::test]
+async fn extend_moves_a_live_lease_but_never_revives_an_expired_or_released_one() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 2);
+    let ls = std::slice::from_ref(&l);
+    let ha = hold(c, "a", ls, 1000).await;
+
+    let before = server_ms(c).await;
+    let (d1, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(1000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![false]);
+    assert!(d1 >= before + 1000);
+    assert_eq!(zscore(c, &k.lock("L"), &ha.token).await, Some(d1));
+    let info: Value = serde_json::from_str(&hgetall(c, &k.lockinfo("L")).await[&ha.token]).unwrap();
+    assert_eq!(info["extended_at"].as_u64(), Some(d1 - 1000));
+    assert_eq!(info["acquired_at"].as_u64(), Some(ha.deadline - 1000));
+
+    // Lapsed: reported lost, not re-added although the lock has room.
+    sleep_past_server_ms(c, d1).await;
+    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![true]);
+    assert_eq!(zcard(c, &k.lock("L")).await, 0);
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!exists(c, &k.lockinfo("L")).await);
+    assert_eq!(zscore(c, &k.locks(), "L").await, None);
+
+    // Released: the same.
+    let hb = hold(c, "b", ls, 5000).await;
+    assert!(hb.finish(c).await);
+    let (_, lost) = lock::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![true]);
+    assert_eq!(zcard(c, &k.lock("L")).await, 0);
+
+    // With another live holder present, the lapsed token is still not re-added.
+    let hc = hold(c, "c", ls, 5000).await;
+    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![true]);
+    assert_eq!(
+        zrange_scores(c, &k.lock("L")).await,
+        vec![(hc.token.clone(), hc.deadline)]
+    );
+}
+
+// locking-semantics.md L-9, S-2, A-10
+#[tokio::test]
+async fn the_deadline_returned_is_redis_server_time_plus_the_ttl() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    push(c, "q", &payload("J", json!([1]))).await;
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let token = random_hex(16);
+    let before = server_ms(c).await;
+    let deadline = started(
+        acquire(
+            c,
+            &slot,
+            &res,
+            &token,
+            std::slice::from_ref(&l),
+            opts(1500, 1000, false),
+        )
+        .await,
+    );
+    let after = server_ms(c).await;
+    assert!(
+        (before + 1500..=after + 1500).contains(&deadline),
+        "deadline {deadline} is not server time in [{before}, {after}] + 1500"
+    );
+    assert_eq!(zscore(c, &k.lock("L"), &token).await, Some(deadline));
+
+    let before = server_ms(c).await;
+    let (d2, lost) = lock::extend(
+        c,
+        &k,
+        &token,
+        std::slice::from_ref(&l),
+        Duration::from_millis(2500),
+    )
+    .await
+    .unwrap();
+    let after = server_ms(c).await;
+    assert_eq!(lost, vec![false]);
+    assert!(
+        (before + 2500..=after + 2500).contains(&d2),
+        "extend deadline {d2}"
+    );
+    assert_eq!(zscore(c, &k.lock("L"), &token).await, Some(d2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEVER-1: more holders than the limit
+// ---------------------------------------------------------------------------------------------
+
+/// 20 tasks, each on its own connection and slot, loop RESERVE → ACQUIRE (new token each
+/// try) → hold briefly → FINISH(requeue) on one lock id; two of them abandon a short lease
+/// (as a crashed holder would) so that expiry purges run under contention too. A sampler
+/// counts live members; every start is checked against an in-process "running" counter.
+async fn hammer(limit: u32) {
+    const TASKS: usize = 20;
+    const RUN: Duration = Duration::from_millis(2500);
+    let server = RedisServer::start();
+    let k = keys();
+    let lock_id = format!("hot:{limit}");
+    let running = Arc::new(AtomicI64::new(0));
+    let max_running = Arc::new(AtomicI64::new(0));
+    let starts = Arc::new(AtomicU64::new(0));
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let abandons = Arc::new(AtomicU64::new(0));
+    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Instant::now() + RUN;
+
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let mut c = server.conn().await;
+        let (running, max_running, starts, conflicts, abandons, violations) = (
+            running.clone(),
+            max_running.clone(),
+            starts.clone(),
+            conflicts.clone(),
+            abandons.clone(),
+            violations.clone(),
+        );
+        let lock = spec(&lock_id, limit);
+        tasks.push(tokio::spawn(async move {
+            let c = &mut c;
+            let queue = format!("q{i}");
+            let mut generation = 0;
+            let mut slot = Slot::new(
+                format!("hammer:{i}:{generation}"),
+                format!("testhost:{i}:{queue}"),
+            );
+            push(c, &queue, &payload("Hot", json!([i]))).await;
+            'work: while Instant::now() < stop {
+                let res = reserve_job(c, &slot, &[&queue]).await;
+                let abandon = rand::rng().random_bool(0.03)
+                    && abandons
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                            (n < 2).then_some(n + 1)
+                        })
+                        .is_ok();
+                let ttl = if abandon { 1000 } else { 10_000 };
+                let token = loop {
+                    let token = random_hex(16);
+                    match acquire(
+                        c,
+                        &slot,
+                        &res,
+                        &token,
+                        std::slice::from_ref(&lock),
+                        opts(ttl, 1000, false),
+                    )
+                    .await
+                    {
+                        Acquired::Started { .. } => break token,
+                        Acquired::Conflict {
+                            holders, limit: l, ..
+                        } => {
+                            conflicts.fetch_add(1, Ordering::Relaxed);
+                            if holders < l {
+                                violations.lock().unwrap().push(format!(
+                                    "conflict reported with {holders} holders below limit {l}"
+                                ));
+                            }
+                            if Instant::now() >= stop {
+                                if abandon {
+                                    abandons.fetch_sub(1, Ordering::SeqCst);
+                                }
+                                lock::return_to_queue(c, &slot.r(), &res.rid, &queue)
+                                    .await
+                                    .unwrap();
+                                break 'work;
+                            }
+                            let pause = rand::rng().random_range(1..4);
+                            tokio::time::sleep(Duration::from_millis(pause)).await;
+                        }
+                        Acquired::Missing => {
+                            violations
+                                .lock()
+                                .unwrap()
+                                .push(format!("task {i}: reservation missing"));
+                            break 'work;
+                        }
+                    }
+                };
+                starts.fetch_add(1, Ordering::Relaxed);
+                if abandon {
+                    // Crash: the lease stays until it lapses; a new slot gets a new job.
+                    generation += 1;
+                    slot = Slot::new(
+                        format!("hammer:{i}:{generation}"),
+                        format!("testhost:{i}:{queue}"),
+                    );
+                    push(c, &queue, &payload("Hot", json!([i, generation]))).await;
+                    continue;
+                }
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                max_running.fetch_max(now, Ordering::SeqCst);
+                if now > i64::from(limit) {
+                    violations
+                        .lock()
+                        .unwrap()
+                        .push(format!("{now} jobs running under limit {limit}"));
+                }
+                let hold_for = rand::rng().random_range(0..4);
+                tokio::time::sleep(Duration::from_millis(hold_for)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                if !finish(
+                    c,
+                    &slot,
+                    &res,
+                    &token,
+                    std::slice::from_ref(&lock),
+                    Finish::Requeue,
+                )
+                .await
+                {
+                    violations
+                        .lock()
+                        .unwrap()
+                        .push(format!("task {i}: FINISH found no reservation"));
+                }
+            }
+        }));
+    }
+
+    let mut sc = server.conn().await;
+    let key = k.lock(&lock_id);
+    let mut samples = 0u64;
+    let mut max_live = 0u64;
+    while Instant::now() < stop {
+        let live = live_holders(&mut sc, &key).await;
+        let card = zcard(&mut sc, &key).await;
+        max_live = max_live.max(live);
+        if live > u64::from(limit) {
+            violations.lock().unwrap().push(format!(
+                "sampled {live} live holders (ZCARD {card}) under limit {limit}"
+            ));
+        }
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a hammer task hung")
+            .expect("a hammer task panicked");
+    }
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "NEVER-1 violated: {v:?}");
+    let starts = starts.load(Ordering::Relaxed);
+    let conflicts = conflicts.load(Ordering::Relaxed);
+    assert!(
+        starts >= 50,
+        "only {starts} starts: the test exercised too little"
+    );
+    assert!(conflicts > 0, "no conflicts: the test exercised nothing");
+    assert_eq!(
+        max_running.load(Ordering::SeqCst),
+        i64::from(limit),
+        "the limit was never reached ({starts} starts, {conflicts} conflicts)"
+    );
+    assert!(
+        samples > 50 && max_live >= 1,
+        "sampler saw nothing ({samples} samples)"
+    );
+    assert!(live_holders(&mut sc, &key).await <= u64::from(limit));
+}
+
+// locking-semantics.md NEVER-1, L-1, L-2, A-6 step 2
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_acquirers_never_exceed_a_limit_of_one() {
+    hammer(1).await;
+}
+
+// locking-semantics.md NEVER-1, L-1, L-2, A-6 step 2
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_acquirers_never_exceed_a_limit_of_three() {
+    hammer(3).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEVER-2 / NEVER-3: recovery of dead processes
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md R-3 step 4, R-4 (reserved), NEVER-2, R-1
+#[tokio::test]
+async fn the_janitor_returns_a_dead_process_reserved_job_to_the_head_of_its_queue() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("");
+    let process = "testhost:4242:0a1b2c3d";
+    let worker = "testhost:4242:q";
+    register(c, process, 0, worker, Duration::from_millis(1000)).await;
+    let j1: &[u8] = b"{\"class\":\"J\", \"args\":[1],\"id\":\"x\"}";
+    let j2 = payload("J", json!([2]));
+    push(c, "q", j1).await;
+    push(c, "q", &j2).await;
+    let slot = Slot::new(format!("{process}:0"), worker);
+    let res = reserve_job(c, &slot, &["q"]).await;
+    assert_eq!(res.payload, j1);
+
+    // Alive: nothing is recovered.
+    assert!(
+        exists(c, &k.alive(process)).await,
+        "test too slow: lease already gone"
+    );
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert!(report.ran);
+    assert!(report.recovered.is_empty(), "{report:?}");
+    assert!(exists(c, &slot.inflight()).await);
+
+    wait_dead(c, process).await;
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert_eq!(
+        report.recovered,
+        vec![(format!("{process}:0"), "recovered_reserved".to_string())]
+    );
+    assert_eq!(
+        lrange(c, &k.queue("q")).await,
+        vec![j1.to_vec(), j2.clone()]
+    );
+    assert!(!exists(c, &slot.inflight()).await);
+    assert_unregistered(c, worker).await;
+    assert!(!smembers(c, &k.processes()).await.contains(process));
+    assert!(!exists(c, &k.slots(process)).await);
+    assert!(lrange(c, &k.failed()).await.is_empty());
+
+    // A second pass finds nothing to do.
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert!(report.recovered.is_empty(), "{report:?}");
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![j1.to_vec(), j2]);
+    // The reservation is gone for its old owner too.
+    assert_eq!(
+        acquire(
+            c,
+            &slot,
+            &res,
+            &random_hex(16),
+            &[spec("L", 1)],
+            opts(5000, 1000, true)
+        )
+        .await,
+        Acquired::Missing
+    );
+}
+
+// locking-semantics.md R-4 (running, fail), L-5, A-14, NEVER-2, NEVER-3, R-6, A-13 step 5
+#[tokio::test]
+async fn the_janitor_fails_a_dead_process_running_job_as_dirty_exit_and_frees_its_lock_at_once() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("on_worker_death = \"fail\"");
+    let process = "testhost:4343:deadbeef";
+    let worker = "testhost:4343:q";
+    register(c, process, 0, worker, Duration::from_millis(300)).await;
+    let j = payload("Billing::Sync", json!([42]));
+    push(c, "q", &j).await;
+    let slot = Slot::new(format!("{process}:0"), worker);
+    let res = reserve_job(c, &slot, &["q"]).await;
+    let l = spec("acct:42", 1);
+    let token = random_hex(16);
+    started(
+        acquire(
+            c,
+            &slot,
+            &res,
+            &token,
+            std::slice::from_ref(&l),
+            opts(30_000, 10_000, true),
+        )
+        .await,
+    );
+    assert!(exists(c, &k.worker(worker)).await);
+    // A job of q2 blocked by the dead holder's lock.
+    let (.., a) = try_job(
+        c,
+        "w2",
+        "q2",
+        &payload("Billing::Sync", json!([42, 2])),
+        std::slice::from_ref(&l),
+        opts(30_000, 10_000, true),
+    )
+    .await;
+    assert!(matches!(a, Acquired::Conflict { requeued: true, .. }));
+
+    wait_dead(c, process).await;
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert_eq!(
+        report.recovered,
+        vec![(format!("{process}:0"), "recovered_running".to_string())]
+    );
+    let failed: Vec<String> = rcmd!(c, "LRANGE", k.failed(), 0, -1);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let rec: Value = serde_json::from_str(&failed[0]).unwrap();
+    assert_eq!(rec["exception"], "Resque::DirtyExit");
+    assert_eq!(rec["payload"], serde_json::from_slice::<Value>(&j).unwrap());
+    assert_eq!(rec["queue"], "q");
+    assert_eq!(rec["worker"], worker);
+    assert!(
+        lrange(c, &k.queue("q")).await.is_empty(),
+        "payload also requeued"
+    );
+    assert!(!exists(c, &slot.inflight()).await);
+    assert_unregistered(c, worker).await;
+    assert!(!smembers(c, &k.processes()).await.contains(process));
+
+    // Locks released at once (30 s lease), with the A-14 reset of the blocked queue.
+    assert!(!exists(c, &k.lock("acct:42")).await);
+    assert!(!exists(c, &k.lockinfo("acct:42")).await);
+    assert_eq!(zscore(c, &k.locks(), "acct:42").await, None);
+    assert!(!exists(c, &k.counter("q2")).await);
+    let s3 = Slot::new("live:1:0", "testhost:99:q2");
+    let r3 = reserve_job(c, &s3, &["q2"]).await;
+    let t3 = random_hex(16);
+    let d3 = started(
+        acquire(
+            c,
+            &s3,
+            &r3,
+            &t3,
+            std::slice::from_ref(&l),
+            opts(30_000, 10_000, true),
+        )
+        .await,
+    );
+
+    // The dead process's FINISH after recovery: "missing", nothing pushed, new holder intact.
+    let dirty = JobFailure::new("RuntimeError", "late").record(
+        &String::from_utf8_lossy(&j),
+        worker,
+        "q",
+        SystemTime::now(),
+    );
+    assert!(
+        !finish(
+            c,
+            &slot,
+            &res,
+            &token,
+            std::slice::from_ref(&l),
+            Finish::Failure(dirty)
+        )
+        .await
+    );
+    let failed: Vec<String> = rcmd!(c, "LRANGE", k.failed(), 0, -1);
+    assert_eq!(failed.len(), 1);
+    assert!(lrange(c, &k.queue("q")).await.is_empty());
+    assert_eq!(get(c, &k.stat_processed()).await, None);
+    assert_eq!(get(c, &k.stat_failed()).await, None);
+    assert_eq!(zrange_scores(c, &k.lock("acct:42")).await, vec![(t3, d3)]);
+}
+
+// locking-semantics.md R-4 (running, requeue), max_recoveries, NEVER-2, NEVER-3, A-13 step 5
+#[tokio::test]
+async fn the_janitor_requeues_a_dead_process_running_job_to_the_tail_until_max_recoveries() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("on_worker_death = \"requeue\"\nmax_recoveries = 2");
+    let j = payload("Crashy", json!(["same"]));
+    let l = spec("crashy", 1);
+    push(c, "q", &j).await;
+    for cycle in 1..=3 {
+        let process = format!("testhost:50{cycle}:cafe000{cycle}");
+        let worker = format!("testhost:50{cycle}:q");
+        register(c, &process, 0, &worker, Duration::from_millis(200)).await;
+        let slot = Slot::new(format!("{process}:0"), worker.as_str());
+        let res = reserve_job(c, &slot, &["q"]).await;
+        assert_eq!(res.payload, j, "cycle {cycle}");
+        let token = random_hex(16);
+        started(
+            acquire(
+                c,
+                &slot,
+                &res,
+                &token,
+                std::slice::from_ref(&l),
+                opts(30_000, 1000, true),
+            )
+            .await,
+        );
+        let filler = payload("Filler", json!([cycle]));
+        push(c, "q", &filler).await;
+
+        wait_dead(c, &process).await;
+        let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+        let expected = if cycle <= 2 {
+            "requeued_running"
+        } else {
+            "recovered_running"
+        };
+        assert_eq!(
+            report.recovered,
+            vec![(format!("{process}:0"), expected.to_string())],
+            "cycle {cycle}"
+        );
+        assert!(
+            !exists(c, &k.lock("crashy")).await,
+            "cycle {cycle}: lock not released"
+        );
+        assert_unregistered(c, &worker).await;
+        let failed = lrange(c, &k.failed()).await;
+        if cycle <= 2 {
+            assert_eq!(
+                lrange(c, &k.queue("q")).await,
+                vec![filler, j.clone()],
+                "cycle {cycle}: not at the tail"
+            );
+            assert!(failed.is_empty());
+            // The dead owner's late FINISH(requeue) pushes no second copy.
+            assert!(
+                !finish(
+                    c,
+                    &slot,
+                    &res,
+                    &token,
+                    std::slice::from_ref(&l),
+                    Finish::Requeue
+                )
+                .await
+            );
+            assert_eq!(
+                lrange(c, &k.queue("q"))
+                    .await
+                    .iter()
+                    .filter(|p| **p == j)
+                    .count(),
+                1
+            );
+            let _: Option<Vec<u8>> = rcmd!(c, "LPOP", k.queue("q")); // the filler
+        } else {
+            assert_eq!(lrange(c, &k.queue("q")).await, vec![filler]);
+            assert_eq!(failed.len(), 1);
+            let rec: Value = serde_json::from_slice(&failed[0]).unwrap();
+            assert_eq!(rec["exception"], "Resque::DirtyExit");
+            assert_eq!(rec["payload"], serde_json::from_slice::<Value>(&j).unwrap());
+        }
+    }
+    let n: Option<String> = rcmd!(c, "HGET", k.recoveries(), sha256_hex(&j));
+    assert_eq!(n.as_deref(), Some("3"));
+    let ttl: i64 = rcmd!(c, "PTTL", k.recoveries());
+    assert!(ttl > 0, "recoveries without expiry");
+}
+
+/// Runs the recover script the way the janitor does, with an rid read earlier.
+#[allow(clippy::too_many_arguments)]
+async fn replay_recover(
+    conn: &mut Conn,
+    process: &str,
+    slot: &str,
+    worker_id: &str,
+    rid: &str,
+    queue: &str,
+    locks: &[String],
+) -> String {
+    let k = keys();
+    let slot_key = format!("{process}:{slot}");
+    let failure = JobFailure::new("Resque::DirtyExit", "replayed")
+        .dirty()
+        .record("{}", worker_id, queue, SystemTime::now());
+    let mut inv = scripts().recover.prepare_invoke();
+    inv.key(k.inflight(&slot_key))
+        .key(k.alive(process))
+        .key(k.queue(queue))
+        .key(k.queues())
+        .key(k.failed())
+        .key(k.recoveries())
+        .key(k.slots(process))
+        .key(k.processes())
+        .key(k.workers())
+        .key(k.worker(worker_id))
+        .key(k.worker_started(worker_id))
+        .key(k.heartbeat())
+        .key(k.stat_processed_by(worker_id))
+        .key(k.stat_failed_by(worker_id))
+        .key(k.locks());
+    for id in locks {
+        inv.key(k.lock(id))
+            .key(k.lockinfo(id))
+            .key(k.blocked_lock(id));
+    }
+    inv.arg(rid)
+        .arg("fail")
+        .arg(failure)
+        .arg(3)
+        .arg(worker_id)
+        .arg(slot)
+        .arg(process)
+        .arg(k.counter_prefix());
+    for id in locks {
+        inv.arg(id);
+    }
+    inv.invoke_async(conn).await.expect("recover script")
+}
+
+// locking-semantics.md R-5, NEVER-3, NEVER-2, R-4
+#[tokio::test]
+async fn two_janitors_recovering_the_same_dead_process_never_push_a_payload_twice() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("");
+    let process = "testhost:6060:f00dface";
+    let (w0, w1) = ("testhost:6060:q#0", "testhost:6060:q#1");
+    register(c, process, 0, w0, Duration::from_millis(300)).await;
+    register(c, process, 1, w1, Duration::from_millis(300)).await;
+    let jr = payload("Reserved", json!([1]));
+    let jx = payload("Running", json!([2]));
+    push(c, "q", &jr).await;
+    push(c, "q", &jx).await;
+    let s0 = Slot::new(format!("{process}:0"), w0);
+    let s1 = Slot::new(format!("{process}:1"), w1);
+    let r0 = reserve_job(c, &s0, &["q"]).await;
+    let r1 = reserve_job(c, &s1, &["q"]).await;
+    assert_eq!(
+        (r0.payload.clone(), r1.payload.clone()),
+        (jr.clone(), jx.clone())
+    );
+    let l = spec("L", 1);
+    let t1 = random_hex(16);
+    started(
+        acquire(
+            c,
+            &s1,
+            &r1,
+            &t1,
+            std::slice::from_ref(&l),
+            opts(30_000, 1000, true),
+        )
+        .await,
+    );
+
+    wait_dead(c, process).await;
+    let mut c1 = server.conn().await;
+    let mut c2 = server.conn().await;
+    let (a, b) = tokio::join!(
+        janitor_pass(&mut c1, &k, &cfg, "janitor-token-one"),
+        janitor_pass(&mut c2, &k, &cfg, "janitor-token-two"),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let third = janitor_pass(c, &k, &cfg, "janitor-token-three")
+        .await
+        .unwrap();
+    let mut results: Vec<(String, String)> = a
+        .recovered
+        .iter()
+        .chain(&b.recovered)
+        .chain(&third.recovered)
+        .cloned()
+        .collect();
+    results.sort();
+    assert_eq!(
+        results,
+        vec![
+            (format!("{process}:0"), "recovered_reserved".to_string()),
+            (format!("{process}:1"), "recovered_running".to_string()),
+        ]
+    );
+
+    // A janitor that read the records before the others recovered them acts on nothing.
+    assert_eq!(
+        replay_recover(c, process, "0", w0, &r0.rid, "q", &[]).await,
+        "changed"
+    );
+    assert_eq!(
+        replay_recover(c, process, "1", w1, &r1.rid, "q", &["L".to_string()]).await,
+        "changed"
+    );
+
+    let queue = lrange(c, &k.queue("q")).await;
+    assert_eq!(
+        queue,
+        vec![jr.clone()],
+        "reserved payload copies in the queue"
+    );
+    let failed = lrange(c, &k.failed()).await;
+    assert_eq!(failed.len(), 1, "failure records: {failed:?}");
+    let rec: Value = serde_json::from_slice(&failed[0]).unwrap();
+    assert_eq!(
+        rec["payload"],
+        serde_json::from_slice::<Value>(&jx).unwrap()
+    );
+    assert!(!exists(c, &k.lock("L")).await);
+    assert!(!smembers(c, &k.processes()).await.contains(process));
+    assert!(!exists(c, &k.slots(process)).await);
+    // And the dead slots' own late FINISHes push nothing either.
+    assert!(!finish(c, &s0, &r0, "", &[], Finish::Requeue).await);
+    assert!(!finish(c, &s1, &r1, &t1, std::slice::from_ref(&l), Finish::Requeue).await);
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![jr]);
+    assert_eq!(lrange(c, &k.failed()).await.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEVER-4 / NEVER-5
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md NEVER-4, L-1, A-6 step 2
+#[tokio::test]
+async fn an_abandoned_lease_is_acquirable_by_another_token_once_its_ttl_passed_without_a_janitor() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let ha = hold(c, "a", std::slice::from_ref(&l), 1000).await; // never finished, never extended
+    push(c, "qb", &payload("J", json!(["b"]))).await;
+    let sb = Slot::new("b:1:0", "testhost:2:qb");
+    let rb = reserve_job(c, &sb, &["qb"]).await;
+    let o = opts(5000, 1000, false);
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    let (tb, won_at) = loop {
+        let t = random_hex(16);
+        let sent = server_ms(c).await;
+        match acquire(c, &sb, &rb, &t, std::slice::from_ref(&l), o).await {
+            Acquired::Started { deadline_ms } => break (t, (sent, deadline_ms - 5000)),
+            Acquired::Conflict { .. } => {
+                assert!(
+                    Instant::now() < deadline,
+                    "lock still held long after its TTL"
+                );
+                assert!(
+                    sent <= ha.deadline + 5,
+                    "conflict at server time {sent}, after A's deadline {}",
+                    ha.deadline
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Acquired::Missing => panic!("reservation missing"),
+        }
+    };
+    let (sent, acquired_at) = won_at;
+    assert!(
+        acquired_at >= ha.deadline,
+        "B got in at {acquired_at}, before A's deadline {}",
+        ha.deadline
+    );
+    assert!(sent <= ha.deadline + 1000, "B waited past TTL + 1 s");
+    assert_eq!(zrange_scores(c, &k.lock("L")).await.len(), 1);
+    assert!(zscore(c, &k.lock("L"), &tb).await.is_some());
+    assert!(zscore(c, &k.lock("L"), &ha.token).await.is_none());
+    assert_eq!(
+        hgetall(c, &k.lockinfo("L"))
+            .await
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![tb]
+    );
+}
+
+// locking-semantics.md NEVER-4, L-6, A-15, K-1
+#[tokio::test]
+async fn an_abandoned_lock_and_its_counters_are_physically_gone_a_second_after_the_deadline() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let ha = hold(c, "a", std::slice::from_ref(&l), 1000).await; // abandoned: no janitor, no finish
+    let (.., a) = try_job(
+        c,
+        "b",
+        "qb",
+        &payload("J", json!(["b"])),
+        std::slice::from_ref(&l),
+        opts(5000, 1000, true),
+    )
+    .await;
+    assert!(matches!(a, Acquired::Conflict { requeued: true, .. }));
+    for key in [k.lock("L"), k.lockinfo("L")] {
+        let at = expire_at(c, &key).await;
+        assert!(
+            at > 0 && at <= ha.deadline as i64 + 1000 + 2,
+            "{key} expires at {at}"
+        );
+    }
+    for key in [k.counter("qb"), k.blocked_lock("L")] {
+        let ttl: i64 = rcmd!(c, "PTTL", &key);
+        assert!(ttl > 0 && ttl <= 1000, "{key}: PTTL {ttl}");
+    }
+    audit_locket_keys(c, "after the abandoned acquire").await;
+
+    // INFO keyspace counts keys with an expiry that are still in memory (expired or not).
+    let now = server_ms(c).await;
+    let limit = Duration::from_millis((ha.deadline + 1000 + 800).saturating_sub(now));
+    let probe = c.clone();
+    wait_until_async(limit, "no volatile key left in memory", move || {
+        let mut c = probe.clone();
+        async move {
+            let info: String = rcmd!(&mut c, "INFO", "keyspace");
+            let expires = info
+                .lines()
+                .find_map(|l| l.strip_prefix("db0:"))
+                .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("expires=")))
+                .map(|v| v.trim().parse::<u64>().unwrap())
+                .unwrap_or(0);
+            expires == 0
+        }
+    })
+    .await;
+    for key in [
+        k.lock("L"),
+        k.lockinfo("L"),
+        k.counter("qb"),
+        k.blocked_lock("L"),
+    ] {
+        assert!(!exists(c, &key).await, "{key} survived");
+    }
+    // What is left without an expiry is documented: the holder's inflight record and the index.
+    let left = audit_locket_keys(c, "after expiry").await;
+    assert_eq!(left, set_of(["locks", "inflight:holder-a:0"]));
+    // The index's stale entry goes with the next purge (R-3 step 2).
+    lock::purge_expired(c, &k, 100).await.unwrap();
+    let left = audit_locket_keys(c, "after the purge").await;
+    assert_eq!(left, set_of(["inflight:holder-a:0"]));
+}
+
+// locking-semantics.md NEVER-5, L-5, L-8, A-10
+#[tokio::test]
+async fn a_holder_whose_lease_lapsed_can_neither_extend_nor_release_the_new_holders_lease() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("L", 1);
+    let ls = std::slice::from_ref(&l);
+    let ha = hold(c, "a", ls, 1000).await;
+    sleep_past_server_ms(c, ha.deadline).await;
+    let hb = hold(c, "b", ls, 5000).await;
+    let members = vec![(hb.token.clone(), hb.deadline)];
+    let info = hgetall(c, &k.lockinfo("L")).await;
+    let exp = expire_at(c, &k.lock("L")).await;
+    assert_eq!(zrange_scores(c, &k.lock("L")).await, members);
+
+    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![true]);
+    assert_eq!(zrange_scores(c, &k.lock("L")).await, members);
+    assert_eq!(hgetall(c, &k.lockinfo("L")).await, info);
+
+    // A's FINISH (its own reservation still exists) releases only A's token: B is untouched.
+    assert!(ha.finish(c).await);
+    assert_eq!(zrange_scores(c, &k.lock("L")).await, members);
+    assert_eq!(hgetall(c, &k.lockinfo("L")).await, info);
+    assert_near(expire_at(c, &k.lock("L")).await, exp, 3, "B's lock expiry");
+    assert_eq!(zscore(c, &k.locks(), "L").await, Some(hb.deadline));
+    let (_, lost) = lock::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![false]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NEVER-9 and key hygiene
+// ---------------------------------------------------------------------------------------------
+
+// locking-semantics.md NEVER-9, A-1, A-3, A-15, A-18
+#[tokio::test]
+async fn a_queue_whose_jobs_all_conflict_is_skipped_after_one_pass_and_retried_after_counter_ttl() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("shared", 1);
+    let _h = hold(c, "h", std::slice::from_ref(&l), 30_000).await;
+    let highs: Vec<Vec<u8>> = (1..=3).map(|i| payload("High", json!([i]))).collect();
+    for p in &highs {
+        push(c, "high", p).await;
+    }
+    for i in 1..=3 {
+        push(c, "low", &payload("Low", json!([i]))).await;
+    }
+    let slot = Slot::new("p:1:0", "testhost:1:high,low");
+    let o = opts(5000, 2000, true);
+    let mut log = Vec::new();
+    let mut first_conflict_at = None;
+    let mut done = false;
+    for _ in 0..20 {
+        match reserve(c, &slot, &["high", "low"], false).await {
+            Reserved::Job {
+                queue,
+                payload,
+                rid,
+            } => {
+                let n = serde_json::from_slice::<Value>(&payload).unwrap()["args"][0].clone();
+                let res = Res {
+                    queue: queue.clone(),
+                    payload,
+                    rid,
+                };
+                if queue == "high" {
+                    first_conflict_at.get_or_insert(server_ms(c).await);
+                    let a =
+                        acquire(c, &slot, &res, &random_hex(16), std::slice::from_ref(&l), o).await;
+                    assert!(
+                        matches!(a, Acquired::Conflict { requeued: true, .. }),
+                        "{a:?}"
+                    );
+                    log.push(format!("high {n} conflict"));
+                } else {
+                    let locks = [spec(&format!("low:{n}"), 1)];
+                    let t = random_hex(16);
+                    started(acquire(c, &slot, &res, &t, &locks, o).await);
+                    assert!(finish(c, &slot, &res, &t, &locks, Finish::Success).await);
+                    log.push(format!("low {n} ran"));
+                }
+            }
+            Reserved::Nothing { skipped } => {
+                assert_eq!(skipped, vec!["high".to_string()]);
+                done = true;
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(done, "never ran out of work: {log:?}");
+    assert_eq!(
+        log,
+        [
+            "high 1 conflict",
+            "high 2 conflict",
+            "high 3 conflict",
+            "low 1 ran",
+            "low 2 ran",
+            "low 3 ran"
+        ]
+    );
+    assert_eq!(
+        lrange(c, &k.queue("high")).await,
+        highs,
+        "order changed by requeues"
+    );
+    assert_eq!(get(c, &k.counter("high")).await.as_deref(), Some("3"));
+
+    // After counter_ttl the skipped queue is tried again, from its head.
+    let created = first_conflict_at.unwrap();
+    let now = server_ms(c).await;
+    wait_gone(
+        c,
+        k.counter("high"),
+        Duration::from_millis((created + 2000 + 600).saturating_sub(now)),
+        "the high counter to expire",
+    )
+    .await;
+    let r = reserve_job(c, &slot, &["high", "low"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("high", highs[0].clone()));
+}
+
+// locking-semantics.md K-1, NEVER-4, A-14, A-8, L-5, L-7
+#[tokio::test]
+async fn a_full_reserve_acquire_finish_cycle_leaves_no_locket_keys_but_the_indexes() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("Cycle:1", 1);
+    let ls = std::slice::from_ref(&l);
+    let o = opts(5000, 5000, true);
+    push(c, "q", &payload("Cycle", json!([1]))).await;
+    push(c, "q2", &payload("Cycle", json!([1, "b"]))).await;
+    let sa = Slot::new("p:1:0", "testhost:1:q");
+    let sb = Slot::new("p:2:0", "testhost:2:q2");
+
+    let ra = reserve_job(c, &sa, &["q"]).await;
+    audit_locket_keys(c, "after RESERVE").await;
+    let ta = random_hex(16);
+    started(acquire(c, &sa, &ra, &ta, ls, o).await);
+    audit_locket_keys(c, "after ACQUIRE").await;
+    let rb = reserve_job(c, &sb, &["q2"]).await;
+    let a = acquire(c, &sb, &rb, &random_hex(16), ls, o).await;
+    assert!(matches!(a, Acquired::Conflict { requeued: true, .. }));
+    let mid = audit_locket_keys(c, "after a conflict").await;
+    assert!(
+        mid.contains("counter:q2") && mid.contains("blocked:lock:Cycle:1"),
+        "{mid:?}"
+    );
+    let (_, lost) = lock::extend(c, &k, &ta, ls, Duration::from_millis(5000))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![false]);
+    audit_locket_keys(c, "after EXTEND").await;
+    assert!(finish(c, &sa, &ra, &ta, ls, Finish::Success).await);
+    audit_locket_keys(c, "after FINISH").await;
+
+    let rb = reserve_job(c, &sb, &["q2"]).await;
+    let tb = random_hex(16);
+    started(acquire(c, &sb, &rb, &tb, ls, o).await);
+    assert!(finish(c, &sb, &rb, &tb, ls, Finish::Success).await);
+    assert_eq!(lock::purge_expired(c, &k, 100).await.unwrap(), 0);
+
+    let left = audit_locket_keys(c, "after the cycle").await;
+    let allowed: BTreeSet<String> = set_of(["locks", "deps", "processes", "fence", "delayed"]);
+    assert!(
+        left.iter().all(|name| allowed.contains(name)
+            || name.starts_with("stat:")
+            || name.starts_with("slots:")),
+        "leftover locket keys: {left:?}"
+    );
+    assert_eq!(zscore(c, &k.locks(), &l.id).await, None);
+}
