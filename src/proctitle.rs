@@ -30,6 +30,7 @@ use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Number of bytes reserved for process titles by [`ensure_title_space`].
@@ -47,6 +48,10 @@ const COMM_NAME: &[u8] = b"locketd";
 
 /// Serialises [`set_title`] calls so that two threads never write the `argv` area at once.
 static TITLE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Set by [`ensure_title_space`]: only a program that asked for titles gets its argv memory
+/// rewritten, so embedding the library never changes the host program's command line.
+static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// The fixed start of every locketd process title: `resque-<crate version>-locketd`.
 ///
@@ -74,6 +79,8 @@ pub fn title_prefix() -> String {
 /// Returns the error of the failed `exec`. The caller may log it and continue; the process
 /// then runs without a usable title (titles are cut to the original `argv` size).
 pub fn ensure_title_space() -> io::Result<()> {
+    // Even if the re-exec below fails, titles are still set (cut to the original argv size).
+    ENABLED.store(true, Ordering::Relaxed);
     let mut args = std::env::args_os();
     let argv0 = args.next();
     if argv0
@@ -94,7 +101,8 @@ pub fn ensure_title_space() -> io::Result<()> {
     Err(err)
 }
 
-/// Replaces the process's command line (as shown by `ps -o command`) with `title`.
+/// Replaces the process's command line (as shown by `ps -o command`) with `title`; does
+/// nothing unless [`ensure_title_space`] was called first.
 ///
 /// The `argv` area `[arg_start, arg_end)` reported by `/proc/self/stat` is overwritten in
 /// place: `title` (cut at a character boundary to leave at least one trailing NUL; NUL
@@ -108,6 +116,9 @@ pub fn ensure_title_space() -> io::Result<()> {
 /// Arguments must have been read (`std::env::args`) before the first call, see the
 /// module documentation.
 pub fn set_title(title: &str) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
     let _guard = match TITLE_LOCK.lock() {
         Ok(g) => g,
         Err(poisoned) => poisoned.into_inner(),

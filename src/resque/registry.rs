@@ -12,6 +12,7 @@
 
 use crate::host;
 use crate::lock::scripts::scripts;
+use crate::lock::FailureBackend;
 use crate::resque::failure::JobFailure;
 use crate::resque::keys::Keys;
 use crate::resque::time;
@@ -168,6 +169,7 @@ async fn prune_one<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     id: &str,
+    backend: FailureBackend,
     failure: impl FnOnce(&WorkingOn) -> JobFailure,
 ) -> RedisResult<()> {
     let working: Option<String> = redis::cmd("GET")
@@ -178,13 +180,22 @@ async fn prune_one<C: ConnectionLike + Send>(
     pipe.atomic();
     if let Some(text) = working.filter(|t| !t.is_empty()) {
         let w = WorkingOn::parse(&text);
+        let queue = w.queue.as_deref().unwrap_or("");
         let record = failure(&w).record(
             w.payload.as_deref().unwrap_or("null"),
             id,
-            w.queue.as_deref().unwrap_or(""),
+            queue,
             SystemTime::now(),
         );
-        pipe.rpush(keys.failed(), record).ignore();
+        // Through the configured failure backend, as Ruby's `Failure.create` does.
+        match backend {
+            FailureBackend::Redis => pipe.rpush(keys.failed(), record).ignore(),
+            FailureBackend::RedisMultiQueue => pipe
+                .rpush(keys.queue_failed(queue), record)
+                .ignore()
+                .sadd(keys.failed_queues(), format!("{queue}_failed"))
+                .ignore(),
+        };
     }
     pipe.srem(keys.workers(), id)
         .ignore()
@@ -210,6 +221,7 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
     keys: &Keys,
     own_id: &str,
     own_queues: &[String],
+    backend: FailureBackend,
 ) -> RedisResult<PruneReport> {
     let got: Option<String> = redis::cmd("SET")
         .arg(keys.pruning())
@@ -255,7 +267,7 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         if id == own_id || now.saturating_sub(at) <= PRUNE_AGE.as_secs() || locket_owned(&id) {
             continue;
         }
-        prune_one(conn, keys, &id, |w| {
+        prune_one(conn, keys, &id, backend, |w| {
             JobFailure::new(
                 "Resque::PruneDeadWorkerDirtyExit",
                 format!(
@@ -296,7 +308,7 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         if parts[1].parse::<u32>().is_ok_and(|p| pids.contains(&p)) {
             continue;
         }
-        prune_one(conn, keys, &id, |_| {
+        prune_one(conn, keys, &id, backend, |_| {
             JobFailure::new("Resque::DirtyExit", "Job still being processed").dirty()
         })
         .await?;

@@ -2,7 +2,7 @@
 //! mutex purges expired lock holders and recovers the slots of dead processes.
 
 use crate::config::{Config, OnWorkerDeath};
-use crate::lock::{self, scripts::scripts};
+use crate::lock::{self, scripts::scripts, FailureBackend};
 use crate::resque::failure::JobFailure;
 use crate::resque::keys::Keys;
 use redis::aio::ConnectionLike;
@@ -150,7 +150,10 @@ async fn recover_slot<C: ConnectionLike + Send>(
         .key(keys.alive(process))
         .key(keys.queue(&queue))
         .key(keys.queues())
-        .key(keys.failed())
+        .key(match config.failure_backend {
+            FailureBackend::Redis => keys.failed(),
+            FailureBackend::RedisMultiQueue => keys.queue_failed(&queue),
+        })
         .key(keys.recoveries())
         .key(keys.slots(process))
         .key(keys.processes())
@@ -177,7 +180,16 @@ async fn recover_slot<C: ConnectionLike + Send>(
     for id in &locks {
         inv.arg(id);
     }
-    inv.invoke_async(conn).await
+    let result: String = inv.invoke_async(conn).await?;
+    if result == "recovered_running" && config.failure_backend == FailureBackend::RedisMultiQueue {
+        // Idempotent index of the per-queue lists, as Resque's RedisMultiQueue writes on every save.
+        let _: () = redis::cmd("SADD")
+            .arg(keys.failed_queues())
+            .arg(format!("{queue}_failed"))
+            .query_async(conn)
+            .await?;
+    }
+    Ok(result)
 }
 
 /// Runs janitor passes every `janitor_interval` until `stop`.

@@ -98,6 +98,8 @@ pub struct Worker {
     conn: ConnectionManager,
     lock_queues: Option<QueueSpec>,
     title_prefix: String,
+    /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
+    title: String,
     redis_down: bool,
 }
 
@@ -204,6 +206,7 @@ impl Worker {
         let id = Identity::new(&spec);
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
+            title: String::new(),
             config,
             handlers,
             keys,
@@ -232,6 +235,7 @@ impl Worker {
                 &worker.keys,
                 &worker.id.worker_id,
                 worker.spec.patterns(),
+                worker.config.failure_backend,
             )
             .await?;
             for id in &report.pruned {
@@ -276,8 +280,12 @@ impl Worker {
         }
     }
 
-    fn title(&self, state: &str) {
-        proctitle::set_title(&format!("{}: {state}", self.title_prefix));
+    fn title(&mut self, state: &str) {
+        let title = format!("{}: {state}", self.title_prefix);
+        if title != self.title {
+            proctitle::set_title(&title);
+            self.title = title;
+        }
     }
 
     fn redis_error(&mut self, what: &str, e: &redis::RedisError) {
@@ -360,7 +368,6 @@ impl Worker {
             if control.quit.is_cancelled() {
                 return StopReason::Shutdown;
             }
-            self.title(&waiting);
             let queues = match self.expand_queues().await {
                 Ok(q) => q,
                 Err(e) => {
@@ -396,9 +403,11 @@ impl Worker {
                     if let Some(reason) = self.process(queue, payload, rid, control, dead).await {
                         return reason;
                     }
+                    self.title(&waiting);
                 }
                 Ok(Reserved::Nothing { skipped }) => {
                     self.redis_ok();
+                    self.title(&waiting);
                     if !skipped.is_empty() {
                         debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
                     }

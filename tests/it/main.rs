@@ -4,5 +4,10 @@
 //! `support` (real `redis-server` instances, the real `locketd` binary,
 //! node-resque interop, bounded waits).
 
+mod compat;
+mod daemon;
 mod harness;
+mod lock;
+mod node_interop;
+mod redis_url;
 mod support;

@@ -7,7 +7,7 @@
 -- KEYS[2]      <ns>:locket:alive:<process id>
 -- KEYS[3]      <ns>:queue:<q>                (q from the record; any key when there is no record)
 -- KEYS[4]      <ns>:queues
--- KEYS[5]      <ns>:failed
+-- KEYS[5]      failure list: <ns>:failed, or <ns>:<q>_failed with redis_multi_queue
 -- KEYS[6]      <ns>:locket:recoveries
 -- KEYS[7]      <ns>:locket:slots:<process id>
 -- KEYS[8]      <ns>:locket:processes
