@@ -147,6 +147,20 @@ fn unexpected<T>(what: &str, v: &Value) -> RedisResult<T> {
     )))
 }
 
+/// Appends the three keys every lock-touching script takes per lock, in the order the scripts
+/// document: `lock:<id>`, `lockinfo:<id>`, `blocked:lock:<id>`.
+pub fn lock_keys<'a>(
+    inv: &mut redis::ScriptInvocation<'_>,
+    keys: &Keys,
+    ids: impl IntoIterator<Item = &'a str>,
+) {
+    for id in ids {
+        inv.key(keys.lock(id))
+            .key(keys.lockinfo(id))
+            .key(keys.blocked_lock(id));
+    }
+}
+
 /// RESERVE: pop the first job whose queue is not skipped, into the slot's inflight record.
 pub async fn reserve<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -200,11 +214,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
         .key(keys.counter(req.queue))
         .key(keys.worker(slot.worker_id))
         .key(keys.locks());
-    for l in req.locks {
-        inv.key(keys.lock(&l.id))
-            .key(keys.lockinfo(&l.id))
-            .key(keys.blocked_lock(&l.id));
-    }
+    lock_keys(&mut inv, keys, req.locks.iter().map(|l| l.id.as_str()));
     inv.arg(req.rid)
         .arg(req.token)
         .arg(ms(req.lock_ttl))
@@ -250,11 +260,7 @@ pub async fn extend<C: ConnectionLike + Send>(
 ) -> RedisResult<(u64, Vec<bool>)> {
     let mut inv = scripts().extend.prepare_invoke();
     inv.key(keys.locks());
-    for l in locks {
-        inv.key(keys.lock(&l.id))
-            .key(keys.lockinfo(&l.id))
-            .key(keys.blocked_lock(&l.id));
-    }
+    lock_keys(&mut inv, keys, locks.iter().map(|l| l.id.as_str()));
     inv.arg(token).arg(ms(lock_ttl)).arg(keys.counter_prefix());
     for l in locks {
         inv.arg(&l.id);
@@ -326,11 +332,7 @@ pub async fn finish<C: ConnectionLike + Send>(
         .key(keys.queue(req.queue))
         .key(keys.queues())
         .key(keys.locks());
-    for l in req.locks {
-        inv.key(keys.lock(&l.id))
-            .key(keys.lockinfo(&l.id))
-            .key(keys.blocked_lock(&l.id));
-    }
+    lock_keys(&mut inv, keys, req.locks.iter().map(|l| l.id.as_str()));
     inv.arg(req.rid)
         .arg(req.token)
         .arg(outcome)

@@ -164,11 +164,7 @@ async fn recover_slot<C: ConnectionLike + Send>(
         .key(keys.stat_processed_by(worker_id))
         .key(keys.stat_failed_by(worker_id))
         .key(keys.locks());
-    for id in &locks {
-        inv.key(keys.lock(id))
-            .key(keys.lockinfo(id))
-            .key(keys.blocked_lock(id));
-    }
+    lock::lock_keys(&mut inv, keys, locks.iter().map(String::as_str));
     inv.arg(&rid)
         .arg(policy)
         .arg(failure)
