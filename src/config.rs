@@ -189,6 +189,9 @@ pub struct Config {
     /// Redis URL (`redis://`, `rediss://`, `unix://`), overridden by `--redis` / `REDIS_URL`.
     #[serde(default = "default_redis")]
     pub redis: String,
+    /// How long start-up waits for Redis to answer before exiting 69.
+    #[serde(default = "d30s")]
+    pub redis_connect_timeout: Secs,
     /// Resque namespace: every key is `<namespace>:<key>`.
     #[serde(default = "default_namespace")]
     pub namespace: String,
@@ -373,6 +376,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             redis: default_redis(),
+            redis_connect_timeout: d30s(),
             namespace: default_namespace(),
             queues: List::default(),
             interval: default_interval(),

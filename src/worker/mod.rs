@@ -200,7 +200,7 @@ impl Worker {
         } else {
             Some(QueueSpec::from_list(&config.locket.lock_queues.0)?)
         };
-        let mut conn = connect(&config.redis, Duration::from_secs(30)).await?;
+        let mut conn = connect(&config.redis, config.redis_connect_timeout.get()).await?;
         check_eviction(&mut conn, config.locket.allow_evicting_redis).await?;
         let keys = Keys::new(&config.namespace);
         let id = Identity::new(&spec);
