@@ -372,9 +372,7 @@ impl Worker {
                 Ok(q) => q,
                 Err(e) => {
                     self.redis_error("queues", &e);
-                    if sleep_or_stop(backoff, control, dead).await {
-                        continue;
-                    }
+                    sleep_or_stop(backoff, control, dead).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
@@ -422,7 +420,10 @@ impl Worker {
                     sleep_or_stop(interval.max(Duration::from_millis(100)), control, dead).await;
                 }
                 Ok(Reserved::Busy) => {
-                    error!(slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
+                    // Only after a RESERVE whose reply was lost (connection dropped after the
+                    // script ran): the job is safe in the inflight record and goes back to the
+                    // head of its queue, where it was.
+                    warn!(slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
                     self.return_stale().await;
                     sleep_or_stop(backoff, control, dead).await;
                 }

@@ -2797,3 +2797,39 @@ async fn a_full_reserve_acquire_finish_cycle_leaves_no_locket_keys_but_the_index
     );
     assert_eq!(zscore(c, &k.locks(), &l.id).await, None);
 }
+
+/// E-3: ACQUIRE retried with the same rid and token after a lost reply (the first call
+/// ran) answers as the first call did: the job stays started and is neither requeued against
+/// its own lock nor counted as a conflict.
+#[tokio::test]
+async fn a_retried_acquire_of_a_started_attempt_is_answered_ok() {
+    let server = RedisServer::start();
+    let mut c = server.conn().await;
+    let k = keys();
+    let slot = Slot::new("h:1:abcd:0", "h:1:q");
+    push(&mut c, "q", &payload("Retry", json!([1]))).await;
+    let res = reserve_job(&mut c, &slot, &["q"]).await;
+    let token = random_hex(16);
+    let locks = [spec("Retry:1", 1)];
+    let o = opts(5000, 1000, true);
+    let first = started(acquire(&mut c, &slot, &res, &token, &locks, o).await);
+    let again = started(acquire(&mut c, &slot, &res, &token, &locks, o).await);
+    assert_eq!(again, first, "the retry reports the same lease");
+    assert_eq!(zcard(&mut c, &k.lock("Retry:1")).await, 1);
+    assert_eq!(lrange(&mut c, &k.queue("q")).await.len(), 0, "not requeued");
+    assert_eq!(
+        get(&mut c, &k.counter("q")).await,
+        None,
+        "no conflict counted"
+    );
+    assert_eq!(
+        hgetall(&mut c, &slot.inflight())
+            .await
+            .get("state")
+            .map(String::as_str),
+        Some("running")
+    );
+    // A different token for the same reservation is a real second attempt: it conflicts.
+    let other = acquire(&mut c, &slot, &res, &random_hex(16), &locks, o).await;
+    assert!(matches!(other, Acquired::Conflict { .. }), "{other:?}");
+}

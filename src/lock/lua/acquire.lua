@@ -27,7 +27,7 @@
 -- ARGV[11+2i]  limit i
 --
 -- Returns one of
---   {"ok", deadline_ms}
+--   {"ok", deadline_ms}   (also when this rid and token already started: a retried call)
 --   {"conflict", action, lock id, holders, limit, earliest deadline ms}
 --        action is "requeued" (payload at the tail, counter bumped) or "none" (still reserved)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
@@ -36,6 +36,15 @@
 local inflight = KEYS[1]
 if redis.call('HGET', inflight, 'rid') ~= ARGV[1] then
   return {'missing'}
+end
+-- A retry after a lost reply: this attempt already started; answer as the first call did.
+if redis.call('HGET', inflight, 'token') == ARGV[2] and redis.call('HGET', inflight, 'state') == 'running' then
+  local n0 = (#ARGV - 11) / 2
+  local deadline = 0
+  if n0 > 0 then
+    deadline = tonumber(redis.call('ZSCORE', KEYS[7], ARGV[2]) or '0')
+  end
+  return {'ok', deadline}
 end
 
 local now = now_ms()
