@@ -111,53 +111,36 @@ fn year_text(year: i64) -> String {
 /// `failed_at` / `retried_at` of a failure record: `2026/11/21 12:18:24 UTC`
 /// (Ruby `strftime("%Y/%m/%d %H:%M:%S %Z")` on a UTC host).
 pub fn failed_at(t: SystemTime) -> String {
-    let c = civil_from_epoch(epoch_secs(t));
-    format!(
-        "{}/{:02}/{:02} {:02}:{:02}:{:02} UTC",
-        year_text(c.year),
-        c.month,
-        c.day,
-        c.hour,
-        c.minute,
-        c.second
-    )
+    stamp(epoch_secs(t), '/', ' ', " UTC")
 }
 
 /// `run_at` inside `worker:<id>`: `2026-11-21T12:18:29Z`.
 pub fn run_at(t: SystemTime) -> String {
-    let c = civil_from_epoch(epoch_secs(t));
-    format!(
-        "{}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        year_text(c.year),
-        c.month,
-        c.day,
-        c.hour,
-        c.minute,
-        c.second
-    )
+    stamp(epoch_secs(t), '-', 'T', "Z")
 }
 
 /// The value of `worker:<id>:started`: `2026-11-21 12:18:29 +0000` (Ruby `Time#to_s` of a
 /// local time on a UTC host).
 pub fn started_at(t: SystemTime) -> String {
-    let c = civil_from_epoch(epoch_secs(t));
-    format!(
-        "{}-{:02}-{:02} {:02}:{:02}:{:02} +0000",
-        year_text(c.year),
-        c.month,
-        c.day,
-        c.hour,
-        c.minute,
-        c.second
-    )
+    stamp(epoch_secs(t), '-', ' ', " +0000")
 }
 
 /// A `workers:heartbeat` value from Redis `TIME` seconds: `2026-11-21T12:18:29+00:00`
 /// (Ruby `Time#iso8601`, numeric offset, no fraction).
 pub fn heartbeat(epoch_secs: u64) -> String {
-    let c = civil_from_epoch(i64::try_from(epoch_secs).unwrap_or(i64::MAX));
+    stamp(
+        i64::try_from(epoch_secs).unwrap_or(i64::MAX),
+        '-',
+        'T',
+        "+00:00",
+    )
+}
+
+/// `Y<d>MM<d>DD<t>HH:MM:SS<zone>` in UTC: the one layout behind every format above.
+fn stamp(secs: i64, date_sep: char, time_sep: char, zone: &str) -> String {
+    let c = civil_from_epoch(secs);
     format!(
-        "{}-{:02}-{:02}T{:02}:{:02}:{:02}+00:00",
+        "{}{date_sep}{:02}{date_sep}{:02}{time_sep}{:02}:{:02}:{:02}{zone}",
         year_text(c.year),
         c.month,
         c.day,

@@ -275,6 +275,22 @@ async fn try_job(
     (slot, res, token, a)
 }
 
+/// `try_job`, asserting the attempt conflicted and was requeued (P-1).
+async fn assert_requeued(
+    conn: &mut Conn,
+    slot_name: &str,
+    queue: &str,
+    body: &[u8],
+    locks: &[LockSpec],
+    o: Opts,
+) {
+    let (.., a) = try_job(conn, slot_name, queue, body, locks, o).await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+}
+
 async fn server_ms(conn: &mut Conn) -> u64 {
     let (s, us): (u64, u64) = rcmd!(conn, "TIME");
     s * 1000 + us / 1000
@@ -1038,7 +1054,7 @@ async fn finish_releases_the_lock_and_resets_only_the_counters_of_queues_it_bloc
             "{a:?}"
         );
     }
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s4",
         "q4",
@@ -1047,10 +1063,6 @@ async fn finish_releases_the_lock_and_resets_only_the_counters_of_queues_it_bloc
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
     let _: () = rcmd!(c, "SET", k.counter("q3"), 1, "PX", 10_000);
     assert_eq!(
         smembers(c, &k.blocked_lock("L")).await,
@@ -1088,7 +1100,7 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
     let hl = hold(c, "hl", std::slice::from_ref(&l), 1200).await;
     let hm = hold(c, "hm", std::slice::from_ref(&m), 2500).await;
     let o = opts(5000, 20_000, true);
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s1",
         "q1",
@@ -1097,11 +1109,7 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s2",
         "q2",
@@ -1110,12 +1118,8 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
 
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s5",
         "q5",
@@ -1124,10 +1128,6 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
 
     // EXTEND's purge of N's lapsed holder resets the queue N blocked.
     sleep_past_server_ms(c, hn1.deadline).await;
@@ -1211,7 +1211,7 @@ async fn a_lock_key_that_lapsed_on_its_own_still_resets_the_counters_it_blocked(
     let hl = hold(c, "hl", std::slice::from_ref(&l), 1000).await;
     let hm = hold(c, "hm", std::slice::from_ref(&m), 1000).await;
     let o = opts(5000, 20_000, true);
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s1",
         "q1",
@@ -1220,11 +1220,7 @@ async fn a_lock_key_that_lapsed_on_its_own_still_resets_the_counters_it_blocked(
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
-    let (.., a) = try_job(
+    assert_requeued(
         c,
         "s2",
         "q2",
@@ -1233,10 +1229,6 @@ async fn a_lock_key_that_lapsed_on_its_own_still_resets_the_counters_it_blocked(
         o,
     )
     .await;
-    assert!(
-        matches!(a, Acquired::Conflict { requeued: true, .. }),
-        "{a:?}"
-    );
     sleep_past_server_ms(c, hl.deadline.max(hm.deadline) + 1000).await;
     assert!(!exists(c, &k.lock("L")).await && !exists(c, &k.lock("M")).await);
     assert_eq!(zscore(c, &k.locks(), "L").await, Some(hl.deadline));
