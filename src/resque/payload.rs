@@ -67,13 +67,18 @@ impl Job {
             });
         }
         let text = std::str::from_utf8(raw).map_err(|e| PayloadError::NotJson(e.to_string()))?;
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| PayloadError::NotJson(e.to_string()))?;
-        if !value.is_object() {
-            return Err(PayloadError::NotObject);
-        }
-        let wire: Wire<'_> =
-            serde_json::from_str(text).map_err(|e| PayloadError::NotJson(e.to_string()))?;
+        // One parse: serde_json validates the whole document while filling `Wire`, but a struct
+        // would also accept a JSON array positionally, so objects are told apart first.
+        let wire: Wire<'_> = match serde_json::from_str(text) {
+            Ok(w) if text.trim_start().starts_with('{') => w,
+            Ok(_) => return Err(PayloadError::NotObject),
+            Err(e) => {
+                return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                    Ok(_) => PayloadError::NotObject,
+                    Err(_) => PayloadError::NotJson(e.to_string()),
+                })
+            }
+        };
         let class = match wire.class.map(|c| serde_json::from_str::<Value>(c.get())) {
             Some(Ok(Value::String(s))) if !s.is_empty() => s,
             _ => return Err(PayloadError::NoClass),
@@ -148,10 +153,18 @@ mod tests {
             Job::decode(b"{not json", "q", 0),
             Err(PayloadError::NotJson(_))
         ));
-        assert_eq!(
-            Job::decode(b"[1,2]", "q", 0).unwrap_err(),
-            PayloadError::NotObject
-        );
+        for not_object in [&b"[1,2]"[..], b"[\"A\",[1]]", b"\"A\"", b"42", b"null"] {
+            assert_eq!(
+                Job::decode(not_object, "q", 0).unwrap_err(),
+                PayloadError::NotObject,
+                "{}",
+                String::from_utf8_lossy(not_object)
+            );
+        }
+        assert!(matches!(
+            Job::decode(br#"{"class":"A","args":[]} trailing"#, "q", 0),
+            Err(PayloadError::NotJson(_))
+        ));
         assert_eq!(
             Job::decode(br#"{"args":[]}"#, "q", 0).unwrap_err(),
             PayloadError::NoClass
