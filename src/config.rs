@@ -216,6 +216,16 @@ pub struct Config {
     /// Prune dead Resque workers at start, by Resque's own rules.
     #[serde(default = "yes")]
     pub prune_dead_workers: bool,
+    /// Worker processes the master runs (each one Resque worker).
+    #[serde(default = "one")]
+    pub workers: u32,
+    /// TERM (and INT) behave like QUIT: running jobs finish (Resque's `GRACEFUL_TERM`).
+    #[serde(default)]
+    pub graceful_term: bool,
+    /// On TERM/INT: time a running handler gets between the polite stop (SIGTERM to its
+    /// process group) and SIGKILL (Resque's `RESQUE_TERM_TIMEOUT`).
+    #[serde(default = "d4s")]
+    pub term_timeout: Secs,
     /// Locket settings.
     #[serde(default)]
     pub locket: Locket,
@@ -350,6 +360,12 @@ fn yes() -> bool {
 fn three() -> u32 {
     3
 }
+fn one() -> u32 {
+    1
+}
+fn d4s() -> Secs {
+    Secs(Duration::from_secs(4))
+}
 fn d5s() -> Secs {
     Secs(Duration::from_secs(5))
 }
@@ -385,6 +401,9 @@ impl Default for Config {
             max_payload_bytes: default_max_payload(),
             failure_backend: FailureBackend::Redis,
             prune_dead_workers: true,
+            workers: 1,
+            graceful_term: false,
+            term_timeout: d4s(),
             locket: Locket::default(),
             classes: BTreeMap::new(),
         }
@@ -425,6 +444,12 @@ impl Config {
             .map_err(|e| invalid("queues", e.to_string()))?;
         if let Err(e) = redis::Client::open(self.redis.as_str()) {
             return Err(invalid("redis", format!("bad Redis URL: {e}")));
+        }
+        if self.workers == 0 || self.workers > 1024 {
+            return Err(invalid(
+                "workers",
+                format!("{} is out of range 1..=1024", self.workers),
+            ));
         }
         let l = &self.locket;
         if l.lock_ttl.get() < Duration::from_secs(1) {

@@ -14,7 +14,9 @@
 //!   and canonical JSON for lock ids.
 //! - [`worker`]: one worker process: the locket loop, job supervision, heartbeats, the janitor.
 //! - [`handler`]: the [`handler::Handler`] trait and the command handler.
-//! - [`shutdown`]: signals to [`worker::Control`].
+//! - [`master`]: the master process: N worker processes, restarts, crash recovery, signals,
+//!   reload.
+//! - [`shutdown`]: signals to [`worker::Control`] in a worker process.
 //! - [`proctitle`], [`host`]: the process title Resque's pruning looks for; host facts.
 //!
 //! # Running a worker with in-process handlers
@@ -38,6 +40,7 @@ pub mod error;
 pub mod handler;
 pub mod host;
 pub mod lock;
+pub mod master;
 pub mod proctitle;
 pub mod resque;
 pub mod shutdown;

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use locketd::config::{Config, ConfigError, LogFormat, DEFAULT_CONFIG_PATH};
+use locketd::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 use locketd::handler::Handlers;
 use locketd::worker::{StopReason, Worker};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ const EXIT_CONFIG: u8 = 78;
 /// sysexits EX_UNAVAILABLE.
 const EXIT_UNAVAILABLE: u8 = 69;
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "locketd",
     version,
@@ -39,11 +39,20 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    /// Worker processes (each one Resque worker); the master supervises them.
+    #[arg(long, value_name = "N")]
+    workers: Option<u32>,
+    /// TERM and INT behave like QUIT (Resque's GRACEFUL_TERM; the variable counts when non-empty).
+    #[arg(long)]
+    graceful_term: bool,
+    /// Seconds between the polite stop and SIGKILL of a running handler on TERM/INT.
+    #[arg(long, env = "RESQUE_TERM_TIMEOUT", value_name = "SECS")]
+    term_timeout: Option<f64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand, Debug, Clone)]
 enum Command {
     /// Validate a config file and exit (non-zero with a message naming the bad setting).
     CheckConfig {
@@ -55,23 +64,15 @@ enum Command {
 fn main() -> ExitCode {
     // Before anything reads argv: makes room for the Resque-style process title.
     let retitle = locketd::proctitle::ensure_title_space();
+    // Read before any title overwrites the argv area: the master re-executes workers with them.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let cli = Cli::parse();
-    match run(cli, retitle.err()) {
+    match run(cli, args, retitle.err()) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("locketd: error: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
-    match path {
-        Some(p) => Config::load(p),
-        None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
-            Config::load(Path::new(DEFAULT_CONFIG_PATH))
-        }
-        None => Ok(Config::default()),
     }
 }
 
@@ -102,6 +103,19 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
     if let Some(f) = cli.log_format {
         cfg.log_format = f;
     }
+    if let Some(n) = cli.workers {
+        cfg.workers = n;
+    }
+    if cli.graceful_term
+        || std::env::var("GRACEFUL_TERM").is_ok_and(|v| !v.trim().is_empty())
+    {
+        cfg.graceful_term = true;
+    }
+    if let Some(t) = cli.term_timeout {
+        if t.is_finite() && t >= 0.0 {
+            cfg.term_timeout = locketd::config::Secs(std::time::Duration::from_secs_f64(t));
+        }
+    }
 }
 
 fn init_logging(cfg: &Config) {
@@ -117,7 +131,11 @@ fn init_logging(cfg: &Config) {
     }
 }
 
-fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCode> {
+fn run(
+    cli: Cli,
+    args: Vec<std::ffi::OsString>,
+    retitle_error: Option<std::io::Error>,
+) -> anyhow::Result<ExitCode> {
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let path = file.clone().or_else(|| cli.config.clone());
         let path = path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
@@ -144,24 +162,35 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
         });
     }
 
-    let mut cfg = match load_config(cli.config.as_deref()) {
-        Ok(c) => c,
+    let worker_role = std::env::var(locketd::master::ROLE_ENV).is_ok_and(|r| r == "worker");
+    let loaded = if worker_role {
+        // The master validated this text and sends it on stdin.
+        let mut text = String::new();
+        use std::io::Read;
+        if let Err(e) = std::io::stdin()
+            .take(locketd::master::MAX_CONFIG_BYTES)
+            .read_to_string(&mut text)
+        {
+            eprintln!("locketd: worker: reading the config from the master: {e}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+        load_text(&text, "config from the master", &cli)
+    } else {
+        load_effective(&cli)
+    };
+    let (loaded, warnings) = match loaded {
+        Ok(x) => x,
         Err(e) => {
             eprintln!("locketd: {e}");
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
-    apply_overrides(&mut cfg, &cli);
-    let warnings = match cfg.check() {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("locketd: {e}");
-            return Ok(ExitCode::from(EXIT_CONFIG));
-        }
-    };
+    let cfg = loaded.config.clone();
     init_logging(&cfg);
-    for w in warnings {
-        tracing::warn!("{w}");
+    if !worker_role {
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
     }
     if let Some(e) = retitle_error {
         tracing::warn!(error = %e, "cannot set a Resque-style process title; co-located Ruby workers may prune this worker");
@@ -171,24 +200,16 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
         .enable_all()
         .build()
         .context("building the async runtime")?;
+    if !worker_role {
+        return runtime.block_on(run_master(cli, args, loaded));
+    }
     runtime.block_on(async move {
-        let control = locketd::shutdown::install().context("installing signal handlers")?;
+        let control = locketd::shutdown::install(cfg.graceful_term)
+            .context("installing signal handlers")?;
         let handlers = Handlers::from_config(&cfg);
         let worker = match Worker::start(cfg, handlers).await {
             Ok(w) => w,
-            Err(e @ locketd::Error::Unreachable { .. }) => {
-                tracing::error!("{:#}", anyhow::Error::from(e));
-                return Ok(ExitCode::from(EXIT_UNAVAILABLE));
-            }
-            Err(
-                e @ (locketd::Error::Config(_)
-                | locketd::Error::Queues(_)
-                | locketd::Error::EvictingRedis(_)),
-            ) => {
-                tracing::error!("{:#}", anyhow::Error::from(e));
-                return Ok(ExitCode::from(EXIT_CONFIG));
-            }
-            Err(e) => return Err(anyhow::Error::from(e).context("starting the worker")),
+            Err(e) => return Ok(start_error(e)?),
         };
         let reason = worker.run(control).await?;
         Ok(match reason {
@@ -196,4 +217,90 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
             StopReason::PresumedDead => ExitCode::from(3),
         })
     })
+}
+
+/// Exit code for an error at start (69 Redis unreachable, 78 config), or the error itself.
+fn start_error(e: locketd::Error) -> anyhow::Result<ExitCode> {
+    match e {
+        e @ locketd::Error::Unreachable { .. } => {
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            Ok(ExitCode::from(EXIT_UNAVAILABLE))
+        }
+        e @ (locketd::Error::Config(_)
+        | locketd::Error::Queues(_)
+        | locketd::Error::EvictingRedis(_)) => {
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            Ok(ExitCode::from(EXIT_CONFIG))
+        }
+        e => Err(anyhow::Error::from(e).context("starting the worker")),
+    }
+}
+
+/// Parses config text, applies the command line and checks the result.
+fn load_text(
+    text: &str,
+    origin: &str,
+    cli: &Cli,
+) -> Result<(locketd::master::Loaded, Vec<String>), String> {
+    let mut config = if text.is_empty() {
+        Config::default()
+    } else {
+        Config::parse(text, origin).map_err(|e| e.to_string())?
+    };
+    apply_overrides(&mut config, cli);
+    let warnings = config.check().map_err(|e| format!("{origin}: {e}"))?;
+    Ok((
+        locketd::master::Loaded {
+            config,
+            text: text.to_string(),
+        },
+        warnings,
+    ))
+}
+
+/// The config file named by --config, else /etc/locketd/locketd.toml if present, else defaults.
+fn load_effective(cli: &Cli) -> Result<(locketd::master::Loaded, Vec<String>), String> {
+    let path = match &cli.config {
+        Some(p) => Some(p.clone()),
+        None if Path::new(DEFAULT_CONFIG_PATH).exists() => Some(PathBuf::from(DEFAULT_CONFIG_PATH)),
+        None => None,
+    };
+    match path {
+        None => load_text("", "command line", cli),
+        Some(p) => {
+            let text = std::fs::read_to_string(&p).map_err(|e| {
+                locketd::config::ConfigError::Read {
+                    path: p.clone(),
+                    source: e,
+                }
+                .to_string()
+            })?;
+            load_text(&text, &p.display().to_string(), cli)
+        }
+    }
+}
+
+async fn run_master(
+    cli: Cli,
+    args: Vec<std::ffi::OsString>,
+    loaded: locketd::master::Loaded,
+) -> anyhow::Result<ExitCode> {
+    let cfg = &loaded.config;
+    // Fail fast, before any worker starts: Redis must answer (69) and must not evict (78).
+    match locketd::worker::connect(&cfg.redis, cfg.redis_connect_timeout.get()).await {
+        Ok(mut conn) => {
+            if let Err(e) =
+                locketd::worker::check_eviction(&mut conn, cfg.locket.allow_evicting_redis).await
+            {
+                return start_error(e);
+            }
+        }
+        Err(e) => return start_error(e),
+    }
+    let loader: locketd::master::Loader =
+        Box::new(move || load_effective(&cli).map(|(loaded, _)| loaded));
+    let master = locketd::master::Master::new(args, loader, loaded)
+        .context("starting the master")?;
+    master.run().await.context("running the master")?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,33 +1,65 @@
-//! Signals → [`Control`]: QUIT, TERM and INT stop reserving and let the running job finish
-//! (within `shutdown_timeout`); a second one stops the job at once.
+//! Signals → [`Control`] in a worker process, as a Resque worker answers them
+//! (resque-protocol.md §7): QUIT finishes the running job and stops; TERM and INT stop now
+//! (polite stop, SIGKILL after `term_timeout`; a second one kills at once), or behave like
+//! QUIT with `graceful_term`; USR1 kills the running job and keeps working; USR2 pauses; CONT
+//! resumes. HUP is the master's (reload) and is only logged here.
 
 use crate::worker::Control;
 use futures::StreamExt;
-use signal_hook::consts::signal::{SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook_tokio::Signals;
 use tracing::{info, warn};
 
 /// Installs the handlers and returns the control they drive. Must be called inside a runtime.
-pub fn install() -> std::io::Result<Control> {
+pub fn install(graceful_term: bool) -> std::io::Result<Control> {
     let control = Control::default();
-    let mut signals = Signals::new([SIGQUIT, SIGTERM, SIGINT])?;
+    let mut signals = Signals::new([SIGQUIT, SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGHUP])?;
     let c = control.clone();
     tokio::spawn(async move {
         while let Some(sig) = signals.next().await {
-            if c.quit.is_cancelled() {
-                warn!(
-                    signal = sig,
-                    "second stop signal: stopping the running job now"
-                );
-                c.kill.cancel();
-            } else {
-                info!(
-                    signal = sig,
-                    "stop signal: finishing the running job, reserving nothing new"
-                );
-                c.quit.cancel();
-            }
+            apply(&c, sig, graceful_term);
         }
     });
     Ok(control)
+}
+
+/// What one signal does to a worker's control.
+pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
+    match sig {
+        SIGQUIT => {
+            info!(
+                signal = "QUIT",
+                "finishing the running job, reserving nothing new"
+            );
+            c.quit();
+        }
+        SIGTERM | SIGINT if graceful_term => {
+            info!(
+                signal = sig,
+                "graceful_term: finishing the running job, reserving nothing new"
+            );
+            c.quit();
+        }
+        SIGTERM | SIGINT => {
+            if c.term.is_cancelled() {
+                warn!(signal = sig, "second stop signal: killing the running job now");
+            } else {
+                info!(signal = sig, "stopping now: the running job gets term_timeout");
+            }
+            c.terminate();
+        }
+        SIGUSR1 => c.kill_running_job(),
+        SIGUSR2 => {
+            info!(signal = "USR2", "pausing: no new jobs until CONT");
+            c.set_paused(true);
+        }
+        SIGCONT => {
+            if c.is_paused() {
+                info!(signal = "CONT", "resuming");
+            }
+            c.set_paused(false);
+        }
+        SIGHUP => info!("HUP is handled by the master; ignored by a worker"),
+        _ => {}
+    }
 }

@@ -86,23 +86,37 @@ async fn recover_dead<C: ConnectionLike + Send>(
             continue;
         }
         recovered_processes += 1;
-        let slots: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(keys.slots(&process))
+        recover_process(conn, keys, config, &process, report).await?;
+    }
+    Ok(())
+}
+
+/// Recovers every slot of one process whose `alive:` lease is gone: used by the janitor,
+/// and by the master right after it reaped a dead worker (after deleting the lease, since the
+/// process is known dead). Each slot's script re-checks the lease and the rid.
+pub async fn recover_process<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    config: &Config,
+    process: &str,
+    report: &mut JanitorReport,
+) -> RedisResult<()> {
+    let slots: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.slots(process))
+        .query_async(conn)
+        .await?;
+    if slots.is_empty() {
+        let _: () = redis::cmd("SREM")
+            .arg(keys.processes())
+            .arg(process)
             .query_async(conn)
             .await?;
-        if slots.is_empty() {
-            let _: () = redis::cmd("SREM")
-                .arg(keys.processes())
-                .arg(&process)
-                .query_async(conn)
-                .await?;
-            continue;
-        }
-        for (slot, worker_id) in slots {
-            let result = recover_slot(conn, keys, config, &process, &slot, &worker_id).await?;
-            info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
-            report.recovered.push((format!("{process}:{slot}"), result));
-        }
+        return Ok(());
+    }
+    for (slot, worker_id) in slots {
+        let result = recover_slot(conn, keys, config, process, &slot, &worker_id).await?;
+        info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
+        report.recovered.push((format!("{process}:{slot}"), result));
     }
     Ok(())
 }

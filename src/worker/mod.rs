@@ -7,7 +7,7 @@
 mod janitor;
 mod run;
 
-pub use janitor::{janitor_pass, JanitorReport};
+pub use janitor::{janitor_pass, recover_process, JanitorReport};
 
 use crate::config::{Config, OnLockLost};
 use crate::error::{Error, Result};
@@ -25,17 +25,72 @@ use crate::{host, proctitle};
 use rand::RngCore;
 use redis::aio::ConnectionManager;
 use run::RunEnd;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-/// How the worker is told to stop.
-#[derive(Debug, Clone, Default)]
+/// How the worker is driven from outside: stops, pause and USR1 (resque-protocol.md §7).
+#[derive(Debug, Clone)]
 pub struct Control {
     /// Stop reserving; the running job gets `shutdown_timeout` to finish (QUIT).
     pub quit: CancellationToken,
-    /// Stop the running job now (a second signal).
+    /// Stop the running job now: a polite stop, then SIGKILL after `term_timeout` (TERM, INT).
+    /// Also stops reserving.
+    pub term: CancellationToken,
+    /// Stop the running job at once with SIGKILL (a second TERM).
     pub kill: CancellationToken,
+    paused: Arc<watch::Sender<bool>>,
+    kills: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Control {
+    fn default() -> Control {
+        Control {
+            quit: CancellationToken::new(),
+            term: CancellationToken::new(),
+            kill: CancellationToken::new(),
+            paused: Arc::new(watch::channel(false).0),
+            kills: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl Control {
+    /// QUIT: finish the running job, then stop.
+    pub fn quit(&self) {
+        self.quit.cancel();
+    }
+
+    /// TERM: stop now (polite stop, then SIGKILL after `term_timeout`); a second call kills at
+    /// once.
+    pub fn terminate(&self) {
+        if self.term.is_cancelled() {
+            self.kill.cancel();
+        }
+        self.quit.cancel();
+        self.term.cancel();
+    }
+
+    /// USR2 (`true`) / CONT (`false`): stop or resume reserving.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    /// Whether reserving is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// USR1: kill the running job (if any) at once and keep working.
+    pub fn kill_running_job(&self) {
+        self.kills.send_modify(|n| *n += 1);
+    }
+
+    fn stopping(&self) -> bool {
+        self.quit.is_cancelled() || self.term.is_cancelled()
+    }
 }
 
 /// Why [`Worker::run`] returned.
@@ -167,7 +222,7 @@ pub fn redact(url: &str) -> String {
 
 /// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
 /// trusted.
-async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result<()> {
+pub async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result<()> {
     let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
@@ -365,8 +420,17 @@ impl Worker {
             if dead.is_cancelled() {
                 return StopReason::PresumedDead;
             }
-            if control.quit.is_cancelled() {
+            if control.stopping() {
                 return StopReason::Shutdown;
+            }
+            if control.is_paused() {
+                self.title("Paused");
+                info!("paused (USR2): reserving nothing until CONT");
+                wait_unpaused(control, dead).await;
+                if !control.is_paused() {
+                    info!("resumed (CONT)");
+                }
+                continue;
             }
             let queues = match self.expand_queues().await {
                 Ok(q) => q,
@@ -558,7 +622,7 @@ impl Worker {
             working_on: &working_on,
             lockinfo: &lockinfo,
         };
-        if control.quit.is_cancelled() {
+        if control.stopping() {
             // shutting down before the job started: it goes back to the head of its queue.
             let slot = self.slot();
             let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
@@ -639,6 +703,7 @@ impl Worker {
                 .unwrap_or(self.config.locket.kill_grace)
                 .get(),
             shutdown_timeout: self.config.locket.shutdown_timeout.get(),
+            term_timeout: self.config.term_timeout.get(),
             on_lock_lost: on_lost,
         };
         let end = sup.run(handler, ctx, control, dead).await;
@@ -675,7 +740,19 @@ impl Worker {
                     limit.as_secs_f64()
                 ),
             )),
-            RunEnd::Terminated => Err(JobFailure::new("Resque::TermException", "SIGTERM")),
+            RunEnd::Terminated { killed: false } => {
+                Err(JobFailure::new("Resque::TermException", "SIGTERM"))
+            }
+            RunEnd::Terminated { killed: true } => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "Child process received unhandled signal SIGKILL (signal 9): stopped by a shutdown",
+            )
+            .dirty()),
+            RunEnd::KilledByUsr1 => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "Child process received unhandled signal SIGKILL (signal 9): killed by USR1",
+            )
+            .dirty()),
             RunEnd::PresumedDead => Err(JobFailure::new(
                 "Resque::DirtyExit",
                 "locketd process was presumed dead and stopped the job",
@@ -812,11 +889,25 @@ where
     }
 }
 
-/// Sleeps `d` unless told to stop first. True when the sleep ran to its end.
+/// Sleeps `d` unless told to stop (or paused) first. True when the sleep ran to its end.
 async fn sleep_or_stop(d: Duration, control: &Control, dead: &CancellationToken) -> bool {
+    let mut paused = control.paused.subscribe();
     tokio::select! {
         _ = tokio::time::sleep(d) => true,
         _ = control.quit.cancelled() => false,
+        _ = control.term.cancelled() => false,
         _ = dead.cancelled() => false,
+        _ = paused.wait_for(|p| *p) => false,
+    }
+}
+
+/// Waits while paused, until CONT or a stop. Bounded by the stop signals it listens for.
+async fn wait_unpaused(control: &Control, dead: &CancellationToken) {
+    let mut paused = control.paused.subscribe();
+    tokio::select! {
+        _ = paused.wait_for(|p| !*p) => {}
+        _ = control.quit.cancelled() => {}
+        _ = control.term.cancelled() => {}
+        _ = dead.cancelled() => {}
     }
 }

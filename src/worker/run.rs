@@ -24,8 +24,14 @@ pub(super) enum RunEnd {
     LockLost,
     /// `timeout` passed and the handler was stopped.
     TimedOut(Duration),
-    /// Shutdown did not leave it time to finish.
-    Terminated,
+    /// Stopped by a shutdown (TERM, or QUIT's `shutdown_timeout` ran out). `killed`: it did not
+    /// stop within `term_timeout` of the polite stop (or a second TERM asked for SIGKILL).
+    Terminated {
+        /// SIGKILLed rather than stopped politely.
+        killed: bool,
+    },
+    /// USR1: killed at once; the worker keeps working.
+    KilledByUsr1,
     /// The process lease lapsed.
     PresumedDead,
 }
@@ -43,6 +49,7 @@ pub(super) struct Supervision {
     pub max_runtime: Option<Duration>,
     pub kill_grace: Duration,
     pub shutdown_timeout: Duration,
+    pub term_timeout: Duration,
     pub on_lock_lost: OnLockLost,
 }
 
@@ -83,6 +90,8 @@ impl Supervision {
             .unwrap_or_else(far_future);
         let mut shutdown_end = far_future();
         let mut quitting = false;
+        let mut kills = control.kills.subscribe();
+        kills.mark_unchanged();
 
         let end = loop {
             tokio::select! {
@@ -121,24 +130,51 @@ impl Supervision {
                     info!(timeout = self.shutdown_timeout.as_secs_f64(), "shutting down: waiting for the running job");
                     shutdown_end = Instant::now() + self.shutdown_timeout;
                 }
-                _ = sleep_until(shutdown_end) => break RunEnd::Terminated,
-                _ = control.kill.cancelled() => break RunEnd::Terminated,
+                _ = sleep_until(shutdown_end) => break RunEnd::Terminated { killed: false },
+                _ = control.term.cancelled() => {
+                    info!(term_timeout = self.term_timeout.as_secs_f64(), "TERM: stopping the running job");
+                    break RunEnd::Terminated { killed: false };
+                }
+                _ = control.kill.cancelled() => break RunEnd::Terminated { killed: true },
+                Ok(()) = kills.changed() => {
+                    info!("USR1: killing the running job");
+                    break RunEnd::KilledByUsr1;
+                }
                 _ = dead.cancelled() => break RunEnd::PresumedDead,
             }
         };
 
-        // Polite stop, then hard stop after kill_grace; the lock heartbeat keeps going
-        // meanwhile so the lease does not lapse under a job that is still stopping.
+        // Polite stop, then hard stop after the grace (A-11: kill_grace; shutdowns:
+        // term_timeout; USR1 and a second TERM: none). The lock heartbeat keeps going meanwhile
+        // so the lease does not lapse under a job that is still stopping.
+        let grace = match end {
+            RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true } => Duration::ZERO,
+            RunEnd::Terminated { .. } => self.term_timeout,
+            _ => self.kill_grace,
+        };
+        let mut end = end;
         stop.cancel();
-        let grace_end = Instant::now() + self.kill_grace;
+        let grace_end = Instant::now() + grace;
         loop {
             tokio::select! {
-                r = &mut fut => {
-                    debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
+                biased;
+                _ = sleep_until(grace_end) => {
+                    if !grace.is_zero() {
+                        warn!(grace = grace.as_secs_f64(), "handler did not stop in time; killing it");
+                    }
+                    if let RunEnd::Terminated { killed } = &mut end {
+                        *killed = true;
+                    }
                     break;
                 }
-                _ = sleep_until(grace_end) => {
-                    warn!("handler did not stop within kill_grace; killing it");
+                _ = control.kill.cancelled(), if matches!(end, RunEnd::Terminated { .. }) => {
+                    if let RunEnd::Terminated { killed } = &mut end {
+                        *killed = true;
+                    }
+                    break;
+                }
+                r = &mut fut => {
+                    debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
                     break;
                 }
                 _ = sleep_until(next_extend), if locked && !matches!(end, RunEnd::LockLost) => {

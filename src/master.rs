@@ -1,0 +1,536 @@
+//! The master process: runs N worker processes (each one Resque worker with its own pid),
+//! restarts any that dies, recovers a dead worker's job and locks at once, forwards Resque's
+//! signals, and reloads the config on HUP. It never reserves jobs itself.
+//!
+//! Workers are the same binary re-executed with the same arguments, `LOCKETD_ROLE=worker` in
+//! the environment and the config text on stdin, so a worker runs exactly the config the master
+//! validated (a file edited later is only read on HUP). Each worker has its own process group,
+//! so a terminal's Ctrl-C reaches the master only and every signal reaches a worker once.
+//!
+//! The master is the workers' child subreaper: a handler left behind by a worker that was
+//! SIGKILLed is re-parented to the master, which kills its process group before the dead
+//! worker's locks are released (NEVER-1: no orphaned handler runs once its lock is free).
+
+use crate::config::Config;
+use crate::resque::keys::Keys;
+use crate::worker::{self, JanitorReport};
+use futures::StreamExt;
+use redis::aio::ConnectionManager;
+use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook_tokio::Signals;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+/// The environment variable that makes the binary a worker.
+pub const ROLE_ENV: &str = "LOCKETD_ROLE";
+/// The largest config text a worker reads from stdin.
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Longest wait before restarting a worker that keeps dying.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+/// A worker that ran this long before dying is restarted without delay.
+const STABLE_RUN: Duration = Duration::from_secs(30);
+
+/// A config as loaded: the effective settings and the text workers get on stdin.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// Settings after command-line overrides, checked.
+    pub config: Config,
+    /// The file's text ("" when there is no file).
+    pub text: String,
+}
+
+/// How to (re)load the config: called at start and on every HUP.
+pub type Loader = Box<dyn Fn() -> Result<Loaded, String> + Send>;
+
+/// How the master ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MasterExit {
+    /// Every worker stopped after a stop signal.
+    Stopped,
+}
+
+struct Slot {
+    index: u32,
+    generation: u64,
+    pid: u32,
+    started: Instant,
+    /// Told to stop (HUP replacement or shutdown): not restarted.
+    retiring: bool,
+}
+
+enum Event {
+    Exited { pid: u32, status: ExitStatus },
+    Restart { index: u32, generation: u64 },
+}
+
+/// Runs the master until a stop signal has stopped every worker.
+pub struct Master {
+    exe: PathBuf,
+    args: Vec<OsString>,
+    loader: Loader,
+    current: Loaded,
+    generation: u64,
+    slots: BTreeMap<u32, Slot>,
+    /// Per worker index: (consecutive quick deaths, last delay).
+    backoff: BTreeMap<u32, Duration>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    conn: Option<ConnectionManager>,
+    stopping: Option<i32>,
+    host: String,
+}
+
+impl Master {
+    /// A master for `args` (the arguments after argv[0], as given to this process).
+    pub fn new(args: Vec<OsString>, loader: Loader, current: Loaded) -> std::io::Result<Master> {
+        let exe = std::env::current_exe()?;
+        let (events_tx, events) = mpsc::unbounded_channel();
+        Ok(Master {
+            exe,
+            args,
+            loader,
+            current,
+            generation: 0,
+            slots: BTreeMap::new(),
+            backoff: BTreeMap::new(),
+            events_tx,
+            events,
+            conn: None,
+            stopping: None,
+            host: crate::host::hostname(),
+        })
+    }
+
+    /// Spawns the workers and supervises them until stopped.
+    pub async fn run(mut self) -> std::io::Result<MasterExit> {
+        become_subreaper();
+        let mut signals =
+            Signals::new([SIGQUIT, SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGHUP])?;
+        self.conn = worker::connect(&self.current.config.redis, Duration::from_secs(5))
+            .await
+            .ok();
+        for index in 0..self.current.config.workers {
+            self.spawn(index).await;
+        }
+        self.set_title();
+        info!(
+            workers = self.current.config.workers,
+            queues = %self.current.config.queues.0.join(","),
+            "master started"
+        );
+        let mut sweep = tokio::time::interval(Duration::from_secs(5));
+        let mut stop_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if self.stopping.is_some() && self.slots.is_empty() {
+                info!("every worker stopped; master exiting");
+                return Ok(MasterExit::Stopped);
+            }
+            let deadline = stop_deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+            tokio::select! {
+                Some(sig) = signals.next() => {
+                    if let Some(d) = self.on_signal(sig).await {
+                        stop_deadline.get_or_insert(tokio::time::Instant::now() + d);
+                    }
+                }
+                Some(ev) = self.events.recv() => match ev {
+                    Event::Exited { pid, status } => self.on_exit(pid, status).await,
+                    Event::Restart { index, generation } => {
+                        if self.stopping.is_none() && generation == self.generation
+                            && !self.slots.values().any(|s| s.index == index && !s.retiring)
+                        {
+                            self.spawn(index).await;
+                            self.set_title();
+                        }
+                    }
+                },
+                _ = sweep.tick() => reap_adopted(&self.worker_pids()),
+                _ = tokio::time::sleep_until(deadline) => {
+                    error!(left = self.slots.len(), "workers did not stop in time; killing them");
+                    for s in self.slots.values() {
+                        signal(s.pid, libc::SIGKILL);
+                    }
+                    stop_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    fn worker_pids(&self) -> HashSet<u32> {
+        self.slots.values().map(|s| s.pid).collect()
+    }
+
+    fn set_title(&self) {
+        let state = match self.stopping {
+            Some(_) => "stopping".to_string(),
+            None => format!(
+                "{} workers for {}",
+                self.slots.values().filter(|s| !s.retiring).count(),
+                self.current.config.queues.0.join(",")
+            ),
+        };
+        crate::proctitle::set_title(&format!("locketd master: {state}"));
+    }
+
+    /// Returns how long to wait for the workers when the signal starts a stop.
+    async fn on_signal(&mut self, sig: i32) -> Option<Duration> {
+        let cfg = &self.current.config;
+        match sig {
+            SIGHUP => {
+                self.reload().await;
+                None
+            }
+            SIGUSR1 | SIGUSR2 | SIGCONT => {
+                info!(signal = sig, "forwarding to every worker");
+                for s in self.slots.values() {
+                    signal(s.pid, sig);
+                }
+                None
+            }
+            SIGQUIT | SIGTERM | SIGINT => {
+                let graceful = sig == SIGQUIT || cfg.graceful_term;
+                let second = self.stopping.is_some();
+                info!(
+                    signal = sig,
+                    graceful, second, "stopping: forwarding to every worker"
+                );
+                self.stopping = Some(sig);
+                for s in self.slots.values_mut() {
+                    s.retiring = true;
+                    signal(s.pid, if sig == SIGINT { SIGTERM } else { sig });
+                }
+                self.set_title();
+                let wait = if graceful {
+                    cfg.locket.shutdown_timeout.get() + cfg.term_timeout.get()
+                } else {
+                    cfg.term_timeout.get()
+                };
+                Some(wait + Duration::from_secs(15))
+            }
+            _ => None,
+        }
+    }
+
+    async fn reload(&mut self) {
+        match (self.loader)() {
+            Err(e) => {
+                error!(error = %e, "HUP: the new config is refused; the running config stays");
+            }
+            Ok(loaded) => {
+                info!(
+                    workers = loaded.config.workers,
+                    "HUP: config reloaded; replacing workers gracefully"
+                );
+                self.current = loaded;
+                self.generation += 1;
+                self.backoff.clear();
+                let old: Vec<u32> = self
+                    .slots
+                    .values_mut()
+                    .filter(|s| !s.retiring)
+                    .map(|s| {
+                        s.retiring = true;
+                        s.pid
+                    })
+                    .collect();
+                for pid in old {
+                    signal(pid, SIGQUIT);
+                }
+                if let Ok(c) = worker::connect(&self.current.config.redis, Duration::from_secs(5))
+                    .await
+                {
+                    self.conn = Some(c);
+                }
+                for index in 0..self.current.config.workers {
+                    self.spawn(index).await;
+                }
+                self.set_title();
+            }
+        }
+    }
+
+    async fn spawn(&mut self, index: u32) {
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.args(&self.args)
+            .env(ROLE_ENV, "worker")
+            .env("LOCKETD_WORKER_INDEX", index.to_string())
+            .stdin(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        // SAFETY: prctl only sets a flag between fork and exec; async-signal-safe. If the
+        // master dies (even SIGKILL), each worker gets TERM and stops its job, releasing its
+        // locks, instead of running on unsupervised.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                error!(index, error = %e, "cannot start a worker process");
+                self.schedule_restart(index, Duration::ZERO);
+                return;
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        if let Some(mut stdin) = child.stdin.take() {
+            let text = self.current.text.clone().into_bytes();
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&text).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let tx = self.events_tx.clone();
+        tokio::spawn(async move {
+            if let Ok(status) = child.wait().await {
+                let _ = tx.send(Event::Exited { pid, status });
+            }
+        });
+        info!(index, pid, "worker started");
+        self.slots.insert(
+            pid,
+            Slot {
+                index,
+                generation: self.generation,
+                pid,
+                started: Instant::now(),
+                retiring: false,
+            },
+        );
+    }
+
+    fn schedule_restart(&mut self, index: u32, ran: Duration) {
+        let delay = if ran >= STABLE_RUN {
+            Duration::from_millis(100)
+        } else {
+            let last = self.backoff.get(&index).copied().unwrap_or_default();
+            if last.is_zero() {
+                Duration::from_secs(1)
+            } else {
+                (last * 2).min(MAX_RESTART_DELAY)
+            }
+        };
+        self.backoff.insert(index, delay);
+        let (tx, generation) = (self.events_tx.clone(), self.generation);
+        info!(
+            index,
+            delay_secs = delay.as_secs_f64(),
+            "restarting the worker"
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = tx.send(Event::Restart { index, generation });
+        });
+    }
+
+    async fn on_exit(&mut self, pid: u32, status: ExitStatus) {
+        let Some(slot) = self.slots.remove(&pid) else {
+            return;
+        };
+        let ran = slot.started.elapsed();
+        let clean = status.code() == Some(0);
+        let why = describe(&status);
+        if clean && (slot.retiring || self.stopping.is_some()) {
+            info!(index = slot.index, pid, "worker stopped");
+        } else if clean {
+            warn!(index = slot.index, pid, "worker exited unexpectedly: {why}");
+        } else {
+            error!(index = slot.index, pid, ran_secs = ran.as_secs(), "worker died: {why}");
+        }
+        if !clean {
+            // Its handler (re-parented to us) dies before its locks are released.
+            kill_orphans(&self.worker_pids()).await;
+            self.recover(pid).await;
+        }
+        if self.stopping.is_none() && slot.generation == self.generation && !slot.retiring {
+            self.schedule_restart(slot.index, ran);
+        }
+        self.set_title();
+    }
+
+    /// R-4 for a worker we know is dead: delete its lease and recover its slots now, instead
+    /// of waiting `process_ttl` for the janitor.
+    async fn recover(&mut self, pid: u32) {
+        let cfg = self.current.config.clone();
+        if self.conn.is_none() {
+            self.conn = worker::connect(&cfg.redis, Duration::from_secs(2)).await.ok();
+        }
+        let Some(conn) = self.conn.clone() else {
+            warn!(
+                pid,
+                "redis unreachable: the janitor will recover the dead worker once its lease lapses"
+            );
+            return;
+        };
+        let keys = Keys::new(&cfg.namespace);
+        let prefix = format!("{}:{pid}:", self.host);
+        tokio::spawn(async move {
+            let mut conn = conn;
+            let mut delay = Duration::from_millis(100);
+            for _ in 0..30 {
+                match recover_pid(&mut conn, &keys, &cfg, &prefix).await {
+                    Ok(r) => {
+                        for (slot, result) in &r.recovered {
+                            info!(slot = %slot, result = %result, "recovered the dead worker's slot");
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "recovering a dead worker: redis error; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            warn!("could not recover the dead worker; the janitor will once its lease lapses");
+        });
+    }
+}
+
+async fn recover_pid(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    config: &Config,
+    prefix: &str,
+) -> redis::RedisResult<JanitorReport> {
+    let processes: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.processes())
+        .query_async(conn)
+        .await?;
+    let mut report = JanitorReport {
+        ran: true,
+        ..JanitorReport::default()
+    };
+    for process in processes.iter().filter(|p| p.starts_with(prefix)) {
+        let _: () = redis::cmd("DEL")
+            .arg(keys.alive(process))
+            .query_async(conn)
+            .await?;
+        worker::recover_process(conn, keys, config, process, &mut report).await?;
+    }
+    Ok(report)
+}
+
+fn describe(status: &ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => "exit status 0".into(),
+        (Some(3), _) => "exit status 3 (presumed dead: its lease lapsed)".into(),
+        (Some(69), _) => "exit status 69 (redis unreachable at start)".into(),
+        (Some(78), _) => "exit status 78 (config error)".into(),
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!(
+            "killed by {}",
+            crate::handler::signal_status_text(0, s).trim_start_matches("pid 0 ")
+        ),
+        _ => "unknown status".into(),
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    if let Ok(p) = i32::try_from(pid) {
+        if p > 0 {
+            // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+            unsafe { libc::kill(p, sig) };
+        }
+    }
+}
+
+fn become_subreaper() {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc != 0 {
+        warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot become child subreaper: a SIGKILLed worker's handler children may outlive it"
+        );
+    }
+}
+
+/// Our children that are not workers: processes re-parented to us (a dead worker's handler or
+/// its children), with their state letter and process group.
+fn adopted(workers: &HashSet<u32>) -> Vec<(u32, char, i32)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if workers.contains(&pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) S ppid pgrp ..." where comm may contain spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid: u32 = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let pgrp: i32 = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        if ppid == me {
+            found.push((pid, state, pgrp));
+        }
+    }
+    found
+}
+
+/// Kills every adopted process and its process group, and reaps them; repeats for a moment,
+/// since a dead worker's handler dies (PR_SET_PDEATHSIG) and re-parents its own children a
+/// little after the worker's exit is seen. Bounded: at most ~1.5 s.
+async fn kill_orphans(workers: &HashSet<u32>) {
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let mut quiet_rounds = 0;
+    while Instant::now() < deadline && quiet_rounds < 4 {
+        let found = adopted(workers);
+        if found.iter().all(|(_, state, _)| *state == 'Z') {
+            quiet_rounds += 1;
+        } else {
+            quiet_rounds = 0;
+        }
+        for (pid, state, pgrp) in &found {
+            if *state != 'Z' {
+                warn!(
+                    pid,
+                    pgrp, "killing a dead worker's orphaned handler process group"
+                );
+                // SAFETY: kill(2). The group is the handler's own (never ours: workers and
+                // handlers each lead a group), and the pid is our (adopted) child.
+                unsafe {
+                    if *pgrp > 0 && *pgrp != me {
+                        libc::kill(-*pgrp, libc::SIGKILL);
+                    }
+                    libc::kill(*pid as i32, libc::SIGKILL);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        reap_adopted(workers);
+    }
+}
+
+/// Reaps adopted children that have exited (never a worker: tokio waits for those).
+fn reap_adopted(workers: &HashSet<u32>) {
+    for (pid, state, _) in adopted(workers) {
+        if state == 'Z' {
+            let mut status = 0;
+            // SAFETY: waitpid on one specific adopted child, non-blocking.
+            unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+        }
+    }
+}
