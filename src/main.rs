@@ -106,9 +106,7 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
     if let Some(n) = cli.workers {
         cfg.workers = n;
     }
-    if cli.graceful_term
-        || std::env::var("GRACEFUL_TERM").is_ok_and(|v| !v.trim().is_empty())
-    {
+    if cli.graceful_term || std::env::var("GRACEFUL_TERM").is_ok_and(|v| !v.trim().is_empty()) {
         cfg.graceful_term = true;
     }
     if let Some(t) = cli.term_timeout {
@@ -204,8 +202,8 @@ fn run(
         return runtime.block_on(run_master(cli, args, loaded));
     }
     runtime.block_on(async move {
-        let control = locketd::shutdown::install(cfg.graceful_term)
-            .context("installing signal handlers")?;
+        let control =
+            locketd::shutdown::install(cfg.graceful_term).context("installing signal handlers")?;
         let handlers = Handlers::from_config(&cfg);
         let worker = match Worker::start(cfg, handlers).await {
             Ok(w) => w,
@@ -299,8 +297,8 @@ async fn run_master(
     }
     let loader: locketd::master::Loader =
         Box::new(move || load_effective(&cli).map(|(loaded, _)| loaded));
-    let master = locketd::master::Master::new(args, loader, loaded)
-        .context("starting the master")?;
+    let master =
+        locketd::master::Master::new(args, loader, loaded).context("starting the master")?;
     master.run().await.context("running the master")?;
     Ok(ExitCode::SUCCESS)
 }

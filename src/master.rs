@@ -55,6 +55,8 @@ pub type Loader = Box<dyn Fn() -> Result<Loaded, String> + Send>;
 pub enum MasterExit {
     /// Every worker stopped after a stop signal.
     Stopped,
+    /// `interval = 0`: every worker found its queues empty and exited.
+    Drained,
 }
 
 struct Slot {
@@ -85,6 +87,8 @@ pub struct Master {
     events: mpsc::UnboundedReceiver<Event>,
     conn: Option<ConnectionManager>,
     stopping: Option<i32>,
+    /// A worker exited 0 by itself with `interval = 0`: no restarts, exit once all are gone.
+    drained: bool,
     host: String,
 }
 
@@ -105,6 +109,7 @@ impl Master {
             events,
             conn: None,
             stopping: None,
+            drained: false,
             host: crate::host::hostname(),
         })
     }
@@ -132,6 +137,10 @@ impl Master {
             if self.stopping.is_some() && self.slots.is_empty() {
                 info!("every worker stopped; master exiting");
                 return Ok(MasterExit::Stopped);
+            }
+            if self.drained && self.slots.is_empty() {
+                info!("interval = 0: every worker drained its queues; master exiting");
+                return Ok(MasterExit::Drained);
             }
             let deadline = stop_deadline
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
@@ -196,7 +205,7 @@ impl Master {
                 None
             }
             SIGQUIT | SIGTERM | SIGINT => {
-                let graceful = sig == SIGQUIT || cfg.graceful_term;
+                let graceful = sig == SIGQUIT || (sig == SIGTERM && cfg.graceful_term);
                 let second = self.stopping.is_some();
                 info!(
                     signal = sig,
@@ -205,7 +214,7 @@ impl Master {
                 self.stopping = Some(sig);
                 for s in self.slots.values_mut() {
                     s.retiring = true;
-                    signal(s.pid, if sig == SIGINT { SIGTERM } else { sig });
+                    signal(s.pid, sig);
                 }
                 self.set_title();
                 let wait = if graceful {
@@ -244,8 +253,8 @@ impl Master {
                 for pid in old {
                     signal(pid, SIGQUIT);
                 }
-                if let Ok(c) = worker::connect(&self.current.config.redis, Duration::from_secs(5))
-                    .await
+                if let Ok(c) =
+                    worker::connect(&self.current.config.redis, Duration::from_secs(5)).await
                 {
                     self.conn = Some(c);
                 }
@@ -340,59 +349,74 @@ impl Master {
         let ran = slot.started.elapsed();
         let clean = status.code() == Some(0);
         let why = describe(&status);
-        if clean && (slot.retiring || self.stopping.is_some()) {
+        let drained = clean && self.current.config.interval.get().is_zero();
+        if drained {
+            self.drained = true;
+        }
+        if clean && (slot.retiring || self.stopping.is_some() || drained) {
             info!(index = slot.index, pid, "worker stopped");
         } else if clean {
             warn!(index = slot.index, pid, "worker exited unexpectedly: {why}");
         } else {
-            error!(index = slot.index, pid, ran_secs = ran.as_secs(), "worker died: {why}");
+            error!(
+                index = slot.index,
+                pid,
+                ran_secs = ran.as_secs(),
+                "worker died: {why}"
+            );
         }
         if !clean {
             // Its handler (re-parented to us) dies before its locks are released.
             kill_orphans(&self.worker_pids()).await;
             self.recover(pid).await;
         }
-        if self.stopping.is_none() && slot.generation == self.generation && !slot.retiring {
+        if self.stopping.is_none()
+            && !self.drained
+            && slot.generation == self.generation
+            && !slot.retiring
+        {
             self.schedule_restart(slot.index, ran);
         }
         self.set_title();
     }
 
     /// R-4 for a worker we know is dead: delete its lease and recover its slots now, instead
-    /// of waiting `process_ttl` for the janitor.
+    /// of waiting `process_ttl` for the janitor. Retried in the background while Redis is
+    /// away (bounded: about two minutes), after which the janitor's lease rule takes over.
     async fn recover(&mut self, pid: u32) {
         let cfg = self.current.config.clone();
-        if self.conn.is_none() {
-            self.conn = worker::connect(&cfg.redis, Duration::from_secs(2)).await.ok();
-        }
-        let Some(conn) = self.conn.clone() else {
-            warn!(
-                pid,
-                "redis unreachable: the janitor will recover the dead worker once its lease lapses"
-            );
-            return;
-        };
         let keys = Keys::new(&cfg.namespace);
         let prefix = format!("{}:{pid}:", self.host);
+        let mut conn = self.conn.clone();
         tokio::spawn(async move {
-            let mut conn = conn;
             let mut delay = Duration::from_millis(100);
-            for _ in 0..30 {
-                match recover_pid(&mut conn, &keys, &cfg, &prefix).await {
-                    Ok(r) => {
-                        for (slot, result) in &r.recovered {
-                            info!(slot = %slot, result = %result, "recovered the dead worker's slot");
+            for attempt in 0..40 {
+                if conn.is_none() {
+                    conn = worker::connect(&cfg.redis, Duration::from_secs(2))
+                        .await
+                        .ok();
+                }
+                if let Some(c) = conn.as_mut() {
+                    match recover_pid(c, &keys, &cfg, &prefix).await {
+                        Ok(r) => {
+                            for (slot, result) in &r.recovered {
+                                info!(slot = %slot, result = %result, "recovered the dead worker's slot");
+                            }
+                            return;
                         }
-                        return;
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "recovering a dead worker: redis error; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        Err(e) if attempt == 0 => {
+                            warn!(error = %e, "recovering a dead worker: redis error; retrying");
+                        }
+                        Err(e) => debug!(error = %e, "recovering a dead worker: still failing"),
                     }
                 }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
             }
-            warn!("could not recover the dead worker; the janitor will once its lease lapses");
+            warn!(
+                pid,
+                "could not recover the dead worker; the janitor will once its lease lapses"
+            );
         });
     }
 }
@@ -465,7 +489,11 @@ fn adopted(workers: &HashSet<u32>) -> Vec<(u32, char, i32)> {
         return found;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if workers.contains(&pid) {

@@ -1,7 +1,7 @@
 //! Signals → [`Control`] in a worker process, as a Resque worker answers them
 //! (resque-protocol.md §7): QUIT finishes the running job and stops; TERM and INT stop now
-//! (polite stop, SIGKILL after `term_timeout`; a second one kills at once), or behave like
-//! QUIT with `graceful_term`; USR1 kills the running job and keeps working; USR2 pauses; CONT
+//! (polite stop, SIGKILL after `term_timeout`; a second one kills at once); TERM behaves like
+//! QUIT with `graceful_term` (INT never does, as in Resque); USR1 kills the running job and keeps working; USR2 pauses; CONT
 //! resumes. HUP is the master's (reload) and is only logged here.
 
 use crate::worker::Control;
@@ -33,18 +33,24 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
             );
             c.quit();
         }
-        SIGTERM | SIGINT if graceful_term => {
+        SIGTERM if graceful_term => {
             info!(
-                signal = sig,
+                signal = "TERM",
                 "graceful_term: finishing the running job, reserving nothing new"
             );
             c.quit();
         }
         SIGTERM | SIGINT => {
             if c.term.is_cancelled() {
-                warn!(signal = sig, "second stop signal: killing the running job now");
+                warn!(
+                    signal = sig,
+                    "second stop signal: killing the running job now"
+                );
             } else {
-                info!(signal = sig, "stopping now: the running job gets term_timeout");
+                info!(
+                    signal = sig,
+                    "stopping now: the running job gets term_timeout"
+                );
             }
             c.terminate();
         }

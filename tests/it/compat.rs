@@ -408,7 +408,7 @@ fn config(queues: &str, top: &str, locket: &str, classes: &str) -> String {
 /// Waits until the daemon has registered and returns its Resque worker id.
 #[track_caller]
 fn wait_registered(c: &mut redis::Connection, ns: &str, d: &Daemon) -> String {
-    let prefix = format!("{}:{}:", hostname(), d.pid());
+    let prefix = format!("{}:{}:", hostname(), d.worker_pid());
     let key = format!("{ns}:workers");
     let mut found = None;
     wait_until(WAIT, &format!("a worker {prefix}* in {key}"), || {
@@ -840,11 +840,14 @@ fn queue_patterns_expand_against_the_queues_set_like_resque() {
         let order: Vec<&str> = jobs.iter().map(|f| f[0].as_str()).collect();
         assert_eq!(order, want, "QUEUES={list}");
         for f in &jobs {
-            assert_eq!(
-                f[3],
-                format!("{}:{}:{id_part}", hostname(), d.pid()),
-                "QUEUES={list}"
-            );
+            // The worker has exited (interval 0); its id is host:<worker pid>:<queues>.
+            let host_prefix = format!("{}:", hostname());
+            let pid_part = f[3]
+                .strip_prefix(&host_prefix)
+                .and_then(|rest| rest.strip_suffix(&format!(":{id_part}")))
+                .unwrap_or_else(|| panic!("worker id {} for QUEUES={list}", f[3]));
+            let pid: i32 = pid_part.parse().expect("pid in the worker id");
+            assert_ne!(pid, d.pid(), "the master never works jobs");
         }
         // Never matched: the dot queue (and the excluded / unmatched ones) keep their job.
         for queue in known {
@@ -904,7 +907,7 @@ fn pause_all_workers_stops_reservations_until_the_key_is_deleted() {
     wait_registered(&mut c, "resque", &d);
     let paused = format!("{}: Paused", title_prefix());
     wait_until(WAIT, "process title says Paused", || {
-        cmdline(d.pid()) == paused
+        cmdline(d.worker_pid()) == paused
     });
     // Several poll intervals pass while paused: nothing is reserved.
     std::thread::sleep(Duration::from_millis(400));
@@ -997,7 +1000,7 @@ fn registration_uses_resque_worker_id_and_key_formats() {
     let work = Work::new();
     let mut d = Daemon::start(&redis, &config("high,low", "", "", &work.fallback()), &[]);
     let id = wait_registered(&mut c, "resque", &d);
-    assert_eq!(id, format!("{}:{}:high,low", hostname(), d.pid()));
+    assert_eq!(id, format!("{}:{}:high,low", hostname(), d.worker_pid()));
     assert_eq!(
         smembers(&mut c, "resque:workers"),
         BTreeSet::from([id.clone()])
@@ -1062,7 +1065,7 @@ fn process_title_matches_resque_prune_greps_while_waiting_and_processing() {
     let mut d = Daemon::start(&redis, &config("high,low", "", "", &work.fallback()), &[]);
     wait_registered(&mut c, "resque", &d);
     let waiting = format!("{}: Waiting for high,low", title_prefix());
-    wait_until(WAIT, "Waiting title", || cmdline(d.pid()) == waiting);
+    wait_until(WAIT, "Waiting title", || cmdline(d.worker_pid()) == waiting);
     assert!(ruby_grep_keeps(&waiting) && waiting.contains("resque"));
 
     push(&mut c, "resque", "low", r#"{"class":"Block","args":[]}"#);
@@ -1070,7 +1073,7 @@ fn process_title_matches_resque_prune_greps_while_waiting_and_processing() {
     let head = format!("{}: Processing low since ", title_prefix());
     let mut title = String::new();
     wait_until(WAIT, "Processing title", || {
-        title = cmdline(d.pid());
+        title = cmdline(d.worker_pid());
         title.starts_with(&head)
     });
     let since = title[head.len()..]
@@ -1084,7 +1087,9 @@ fn process_title_matches_resque_prune_greps_while_waiting_and_processing() {
     assert!(title.contains("resque"), "php-resque's grep: {title}");
 
     work.go(0);
-    wait_until(WAIT, "Waiting title again", || cmdline(d.pid()) == waiting);
+    wait_until(WAIT, "Waiting title again", || {
+        cmdline(d.worker_pid()) == waiting
+    });
     assert_eq!(quit(&mut d).code(), Some(0));
 }
 
@@ -1164,7 +1169,7 @@ fn startup_prunes_dead_workers_by_resque_rules_only() {
     let cc = format!("{host}:{dead}:r,q"); // same host, dead pid, same queue set, working
     let dd = format!("{host}:{dead}:q"); // same host, dead pid, other queues
     let e = "freshhost:99:q".to_string(); // other host, fresh heartbeat, working
-    let f = format!("{host}:{}:q,r", live.pid()); // same host, live Resque-looking pid
+    let f = format!("{host}:{}:q,r", live.worker_pid()); // same host, live Resque-looking pid
     let g = format!("{host}:{}:q,r", sleeper.0.id()); // same host, live non-Resque pid
     let i = "otherhost:5:q,r".to_string(); // other host, no heartbeat
     for w in [&a, &cc, &dd, &e, &f, &g, &i] {

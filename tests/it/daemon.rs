@@ -23,7 +23,7 @@ use crate::support::{
 pub(crate) const NS: &str = "resque";
 
 /// Generous bound for things that take a few hundred milliseconds.
-const SHORT: Duration = Duration::from_secs(10);
+pub(crate) const SHORT: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -101,7 +101,7 @@ impl Cfg {
 }
 
 /// A blocking connection to a test server, with the few commands these tests need.
-pub(crate) struct R(redis::Connection);
+pub(crate) struct R(pub(crate) redis::Connection);
 
 impl R {
     pub(crate) fn new(redis: &RedisServer) -> R {
@@ -239,7 +239,7 @@ impl Drop for Reaper {
 }
 
 /// The exit code of a daemon that must have exited within `timeout`.
-fn exit_code(d: &mut Daemon, timeout: Duration) -> Option<i32> {
+pub(crate) fn exit_code(d: &mut Daemon, timeout: Duration) -> Option<i32> {
     match d.wait_exit(timeout) {
         Some(status) => status.code(),
         None => panic!(
@@ -250,9 +250,9 @@ fn exit_code(d: &mut Daemon, timeout: Duration) -> Option<i32> {
 }
 
 /// The one Resque worker id registered, once a daemon has registered.
-fn wait_registered(r: &mut R, d: &Daemon) -> String {
+pub(crate) fn wait_registered(r: &mut R, d: &Daemon) -> String {
     d.wait_for_log("worker registered", SHORT);
-    let pid = format!(":{}:", d.pid());
+    let pid = format!(":{}:", d.worker_pid());
     let mut id = String::new();
     wait_until(SHORT, "the daemon's worker id in <ns>:workers", || match r
         .workers()
@@ -269,7 +269,7 @@ fn wait_registered(r: &mut R, d: &Daemon) -> String {
 }
 
 /// Asserts every Resque and locket registration of a worker is gone (checklist 16, R-8).
-fn assert_unregistered(r: &mut R, worker: &str) {
+pub(crate) fn assert_unregistered(r: &mut R, worker: &str) {
     assert!(
         !r.workers().contains(&worker.to_string()),
         "{worker} still in workers"
@@ -596,7 +596,7 @@ fn sigkill_mid_job_lapses_the_lock_and_a_janitor_records_a_dirty_exit() {
     r.push("q", payload);
     let handler = wait_pid(&pid_file, SHORT);
 
-    let (process, worker) = locket_process(&mut r, d1.pid());
+    let (process, worker) = locket_process(&mut r, d1.worker_pid());
     assert_eq!(worker, worker1);
     let inflight_key = format!("{NS}:locket:inflight:{process}:0");
     let inflight: HashMap<String, String> = r.cmd(&["HGETALL", &inflight_key]);
@@ -608,7 +608,7 @@ fn sigkill_mid_job_lapses_the_lock_and_a_janitor_records_a_dirty_exit() {
     let score: Option<f64> = r.cmd(&["ZSCORE", &lock_key, &token]);
     assert!(score.is_some(), "token {token} does not hold {lock_key}");
 
-    d1.signal(libc::SIGKILL);
+    d1.kill_master_and_workers();
     let killed_at = Instant::now();
     let status = d1.wait_exit(SHORT).expect("daemon killed");
     assert_eq!(
@@ -674,12 +674,10 @@ fn sigkill_mid_job_lapses_the_lock_and_a_janitor_records_a_dirty_exit() {
 /// README "Handler contract" ("Handlers also die with locketd, so none outlives its lock"),
 /// NEVER-8: processes a handler started die with a SIGKILLed daemon too, not only the handler.
 ///
-/// Known gap, ignored so the suite stays green: PR_SET_PDEATHSIG is set on the handler process
-/// only and is not inherited across fork, so a shell handler's `sleep` survives the daemon
-/// (and its lock). Run with `--ignored` to see it.
+/// A SIGKILLed master: each worker gets TERM (its PR_SET_PDEATHSIG) and stops its handler's
+/// whole process group, so even a shell handler's own children die with the daemon.
 #[test]
-#[ignore = "known gap: PR_SET_PDEATHSIG does not reach the handler's own children"]
-fn a_sigkilled_daemon_takes_the_handlers_children_with_it() {
+fn a_sigkilled_master_takes_the_handlers_children_with_it() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
@@ -751,7 +749,7 @@ exec sleep 30
     let worker1 = wait_registered(&mut r, &d1);
     r.push("q", r#"{"class":"Once","args":[7]}"#);
     let handler = wait_pid(&pid_file, SHORT);
-    d1.signal(libc::SIGKILL);
+    d1.kill_master_and_workers();
     d1.wait_exit(SHORT).expect("daemon killed");
     wait_until(SHORT, "the handler died with its daemon", || {
         !pid_alive(handler)
@@ -884,7 +882,7 @@ fn bad_jobs_are_recorded_as_failures_and_the_daemon_runs_the_next_job() {
 
 /// Runs a 1 s job, sends `sig` while it runs, and checks R-8 / checklist 25: the job finishes
 /// successfully, nothing new is reserved, the worker unregisters and exits 0.
-fn stop_signal_lets_the_running_job_finish(sig: i32) {
+fn stop_signal_lets_the_running_job_finish(sig: i32, graceful_term: bool) {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
@@ -901,7 +899,10 @@ fn stop_signal_lets_the_running_job_finish(sig: i32) {
             done.display()
         ),
     );
-    let config = cfg("q").class("Job", &script, "").render();
+    let config = cfg("q")
+        .top(&format!("graceful_term = {graceful_term}"))
+        .class("Job", &script, "")
+        .render();
     let mut d = Daemon::start(&redis, &config, &[]);
     let worker = wait_registered(&mut r, &d);
     r.push("q", r#"{"class":"Job","args":[1]}"#);
@@ -920,30 +921,26 @@ fn stop_signal_lets_the_running_job_finish(sig: i32) {
     assert!(process_group_members(handler).is_empty());
 }
 
-/// R-8, checklist 25: QUIT lets the running job finish.
+/// R-8, checklist 25, resque-protocol §7: QUIT lets the running job finish.
 #[test]
 fn quit_lets_the_running_job_finish_then_unregisters_and_exits_0() {
-    stop_signal_lets_the_running_job_finish(libc::SIGQUIT);
+    stop_signal_lets_the_running_job_finish(libc::SIGQUIT, false);
 }
 
-/// R-8, README "Signals": TERM behaves like QUIT (the job gets `shutdown_timeout`).
+/// resque-protocol §7 (`GRACEFUL_TERM`): with `graceful_term`, TERM behaves like QUIT.
 #[test]
-fn term_lets_the_running_job_finish_then_unregisters_and_exits_0() {
-    stop_signal_lets_the_running_job_finish(libc::SIGTERM);
+fn term_with_graceful_term_lets_the_running_job_finish() {
+    stop_signal_lets_the_running_job_finish(libc::SIGTERM, true);
 }
 
-/// R-8, README "Signals": INT behaves like QUIT too.
-#[test]
-fn int_lets_the_running_job_finish_then_unregisters_and_exits_0() {
-    stop_signal_lets_the_running_job_finish(libc::SIGINT);
-}
-
-/// Starts a 30 s job and returns (daemon, worker id, handler pid, reaper).
-fn start_long_job(
+/// Starts a 30 s job and returns (daemon, worker id, handler pid, reaper). With
+/// `ignore_term` the handler ignores SIGTERM (only SIGKILL stops it).
+fn start_long_job_with(
     redis: &RedisServer,
     r: &mut R,
     work: &Path,
     c: Cfg,
+    ignore_term: bool,
 ) -> (Daemon, String, i32, Reaper) {
     let pid_file = work.join("handler.pid");
     let mut reaper = Reaper::default();
@@ -952,7 +949,8 @@ fn start_long_job(
         work,
         "long.sh",
         &format!(
-            "echo $$ > {}\nsleep 30\necho done >> {}/done\n",
+            "{}echo $$ > {}\nsleep 30\necho done >> {}/done\n",
+            if ignore_term { "trap '' TERM\n" } else { "" },
             pid_file.display(),
             work.display()
         ),
@@ -967,18 +965,41 @@ fn start_long_job(
     (d, worker, handler, reaper)
 }
 
-/// Checks the TermException record of a stopped long job and the cleanup after it
-/// (R-8, checklist 16/20/24).
-fn assert_terminated(r: &mut R, work: &Path, worker: &str, handler: i32) {
+fn start_long_job(
+    redis: &RedisServer,
+    r: &mut R,
+    work: &Path,
+    c: Cfg,
+) -> (Daemon, String, i32, Reaper) {
+    start_long_job_with(redis, r, work, c, false)
+}
+
+/// Checks the failure record of a stopped long job and the cleanup after it
+/// (R-8, checklist 16/20/24): `Resque::TermException` / `SIGTERM` (counted in `stat:failed`)
+/// when the handler stopped on the polite stop, `Resque::DirtyExit` / SIGKILL (not counted)
+/// when it had to be killed.
+fn assert_stopped_as(r: &mut R, work: &Path, worker: &str, handler: i32, killed: bool) {
     let failures = r.failures();
     assert_eq!(failures.len(), 1, "{failures:?}");
     let f = &failures[0];
-    assert_eq!(f["exception"], "Resque::TermException", "{f}");
-    assert_eq!(f["error"], "SIGTERM", "{f}");
+    if killed {
+        assert_eq!(f["exception"], "Resque::DirtyExit", "{f}");
+        assert!(
+            f["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("Child process received unhandled signal SIGKILL (signal 9)"),
+            "{f}"
+        );
+        assert_eq!(r.failed_stat(), 0);
+    } else {
+        assert_eq!(f["exception"], "Resque::TermException", "{f}");
+        assert_eq!(f["error"], "SIGTERM", "{f}");
+        assert_eq!(r.failed_stat(), 1);
+    }
     assert_eq!(f["payload"], json!({"class":"Long","args":["l"]}));
     assert_eq!(f["worker"], worker, "{f}");
     assert_eq!(f["queue"], "q");
-    assert_eq!(r.failed_stat(), 1);
     assert_eq!(r.processed(), 1);
     assert!(!work.join("done").exists(), "the job ran to its end");
     assert!(!pid_alive(handler));
@@ -990,10 +1011,14 @@ fn assert_terminated(r: &mut R, work: &Path, worker: &str, handler: i32) {
     assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
 }
 
-/// R-8, README "Signals": a second TERM during a long job stops it now
-/// (`Resque::TermException`), and the worker still unregisters and exits 0.
+fn assert_terminated(r: &mut R, work: &Path, worker: &str, handler: i32) {
+    assert_stopped_as(r, work, worker, handler, false);
+}
+
+/// resque-protocol §7 (`shutdown!` with `TERM_CHILD`): TERM stops the running job now; a
+/// handler that stops on SIGTERM is recorded as `Resque::TermException`; exit 0.
 #[test]
-fn a_second_term_stops_the_running_job_as_term_exception_and_exits_0() {
+fn term_stops_the_running_job_as_term_exception_and_exits_0() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
@@ -1004,14 +1029,75 @@ fn a_second_term_stops_the_running_job_as_term_exception_and_exits_0() {
         cfg("q").locket("shutdown_timeout", "\"20s\""),
     );
     d.signal(libc::SIGTERM);
-    d.wait_for_log("waiting for the running job", SHORT);
-    assert!(d.is_running());
-    d.signal(libc::SIGTERM);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
     assert_terminated(&mut r, work.path(), &worker, handler);
 }
 
-/// R-8: a job still running when `shutdown_timeout` ends is stopped and recorded as
+/// resque-protocol §7: INT always stops now, even with `graceful_term`.
+#[test]
+fn int_stops_the_running_job_even_with_graceful_term() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let (mut d, worker, handler, _reaper) = start_long_job(
+        &redis,
+        &mut r,
+        work.path(),
+        cfg("q").top("graceful_term = true"),
+    );
+    d.signal(libc::SIGINT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    assert_terminated(&mut r, work.path(), &worker, handler);
+}
+
+/// resque-protocol §7 (`RESQUE_TERM_TIMEOUT`): a handler ignoring SIGTERM is SIGKILLed
+/// `term_timeout` after TERM and recorded as `Resque::DirtyExit`, as Resque records a child
+/// it had to kill.
+#[test]
+fn a_handler_ignoring_term_is_killed_after_term_timeout_as_dirty_exit() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let (mut d, worker, handler, _reaper) = start_long_job_with(
+        &redis,
+        &mut r,
+        work.path(),
+        cfg("q").top("term_timeout = \"1s\""),
+        true,
+    );
+    let sent = Instant::now();
+    d.signal(libc::SIGTERM);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    assert!(
+        sent.elapsed() >= Duration::from_millis(900),
+        "killed before term_timeout"
+    );
+    assert_stopped_as(&mut r, work.path(), &worker, handler, true);
+}
+
+/// resque-protocol §7, issue 3: a second TERM kills the running job at once (no
+/// `term_timeout` wait); the worker still records it, unregisters and exits 0.
+#[test]
+fn a_second_term_kills_the_running_job_at_once_and_exits_0() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let (mut d, worker, handler, _reaper) = start_long_job_with(
+        &redis,
+        &mut r,
+        work.path(),
+        cfg("q").top("term_timeout = \"60s\""),
+        true,
+    );
+    d.signal(libc::SIGTERM);
+    d.wait_for_log("stopping now: the running job gets term_timeout", SHORT);
+    assert!(d.is_running());
+    d.signal(libc::SIGTERM);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    assert_stopped_as(&mut r, work.path(), &worker, handler, true);
+}
+
+/// R-8: a job still running when QUIT's `shutdown_timeout` ends is stopped and recorded as
 /// `Resque::TermException`; the daemon exits 0.
 #[test]
 fn a_job_outliving_shutdown_timeout_is_recorded_as_term_exception() {
@@ -1024,7 +1110,7 @@ fn a_job_outliving_shutdown_timeout_is_recorded_as_term_exception() {
         work.path(),
         cfg("q").locket("shutdown_timeout", "\"1s\""),
     );
-    d.signal(libc::SIGTERM);
+    d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
     assert_terminated(&mut r, work.path(), &worker, handler);
 }
@@ -1358,7 +1444,10 @@ touch "$d/complete"
         .render();
     let mut d = Daemon::start(&redis, &config, &[]);
     let worker = wait_registered(&mut r, &d);
-    assert_eq!(worker, format!("{}:{}:main,other", hostname(), d.pid()));
+    assert_eq!(
+        worker,
+        format!("{}:{}:main,other", hostname(), d.worker_pid())
+    );
 
     let locked = r#"{"class":"Env::Dump","args":[1.0, "hold", {"b":2,"a":1}],"extra":"kept"}"#;
     let no_args = r#"{"class":"Env::Dump"}"#;

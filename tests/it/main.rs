@@ -10,4 +10,5 @@ mod harness;
 mod lock;
 mod node_interop;
 mod redis_url;
+mod supervision;
 mod support;

@@ -115,7 +115,7 @@ while [ ! -e {w}/release ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
         .render();
     let mut d = Daemon::start(&redis, &config, &[]);
     d.wait_for_log("worker registered", SHORT);
-    let host_pid = format!("{}:{}", hostname(), d.pid());
+    let host_pid = format!("{}:{}", hostname(), d.worker_pid());
     let worker = format!("{host_pid}:nq");
 
     enqueue(

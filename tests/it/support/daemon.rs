@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{process_group_members, read_lossy, tail, RedisServer, POLL_INTERVAL};
+use super::{
+    child_pids, pid_alive, proc_stat, process_group_members, read_lossy, tail, RedisServer,
+    POLL_INTERVAL,
+};
 
 /// Name of the config file written into the daemon's dir.
 pub const CONFIG_FILE: &str = "locketd.toml";
@@ -320,18 +323,84 @@ impl Daemon {
         process_group_members(self.pid)
     }
 
-    /// SIGKILLs the whole process group, waits (up to 5 s) until no member
-    /// is left alive, and reaps the daemon. Idempotent.
+    /// The master's worker processes (its children whose title is a Resque worker's), sorted.
+    pub fn worker_pids(&self) -> Vec<i32> {
+        if self.child.is_none() {
+            return Vec::new();
+        }
+        child_pids(self.pid)
+            .into_iter()
+            .filter(|&p| {
+                fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|c| c.starts_with(b"resque-"))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
+    /// SIGKILLs the master and its worker processes together, as a crash of the whole daemon
+    /// (or the host) would: the master is stopped first so it cannot react to its workers'
+    /// deaths. Handlers are left to the kernel (their PR_SET_PDEATHSIG).
+    pub fn kill_master_and_workers(&self) {
+        let workers = self.worker_pids();
+        // SAFETY: kill(2) on our child and its worker children.
+        unsafe {
+            libc::kill(self.pid, libc::SIGSTOP);
+            for w in &workers {
+                libc::kill(*w, libc::SIGKILL);
+            }
+            libc::kill(self.pid, libc::SIGKILL);
+        }
+        let deadline = Instant::now() + KILL_TIMEOUT;
+        while Instant::now() < deadline && workers.iter().any(|&w| pid_alive(w)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The pid of the (first) worker process, waiting up to 10 s for one to run. With the
+    /// default `workers = 1` this is the Resque worker's pid.
+    pub fn worker_pid(&self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(&p) = self.worker_pids().first() {
+                return p;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "locketd master {} has no worker process\n--- log ---\n{}",
+                    self.pid,
+                    tail(&self.log(), 100)
+                );
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// SIGKILLs the master's process group, every descendant (workers and handlers, which
+    /// lead their own groups) and their groups; waits (up to 5 s) until none is left alive,
+    /// and reaps the daemon. Idempotent.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // The daemon is not reaped yet, so its pid still names our group.
-            // SAFETY: plain kill(2) on our child's process group.
-            unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+            let mut victims = descendants(self.pid);
+            victims.push((self.pid, self.pid));
+            for &(pid, pgid) in &victims {
+                // SAFETY: kill(2) on processes descending from our child, and their groups
+                // (never ours: the daemon was spawned in its own group, and so are workers).
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    if pgid > 1 {
+                        libc::kill(-pgid, libc::SIGKILL);
+                    }
+                }
+            }
             let _ = child.kill();
-            // SIGKILL is delivered asynchronously; wait for the members
-            // (zombies excluded) to be gone so callers can rely on it.
+            // SIGKILL is delivered asynchronously; wait for the processes (zombies excluded)
+            // to be gone so callers can rely on it.
             let deadline = Instant::now() + KILL_TIMEOUT;
-            while !process_group_members(self.pid).is_empty() && Instant::now() < deadline {
+            while Instant::now() < deadline
+                && (!process_group_members(self.pid).is_empty()
+                    || victims.iter().any(|&(p, _)| p != self.pid && pid_alive(p)))
+            {
                 std::thread::sleep(Duration::from_millis(5));
             }
             if let Ok(status) = child.wait() {
@@ -339,6 +408,23 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Every live descendant of `root` as (pid, pgid).
+fn descendants(root: i32) -> Vec<(i32, i32)> {
+    let mut all = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for child in child_pids(parent) {
+            if all.iter().any(|&(p, _)| p == child) {
+                continue;
+            }
+            let pgid = proc_stat(child).map(|(_, _, g)| g).unwrap_or(0);
+            all.push((child, pgid));
+            frontier.push(child);
+        }
+    }
+    all
 }
 
 impl Drop for Daemon {
