@@ -207,7 +207,7 @@ fn run(
         let handlers = Handlers::from_config(&cfg);
         let worker = match Worker::start(cfg, handlers).await {
             Ok(w) => w,
-            Err(e) => return Ok(start_error(e)?),
+            Err(e) => return start_error(e),
         };
         let reason = worker.run(control).await?;
         Ok(match reason {

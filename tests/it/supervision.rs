@@ -371,7 +371,7 @@ fn tagging_handler(dir: &Path) -> std::path::PathBuf {
         dir,
         "tag.sh",
         &format!(
-            r#"set -- $(echo "$LOCKETD_ARGS" | tr -d '[]",' )
+            r#"set -- $(echo "$LOCKETD_ARGS" | tr ',' ' ' | tr -d '[]"')
 tag=$1 key=$2 ms=$3
 exec 9>>{d}/$key.lk
 if ! flock -n 9; then echo "overlap $tag $key" >> {d}/runs; fi
