@@ -211,12 +211,15 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
 ) {
     let token = super::random_hex(16);
     let every = config.locket.janitor_interval.get();
+    // One warning per outage, not one per pass.
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
-        match janitor_pass(&mut conn.clone(), &keys, &config, &token).await {
+        let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
+        match &pass {
             Ok(r) if r.ran && (r.expired > 0 || !r.recovered.is_empty()) => {
                 debug!(
                     expired = r.expired,
@@ -225,7 +228,11 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
                 );
             }
             Ok(_) => {}
-            Err(e) => warn!(error = %e, "janitor pass failed"),
+            Err(e) if !failing => {
+                warn!(error = %e, "janitor pass failed; retrying every janitor_interval");
+            }
+            Err(e) => debug!(error = %e, "janitor pass failed again"),
         }
+        failing = pass.is_err();
     }
 }

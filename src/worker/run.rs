@@ -90,6 +90,7 @@ impl Supervision {
             .unwrap_or_else(far_future);
         let mut shutdown_end = far_future();
         let mut quitting = false;
+        let mut extend_failing = false;
         let mut kills = control.kills.subscribe();
         kills.mark_unchanged();
 
@@ -105,13 +106,23 @@ impl Supervision {
                             next_extend = far_future();
                         }
                         Ok(_) => {
+                            if extend_failing {
+                                info!("lock extension succeeded again");
+                                extend_failing = false;
+                            }
                             debug!(token = %&self.token[..8], "job lock extended");
                             lease_end = local_deadline(t, self.lock_ttl);
                             next_extend = t + self.heartbeat_interval;
                         }
                         Err(e) => {
-                            // retry every second until the local deadline passes.
-                            warn!(error = %e, "lock extension failed; retrying");
+                            // retry every second until the local deadline passes; one
+                            // warning per outage.
+                            if extend_failing {
+                                debug!(error = %e, "lock extension failed again");
+                            } else {
+                                warn!(error = %e, "lock extension failed; retrying every second");
+                                extend_failing = true;
+                            }
                             next_extend = Instant::now() + Duration::from_secs(1);
                         }
                     }

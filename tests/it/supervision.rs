@@ -442,8 +442,10 @@ fn settled(r: &mut R) -> bool {
     r.llen(&format!("{NS}:queue:q")) == 0 && r.keys(&format!("{NS}:locket:inflight:*")).is_empty()
 }
 
-/// Issue 3 "Redis outages": Redis (AOF, `appendfsync always`) stopped for 10 s mid-run and
-/// restarted on the same port: the daemon neither crashes nor loses or repeats a job.
+/// Issue 3 "Redis outages", E-3: Redis (AOF, `appendfsync always`) stopped for 10 s mid-run
+/// and restarted on the same port: the daemon neither crashes nor loses or repeats a job, jobs
+/// that ended during the outage are recorded once Redis is back, and the outage is logged a few
+/// times, not once per retry.
 #[test]
 fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
@@ -453,8 +455,13 @@ fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
     let script = tagging_handler(dir);
     let n = 300;
     push_tagged(&mut r, n, 50, 40);
+    // Production-like leases: a 10 s outage is shorter than both, so nothing is presumed dead.
     let config = cfg("q")
         .top("workers = 2")
+        .locket("lock_ttl", "\"35s\"")
+        .locket("heartbeat_interval", "\"5s\"")
+        .locket("process_heartbeat", "\"1s\"")
+        .locket("process_ttl", "\"60s\"")
         .class("Tag", &script, "")
         .render();
     let mut d = Daemon::start(&redis, &config, &[]);
@@ -471,16 +478,26 @@ fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
     });
     let runs = parse_runs(&read_lossy(&dir.join("runs")));
     let (completed, failed) = assert_each_tag_once(&mut r, &runs, n);
-    assert_eq!(completed + failed, n as usize);
+    // Jobs that ended during the outage were recorded as successes once Redis was back.
+    assert_eq!((completed, failed), (n as usize, 0), "{:?}", r.failures());
+    assert_eq!(r.processed(), i64::from(n));
     assert!(d.is_running());
+    // One outage is logged a few times per process (each activity that met it), not once
+    // per retry.
     let log = d.log();
-    let outage_errors = log
+    let noisy: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("ERROR") && l.contains("redis"))
-        .count();
+        .filter(|l| l.contains(" ERROR ") || l.contains(" WARN "))
+        .collect();
+    eprintln!(
+        "outage: {} warning/error lines:\n{}",
+        noisy.len(),
+        noisy.join("\n")
+    );
     assert!(
-        outage_errors <= 8,
-        "{outage_errors} error lines for one outage:\n{log}"
+        noisy.len() <= 8,
+        "{} warning/error lines for one 10 s outage:\n{log}",
+        noisy.len()
     );
     d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
