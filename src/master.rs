@@ -368,7 +368,7 @@ impl Master {
         if !clean {
             // Its handler (re-parented to us) dies before its locks are released.
             kill_orphans(&self.worker_pids()).await;
-            self.recover(pid).await;
+            self.recover(pid, format!("died ({why})")).await;
         }
         if self.stopping.is_none()
             && !self.drained
@@ -383,7 +383,7 @@ impl Master {
     /// R-4 for a worker we know is dead: delete its lease and recover its slots now, instead
     /// of waiting `process_ttl` for the janitor. Retried in the background while Redis is
     /// away (bounded: about two minutes), after which the janitor's lease rule takes over.
-    async fn recover(&mut self, pid: u32) {
+    async fn recover(&mut self, pid: u32, why: String) {
         let cfg = self.current.config.clone();
         let keys = Keys::new(&cfg.namespace);
         let prefix = format!("{}:{pid}:", self.host);
@@ -397,7 +397,7 @@ impl Master {
                         .ok();
                 }
                 if let Some(c) = conn.as_mut() {
-                    match recover_pid(c, &keys, &cfg, &prefix).await {
+                    match recover_pid(c, &keys, &cfg, &prefix, &why).await {
                         Ok(r) => {
                             for (slot, result) in &r.recovered {
                                 info!(slot = %slot, result = %result, "recovered the dead worker's slot");
@@ -426,6 +426,7 @@ async fn recover_pid(
     keys: &Keys,
     config: &Config,
     prefix: &str,
+    why: &str,
 ) -> redis::RedisResult<JanitorReport> {
     let processes: Vec<String> = redis::cmd("SMEMBERS")
         .arg(keys.processes())
@@ -440,7 +441,7 @@ async fn recover_pid(
             .arg(keys.alive(process))
             .query_async(conn)
             .await?;
-        worker::recover_process(conn, keys, config, process, &mut report).await?;
+        worker::recover_process(conn, keys, config, process, why, &mut report).await?;
     }
     Ok(report)
 }

@@ -86,19 +86,21 @@ async fn recover_dead<C: ConnectionLike + Send>(
             continue;
         }
         recovered_processes += 1;
-        recover_process(conn, keys, config, &process, report).await?;
+        recover_process(conn, keys, config, &process, "stopped heartbeating", report).await?;
     }
     Ok(())
 }
 
 /// Recovers every slot of one process whose `alive:` lease is gone: used by the janitor,
 /// and by the master right after it reaped a dead worker (after deleting the lease, since the
-/// process is known dead). Each slot's script re-checks the lease and the rid.
+/// process is known dead). Each slot's script re-checks the lease and the rid. `why`
+/// completes the failure message "locketd process <id> <why> while running <Class>".
 pub async fn recover_process<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     config: &Config,
     process: &str,
+    why: &str,
     report: &mut JanitorReport,
 ) -> RedisResult<()> {
     let slots: HashMap<String, String> = redis::cmd("HGETALL")
@@ -114,7 +116,7 @@ pub async fn recover_process<C: ConnectionLike + Send>(
         return Ok(());
     }
     for (slot, worker_id) in slots {
-        let result = recover_slot(conn, keys, config, process, &slot, &worker_id).await?;
+        let result = recover_slot(conn, keys, config, process, &slot, &worker_id, why).await?;
         info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
         report.recovered.push((format!("{process}:{slot}"), result));
     }
@@ -128,6 +130,7 @@ async fn recover_slot<C: ConnectionLike + Send>(
     process: &str,
     slot: &str,
     worker_id: &str,
+    why: &str,
 ) -> RedisResult<String> {
     let slot_key = format!("{process}:{slot}");
     let record: HashMap<String, String> = redis::cmd("HGETALL")
@@ -149,8 +152,12 @@ async fn recover_slot<C: ConnectionLike + Send>(
     let failure = JobFailure::new(
         "Resque::DirtyExit",
         format!(
-            "Job still being processed: locketd process {process} stopped heartbeating while running {}",
-            if class.is_empty() { "<Unknown Job>" } else { &class }
+            "Job still being processed: locketd process {process} {why} while running {}",
+            if class.is_empty() {
+                "<Unknown Job>"
+            } else {
+                &class
+            }
         ),
     )
     .dirty()

@@ -121,6 +121,9 @@ fn a_sigkilled_worker_is_recovered_at_once_and_replaced() {
     let f = &r.failures()[0];
     assert_eq!(f["exception"], "Resque::DirtyExit", "{f}");
     assert_eq!(f["worker"], victim.as_str(), "{f}");
+    let error = f["error"].as_str().unwrap();
+    assert!(error.starts_with("Job still being processed"), "{f}");
+    assert!(error.contains("died (killed by SIGKILL (signal 9))"), "{f}");
     assert_eq!(f["payload"]["args"][0], "a");
     assert!(!r.workers().contains(&victim));
     assert!(!r.exists(&format!("{NS}:worker:{victim}")));
