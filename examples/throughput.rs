@@ -102,6 +102,10 @@ async fn main() -> anyhow::Result<()> {
         "throughput",
     )?;
     config.redis = url;
+    config.slots = std::env::var("SLOTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let mut handlers = Handlers::new();
     if mode == "command" {
         handlers.insert("Noop", CommandHandler::from_argv(vec!["/bin/true".into()]));

@@ -219,7 +219,12 @@ pub struct Config {
     /// Worker processes the master runs (each one Resque worker).
     #[serde(default = "one")]
     pub workers: u32,
-    /// TERM (and INT) behave like QUIT: running jobs finish (Resque's `GRACEFUL_TERM`).
+    /// Concurrent jobs per worker process (multi-slot mode), each slot its own Resque worker
+    /// `host:pid+k:queues`, all over one multiplexed Redis connection. 1 keeps Resque's
+    /// one-job-per-process model exactly.
+    #[serde(default = "one")]
+    pub slots: u32,
+    /// TERM behaves like QUIT: running jobs finish (Resque's `GRACEFUL_TERM`). INT never does.
     #[serde(default)]
     pub graceful_term: bool,
     /// On TERM/INT: time a running handler gets between the polite stop (SIGTERM to its
@@ -402,6 +407,7 @@ impl Default for Config {
             failure_backend: FailureBackend::Redis,
             prune_dead_workers: true,
             workers: 1,
+            slots: 1,
             graceful_term: false,
             term_timeout: d4s(),
             locket: Locket::default(),
@@ -449,6 +455,12 @@ impl Config {
             return Err(invalid(
                 "workers",
                 format!("{} is out of range 1..=1024", self.workers),
+            ));
+        }
+        if self.slots == 0 || self.slots > 1024 {
+            return Err(invalid(
+                "slots",
+                format!("{} is out of range 1..=1024", self.slots),
             ));
         }
         let l = &self.locket;

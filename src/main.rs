@@ -42,7 +42,10 @@ struct Cli {
     /// Worker processes (each one Resque worker); the master supervises them.
     #[arg(long, value_name = "N")]
     workers: Option<u32>,
-    /// TERM and INT behave like QUIT (Resque's GRACEFUL_TERM; the variable counts when non-empty).
+    /// Concurrent jobs per worker process, each slot its own Resque worker (host:pid+k:queues).
+    #[arg(long, value_name = "K")]
+    slots: Option<u32>,
+    /// TERM behaves like QUIT (Resque's GRACEFUL_TERM; the variable counts when non-empty).
     #[arg(long)]
     graceful_term: bool,
     /// Seconds between the polite stop and SIGKILL of a running handler on TERM/INT.
@@ -105,6 +108,9 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
     }
     if let Some(n) = cli.workers {
         cfg.workers = n;
+    }
+    if let Some(k) = cli.slots {
+        cfg.slots = k;
     }
     if cli.graceful_term || std::env::var("GRACEFUL_TERM").is_ok_and(|v| !v.trim().is_empty()) {
         cfg.graceful_term = true;

@@ -104,27 +104,43 @@ pub enum StopReason {
     PresumedDead,
 }
 
-/// The identities of one worker process and its slot (locking-semantics.md §1.1).
+/// The identities of one worker process and one of its slots (locking-semantics.md §1.1).
 #[derive(Debug, Clone)]
 pub struct Identity {
     /// `host:pid:incarnation`.
     pub process_id: String,
-    /// `<process id>:0`.
+    /// Slot number: 0 in the one-job-per-process mode, 1..=K with `slots = K`.
+    pub slot: u32,
+    /// `<process id>:<slot>`.
     pub slot_key: String,
-    /// Resque worker id `host:pid:queues`.
+    /// Resque worker id: `host:pid:queues`, or node-resque's `host:pid+<slot>:queues` with
+    /// several slots.
     pub worker_id: String,
 }
 
 impl Identity {
-    /// Identity of this process for a queue list.
+    /// Identity of this process (one slot) for a queue list.
     pub fn new(spec: &QueueSpec) -> Identity {
         let host = host::hostname();
         let pid = std::process::id();
         let process_id = format!("{host}:{pid}:{}", random_hex(4));
         Identity {
+            slot: 0,
             slot_key: format!("{process_id}:0"),
             worker_id: format!("{host}:{pid}:{}", spec.id_part()),
             process_id,
+        }
+    }
+
+    /// Identity of slot `slot` (1-based) of the same process, in the multi-slot mode.
+    pub fn slot(&self, spec: &QueueSpec, slot: u32) -> Identity {
+        let host = host::hostname();
+        let pid = std::process::id();
+        Identity {
+            process_id: self.process_id.clone(),
+            slot,
+            slot_key: format!("{}:{slot}", self.process_id),
+            worker_id: format!("{host}:{pid}+{slot}:{}", spec.id_part()),
         }
     }
 }
@@ -156,6 +172,10 @@ pub struct Worker {
     /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
     title: String,
     redis_down: bool,
+    /// The other slots of this process (`slots = K`), run beside this one by [`Worker::run`].
+    peers: Vec<Worker>,
+    /// Several slots share the process title: only the process-wide state is shown.
+    multi: bool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -258,7 +278,12 @@ impl Worker {
         let mut conn = connect(&config.redis, config.redis_connect_timeout.get()).await?;
         check_eviction(&mut conn, config.locket.allow_evicting_redis).await?;
         let keys = Keys::new(&config.namespace);
-        let id = Identity::new(&spec);
+        let slots = config.slots.max(1);
+        let multi = slots > 1;
+        let mut id = Identity::new(&spec);
+        if multi {
+            id = id.slot(&spec, 1);
+        }
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
             title: String::new(),
@@ -270,7 +295,26 @@ impl Worker {
             conn,
             lock_queues,
             redis_down: false,
+            peers: Vec::new(),
+            multi,
         };
+        for k in 2..=slots {
+            let peer = Worker {
+                title_prefix: worker.title_prefix.clone(),
+                title: String::new(),
+                config: worker.config.clone(),
+                handlers: worker.handlers.clone(),
+                keys: worker.keys.clone(),
+                spec: worker.spec.clone(),
+                id: worker.id.slot(&worker.spec, k),
+                conn: worker.conn.clone(),
+                lock_queues: worker.lock_queues.clone(),
+                redis_down: false,
+                peers: Vec::new(),
+                multi,
+            };
+            worker.peers.push(peer);
+        }
         proctitle::set_title(&format!("{}: Starting", worker.title_prefix));
         // Recover dead locketd processes before Resque's pruning, so their jobs are recorded
         // once, with their locks released.
@@ -300,25 +344,39 @@ impl Worker {
         let alive = serde_json::json!({
             "started_at": epoch_secs(),
             "version": env!("CARGO_PKG_VERSION"),
-            "concurrency": 1,
+            "concurrency": slots,
             "queues": worker.spec.id_part(),
             "resque_worker": worker.id.worker_id,
         })
         .to_string();
-        let reg = Registration {
-            keys: &worker.keys,
-            worker_id: &worker.id.worker_id,
-            process_id: &worker.id.process_id,
-            slot: 0,
-        };
-        registry::register(
-            &mut worker.conn.clone(),
-            &reg,
-            &alive,
-            worker.config.locket.process_ttl.get(),
-        )
-        .await?;
-        info!(worker = %worker.id.worker_id, process = %worker.id.process_id, queues = %worker.spec.id_part(), "worker registered");
+        let ids: Vec<Identity> = std::iter::once(worker.id.clone())
+            .chain(worker.peers.iter().map(|p| p.id.clone()))
+            .collect();
+        for id in &ids {
+            let reg = Registration {
+                keys: &worker.keys,
+                worker_id: &id.worker_id,
+                process_id: &id.process_id,
+                slot: id.slot,
+            };
+            registry::register(
+                &mut worker.conn.clone(),
+                &reg,
+                &alive,
+                worker.config.locket.process_ttl.get(),
+            )
+            .await?;
+        }
+        if multi {
+            proctitle::set_title(&format!(
+                "{}: {slots} slots for {}",
+                worker.title_prefix,
+                worker.spec.id_part()
+            ));
+            info!(first = %worker.id.worker_id, slots, process = %worker.id.process_id, queues = %worker.spec.id_part(), "worker registered");
+        } else {
+            info!(worker = %worker.id.worker_id, process = %worker.id.process_id, queues = %worker.spec.id_part(), "worker registered");
+        }
         Ok(worker)
     }
 
@@ -336,6 +394,9 @@ impl Worker {
     }
 
     fn title(&mut self, state: &str) {
+        if self.multi {
+            return;
+        }
         let title = format!("{}: {state}", self.title_prefix);
         if title != self.title {
             proctitle::set_title(&title);
@@ -359,15 +420,19 @@ impl Worker {
         }
     }
 
-    /// Runs until stopped; unregisters before returning.
+    /// Runs until stopped (every slot, with `slots = K`); unregisters before returning.
     pub async fn run(mut self, control: Control) -> Result<StopReason> {
         let dead = CancellationToken::new();
         let background = CancellationToken::new();
+        let mut peers = std::mem::take(&mut self.peers);
+        let worker_ids: Vec<String> = std::iter::once(self.id.worker_id.clone())
+            .chain(peers.iter().map(|p| p.id.worker_id.clone()))
+            .collect();
         let beat = tokio::spawn(run::process_heartbeat(
             self.conn.clone(),
             self.keys.clone(),
             self.id.process_id.clone(),
-            self.id.worker_id.clone(),
+            worker_ids,
             self.config.locket.process_heartbeat.get(),
             self.config.locket.process_ttl.get(),
             dead.clone(),
@@ -379,15 +444,35 @@ impl Worker {
             self.config.clone(),
             background.clone(),
         ));
-        let reason = self.work(&control, &dead).await;
+        let reason = if peers.is_empty() {
+            self.work(&control, &dead).await
+        } else {
+            let mut all: Vec<&mut Worker> = vec![&mut self];
+            all.extend(peers.iter_mut());
+            let reasons =
+                futures::future::join_all(all.into_iter().map(|w| w.work(&control, &dead))).await;
+            if reasons.contains(&StopReason::PresumedDead) {
+                StopReason::PresumedDead
+            } else if reasons.iter().all(|r| *r == StopReason::Drained) {
+                StopReason::Drained
+            } else {
+                StopReason::Shutdown
+            }
+        };
         background.cancel();
         let _ = beat.await;
         let _ = jan.await;
+        if self.multi {
+            proctitle::set_title(&format!("{}: Shutting down", self.title_prefix));
+        }
         self.title("Shutting down");
         if reason != StopReason::PresumedDead {
             self.unregister_with_retry().await;
+            for p in &mut peers {
+                p.unregister_with_retry().await;
+            }
         }
-        info!(worker = %self.id.worker_id, reason = ?reason, "worker stopped");
+        info!(worker = %self.id.worker_id, slots = peers.len() + 1, reason = ?reason, "worker stopped");
         Ok(reason)
     }
 
@@ -398,7 +483,7 @@ impl Worker {
                 keys: &self.keys,
                 worker_id: &self.id.worker_id,
                 process_id: &self.id.process_id,
-                slot: 0,
+                slot: self.id.slot,
             };
             match registry::unregister(&mut self.conn.clone(), &reg, None).await {
                 Ok(()) => return,
@@ -601,7 +686,7 @@ impl Worker {
         let working_on = failure::working_on(&job.raw, &queue, SystemTime::now());
         let lockinfo = serde_json::json!({
             "process": self.id.process_id,
-            "slot": 0,
+            "slot": self.id.slot,
             "resque_worker": self.id.worker_id,
             "queue": queue,
             "class": job.class,

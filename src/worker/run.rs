@@ -220,19 +220,20 @@ pub(super) async fn process_heartbeat(
     mut conn: ConnectionManager,
     keys: Keys,
     process_id: String,
-    worker_id: String,
+    worker_ids: Vec<String>,
     every: Duration,
     ttl: Duration,
     dead: CancellationToken,
     stop: CancellationToken,
 ) {
     let mut failing = false;
+    let ids: Vec<&str> = worker_ids.iter().map(String::as_str).collect();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
-        match registry::heartbeat(&mut conn, &keys, &process_id, &[worker_id.as_str()], ttl).await {
+        match registry::heartbeat(&mut conn, &keys, &process_id, &ids, ttl).await {
             Ok(true) => {
                 if failing {
                     info!("process heartbeat resumed");
