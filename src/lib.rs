@@ -14,6 +14,7 @@
 //!   and canonical JSON for lock ids.
 //! - [`worker`]: one worker process: the locket loop, job supervision, heartbeats, the janitor.
 //! - [`handler`]: the [`handler::Handler`] trait and the command handler.
+//! - [`ops`]: the operator commands `locketd status` and `locketd failed`.
 //! - [`shutdown`]: signals to [`worker::Control`].
 //! - [`proctitle`], [`host`]: the process title Resque's pruning looks for; host facts.
 //!
@@ -38,6 +39,7 @@ pub mod error;
 pub mod handler;
 pub mod host;
 pub mod lock;
+pub mod ops;
 pub mod proctitle;
 pub mod resque;
 pub mod shutdown;

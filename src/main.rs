@@ -25,10 +25,10 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Redis URL: redis://[:password@]host:port/db, rediss:// for TLS.
-    #[arg(long, env = "REDIS_URL", value_name = "URL")]
+    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
     redis: Option<String>,
     /// Resque namespace (key prefix).
-    #[arg(long, value_name = "NS")]
+    #[arg(long, global = true, value_name = "NS")]
     namespace: Option<String>,
     /// Queues in priority order, Resque's syntax: "high,low", "*", "critical,*,!low".
     #[arg(long, env = "QUEUES", value_name = "LIST")]
@@ -49,6 +49,18 @@ enum Command {
     CheckConfig {
         /// The file (default: --config, then /etc/locketd/locketd.toml).
         file: Option<PathBuf>,
+    },
+    /// Show queues, workers, locks and failures, read from Redis (no daemon needed).
+    Status {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECS seconds until Ctrl-C.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+        /// With --watch: stop after N screens.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
     },
 }
 
@@ -142,6 +154,18 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
                 ExitCode::from(EXIT_CONFIG)
             }
         });
+    }
+
+    if let Some(Command::Status { json, watch, count }) = &cli.command {
+        let mut cfg = match load_config(cli.config.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        apply_overrides(&mut cfg, &cli);
+        return locketd::ops::status::run_cli(&cfg, *json, *watch, *count);
     }
 
     let mut cfg = match load_config(cli.config.as_deref()) {

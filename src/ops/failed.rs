@@ -1,0 +1,1 @@
+//! `locketd failed`.
