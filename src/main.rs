@@ -62,6 +62,8 @@ enum Command {
         #[arg(long, value_name = "N", requires = "watch")]
         count: Option<u64>,
     },
+    /// List, show, retry, remove or clear Resque failures (as resque-web does).
+    Failed(locketd::ops::failed::FailedArgs),
 }
 
 fn main() -> ExitCode {
@@ -166,6 +168,17 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
         };
         apply_overrides(&mut cfg, &cli);
         return locketd::ops::status::run_cli(&cfg, *json, *watch, *count);
+    }
+    if let Some(Command::Failed(args)) = &cli.command {
+        let mut cfg = match load_config(cli.config.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        apply_overrides(&mut cfg, &cli);
+        return locketd::ops::failed::run_cli(&cfg, args);
     }
 
     let mut cfg = match load_config(cli.config.as_deref()) {
