@@ -14,6 +14,8 @@
 //!   and canonical JSON for lock ids.
 //! - [`worker`]: one worker process: the locket loop, job supervision, heartbeats, the janitor.
 //! - [`handler`]: the [`handler::Handler`] trait and the command handler.
+//! - [`metrics`]: job counters recorded per process, merged, served as Prometheus text.
+//! - [`notify`], [`service`]: sd_notify and the side-cars (notify, `/metrics`) of a daemon.
 //! - [`ops`]: the operator commands `locketd status` and `locketd failed`.
 //! - [`shutdown`]: signals to [`worker::Control`].
 //! - [`proctitle`], [`host`]: the process title Resque's pruning looks for; host facts.
@@ -39,9 +41,12 @@ pub mod error;
 pub mod handler;
 pub mod host;
 pub mod lock;
+pub mod metrics;
+pub mod notify;
 pub mod ops;
 pub mod proctitle;
 pub mod resque;
+pub mod service;
 pub mod shutdown;
 pub mod worker;
 

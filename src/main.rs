@@ -39,6 +39,9 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9187).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -115,6 +118,9 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
     }
     if let Some(f) = cli.log_format {
         cfg.log_format = f;
+    }
+    if let Some(m) = &cli.metrics {
+        cfg.metrics = Some(m.clone());
     }
 }
 
@@ -211,6 +217,7 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
     runtime.block_on(async move {
         let control = locketd::shutdown::install().context("installing signal handlers")?;
         let handlers = Handlers::from_config(&cfg);
+        let service_cfg = cfg.clone();
         let worker = match Worker::start(cfg, handlers).await {
             Ok(w) => w,
             Err(e @ locketd::Error::Unreachable { .. }) => {
@@ -227,10 +234,51 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
             }
             Err(e) => return Err(anyhow::Error::from(e).context("starting the worker")),
         };
+        let reporter =
+            locketd::metrics::spawn_reporter(&worker.metrics(), std::time::Duration::from_secs(1));
+        let sidecars = match start_service(&service_cfg, &worker, &control).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("{:#}", anyhow::Error::from(e));
+                worker.run(stop_now()).await?;
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
         let reason = worker.run(control).await?;
+        sidecars.stop().await;
+        if let Some(r) = reporter {
+            r.flush();
+        }
         Ok(match reason {
             StopReason::Shutdown | StopReason::Drained => ExitCode::SUCCESS,
             StopReason::PresumedDead => ExitCode::from(3),
         })
     })
+}
+
+/// The single-process daemon's service side: sd_notify and `/metrics` from its own recorder.
+async fn start_service(
+    cfg: &Config,
+    worker: &Worker,
+    control: &locketd::worker::Control,
+) -> locketd::Result<locketd::service::Sidecars> {
+    use locketd::metrics::Aggregate;
+    let metrics = worker.metrics();
+    let aggregate = std::sync::Arc::new(std::sync::Mutex::new(Aggregate::single(metrics.clone())));
+    locketd::service::ignore_hup(control.kill.clone());
+    locketd::service::start(
+        cfg,
+        aggregate,
+        move || metrics.status_line(),
+        || true,
+        control.quit.clone(),
+    )
+    .await
+}
+
+/// A control that is already stopping (to unregister a worker that cannot be served).
+fn stop_now() -> locketd::worker::Control {
+    let c = locketd::worker::Control::default();
+    c.quit.cancel();
+    c
 }

@@ -101,6 +101,7 @@ pub struct Worker {
     /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
     title: String,
     redis_down: bool,
+    metrics: crate::metrics::Metrics,
 }
 
 impl std::fmt::Debug for Worker {
@@ -215,6 +216,7 @@ impl Worker {
             conn,
             lock_queues,
             redis_down: false,
+            metrics: crate::metrics::Metrics::default(),
         };
         proctitle::set_title(&format!("{}: Starting", worker.title_prefix));
         // Recover dead locketd processes before Resque's pruning, so their jobs are recorded
@@ -272,6 +274,11 @@ impl Worker {
         &self.id.worker_id
     }
 
+    /// This worker's metrics recorder (shared: read it while the worker runs).
+    pub fn metrics(&self) -> crate::metrics::Metrics {
+        self.metrics.clone()
+    }
+
     fn slot(&self) -> SlotRef<'_> {
         SlotRef {
             keys: &self.keys,
@@ -289,6 +296,7 @@ impl Worker {
     }
 
     fn redis_error(&mut self, what: &str, e: &redis::RedisError) {
+        self.metrics.redis_error();
         if !self.redis_down {
             self.redis_down = true;
             error!(error = %e, step = what, "redis unavailable; retrying with backoff");
@@ -300,6 +308,7 @@ impl Worker {
     fn redis_ok(&mut self) {
         if self.redis_down {
             self.redis_down = false;
+            self.metrics.redis_reconnected();
             info!("redis reachable again");
         }
     }
@@ -406,6 +415,7 @@ impl Worker {
                 Ok(Reserved::Nothing { skipped }) => {
                     self.redis_ok();
                     self.title(&waiting);
+                    self.metrics.queues_skipped(&skipped);
                     if !skipped.is_empty() {
                         debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
                     }
@@ -587,6 +597,7 @@ impl Worker {
                 limit,
             }) => {
                 debug!(queue = %queue, class = %job.class, lock_id = %lock_id, holders, limit, requeued, digest = %&digest[..12], "lock conflict: job requeued");
+                self.metrics.lock_conflict("requeue");
                 if !requeued {
                     let slot = self.slot();
                     let _ =
@@ -606,6 +617,7 @@ impl Worker {
             job.class
         ));
         info!(queue = %queue, class = %job.class, worker = %self.id.worker_id, "job started");
+        self.metrics.job_started(&queue, &job.class);
         let class_cfg = self
             .config
             .classes
@@ -645,6 +657,7 @@ impl Worker {
         let result = match end {
             RunEnd::Finished(r) => r,
             RunEnd::LockLost => {
+                self.metrics.lock_lost();
                 error!(queue = %queue, class = %job.class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
                 if on_lost == OnLockLost::Requeue {
                     return self
@@ -754,6 +767,14 @@ impl Worker {
         })
         .await;
         let elapsed = started.elapsed().as_secs_f64();
+        if done.is_some() {
+            self.metrics.job_finished(
+                queue,
+                class,
+                crate::metrics::Outcome::from_label(label),
+                started.elapsed(),
+            );
+        }
         match done {
             Some(true) => {
                 info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");

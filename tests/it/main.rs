@@ -11,4 +11,5 @@ mod lock;
 mod node_interop;
 mod ops;
 mod redis_url;
+mod service;
 mod support;
