@@ -13,3 +13,4 @@ mod ops;
 mod redis_url;
 mod service;
 mod support;
+mod systemd_units;
