@@ -8,6 +8,7 @@ mod compat;
 mod daemon;
 mod harness;
 mod lock;
+mod logs;
 mod node_interop;
 mod ops;
 mod redis_url;
