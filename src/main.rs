@@ -239,9 +239,13 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
         let sidecars = match start_service(&service_cfg, &worker, &control).await {
             Ok(s) => s,
             Err(e) => {
+                let code = match e {
+                    locketd::Error::Unreachable { .. } => EXIT_UNAVAILABLE,
+                    _ => EXIT_CONFIG,
+                };
                 tracing::error!("{:#}", anyhow::Error::from(e));
                 worker.run(stop_now()).await?;
-                return Ok(ExitCode::from(EXIT_CONFIG));
+                return Ok(ExitCode::from(code));
             }
         };
         let reason = worker.run(control).await?;

@@ -288,6 +288,24 @@ fn metrics_flag_is_checked_and_overrides_the_file() {
         "{body}"
     );
     daemon.terminate(SHORT);
+
+    // An address that cannot be bound: exit 78, and the worker does not stay registered.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let mut daemon = Daemon::builder(&redis)
+        .config(&cfg("q").render())
+        .args(["--metrics", taken_addr.as_str()])
+        .start();
+    let status = daemon
+        .wait_exit(SHORT)
+        .expect("exits when the port is taken");
+    assert_eq!(status.code(), Some(78), "{}", daemon.log());
+    assert!(
+        daemon.log().contains("cannot listen on"),
+        "{}",
+        daemon.log()
+    );
+    assert!(R::new(&redis).workers().is_empty());
 }
 
 /// Kills the process group of a child on drop.
