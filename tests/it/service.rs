@@ -408,3 +408,38 @@ fn worker_reports_snapshots_on_locketd_metrics_fd() {
         "one line per second plus a final one: {lines:?}"
     );
 }
+
+#[test]
+fn metrics_count_lock_conflicts_and_queue_skips() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let holder_b = Daemon::builder(&redis);
+    let slow = write_script(holder_b.dir(), "slow.sh", "sleep 4\n");
+    let config = cfg("q").class("Sync", &slow, "").render();
+    let mut holder = holder_b.config(&config).start();
+    r.push("q", r#"{"class":"Sync","args":[1]}"#);
+    wait_until(SHORT, "the first job holds its lock", || {
+        r.llen(&format!("{NS}:queue:q")) == 0 && r.processed() == 0
+    });
+    // Same class and args: the second daemon finds the lock held and requeues it.
+    r.push("q", r#"{"class":"Sync","args":[1]}"#);
+    let mut second = Daemon::builder(&redis)
+        .config(
+            &cfg("q")
+                .top("metrics = \"127.0.0.1:0\"")
+                .class("Sync", &slow, "")
+                .render(),
+        )
+        .start();
+    let addr = metrics_addr(&second);
+    let mut body = String::new();
+    wait_until(SHORT, "a conflict and a skip are counted", || {
+        body = http_get(&addr, "/metrics").1;
+        sample(&body, r#"locketd_lock_conflicts_total{action="requeue"}"#).unwrap_or(0.0) >= 1.0
+            && sample(&body, r#"locketd_queue_skips_total{queue="q"}"#).unwrap_or(0.0) >= 1.0
+    });
+    assert_eq!(sample(&body, "locketd_locks_held"), Some(1.0), "{body}");
+    assert!(sample(&body, r#"locketd_queue_lock_counter{queue="q"}"#).unwrap() >= 1.0);
+    second.terminate(SHORT);
+    holder.kill();
+}
