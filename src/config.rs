@@ -213,6 +213,10 @@ pub struct Config {
     /// `redis` (the `failed` list) or `redis_multi_queue` (`<q>_failed` lists).
     #[serde(default)]
     pub failure_backend: FailureBackend,
+    /// Serve Prometheus metrics on `GET /metrics` at this address (`host:port`), overridden by
+    /// `--metrics`. None: no metrics endpoint.
+    #[serde(default)]
+    pub metrics: Option<String>,
     /// Prune dead Resque workers at start, by Resque's own rules.
     #[serde(default = "yes")]
     pub prune_dead_workers: bool,
@@ -410,6 +414,7 @@ impl Default for Config {
             slots: 1,
             graceful_term: false,
             term_timeout: d4s(),
+            metrics: None,
             locket: Locket::default(),
             classes: BTreeMap::new(),
         }
@@ -439,6 +444,15 @@ impl Config {
         let mut warnings = Vec::new();
         if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
             return Err(invalid("namespace", "must be non-empty, without spaces"));
+        }
+        if let Some(addr) = &self.metrics {
+            let port = addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+            if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
+                return Err(invalid(
+                    "metrics",
+                    format!("{addr:?} is not host:port (e.g. \"127.0.0.1:9187\")"),
+                ));
+            }
         }
         if self.queues.0.is_empty() {
             return Err(invalid(

@@ -232,6 +232,11 @@ impl CommandHandler {
         let program = &self.argv[0];
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(&self.argv[1..])
+            // The service manager's and the metrics pipe's variables are the daemon's own.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove(crate::metrics::METRICS_FD_ENV)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("LOCKETD_CLASS", &job.class)
             .env("LOCKETD_QUEUE", &job.queue)

@@ -17,6 +17,9 @@
 //! - [`master`]: the master process: N worker processes, restarts, crash recovery, signals,
 //!   reload.
 //! - [`shutdown`]: signals to [`worker::Control`] in a worker process.
+//! - [`metrics`]: job counters recorded per process, merged, served as Prometheus text.
+//! - [`notify`], [`service`]: sd_notify and the side-cars (notify, `/metrics`) of a daemon.
+//! - [`ops`]: the operator commands `locketd status` and `locketd failed`.
 //! - [`proctitle`], [`host`]: the process title Resque's pruning looks for; host facts.
 //!
 //! # Running a worker with in-process handlers
@@ -41,8 +44,12 @@ pub mod handler;
 pub mod host;
 pub mod lock;
 pub mod master;
+pub mod metrics;
+pub mod notify;
+pub mod ops;
 pub mod proctitle;
 pub mod resque;
+pub mod service;
 pub mod shutdown;
 pub mod worker;
 

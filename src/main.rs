@@ -25,10 +25,10 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Redis URL: redis://[:password@]host:port/db, rediss:// for TLS.
-    #[arg(long, env = "REDIS_URL", value_name = "URL")]
+    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
     redis: Option<String>,
     /// Resque namespace (key prefix).
-    #[arg(long, value_name = "NS")]
+    #[arg(long, global = true, value_name = "NS")]
     namespace: Option<String>,
     /// Queues in priority order, Resque's syntax: "high,low", "*", "critical,*,!low".
     #[arg(long, env = "QUEUES", value_name = "LIST")]
@@ -51,6 +51,9 @@ struct Cli {
     /// Seconds between the polite stop and SIGKILL of a running handler on TERM/INT.
     #[arg(long, env = "RESQUE_TERM_TIMEOUT", value_name = "SECS")]
     term_timeout: Option<f64>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9187).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -62,6 +65,20 @@ enum Command {
         /// The file (default: --config, then /etc/locketd/locketd.toml).
         file: Option<PathBuf>,
     },
+    /// Show queues, workers, locks and failures, read from Redis (no daemon needed).
+    Status {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECS seconds until Ctrl-C.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+        /// With --watch: stop after N screens.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
+    },
+    /// List, show, retry, remove or clear Resque failures (as resque-web does).
+    Failed(locketd::ops::failed::FailedArgs),
 }
 
 fn main() -> ExitCode {
@@ -120,6 +137,9 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
             cfg.term_timeout = locketd::config::Secs(std::time::Duration::from_secs_f64(t));
         }
     }
+    if let Some(m) = &cli.metrics {
+        cfg.metrics = Some(m.clone());
+    }
 }
 
 fn init_logging(cfg: &Config) {
@@ -164,6 +184,27 @@ fn run(
                 ExitCode::from(EXIT_CONFIG)
             }
         });
+    }
+
+    if let Some(Command::Status { json, watch, count }) = &cli.command {
+        let cfg = match load_for_ops(&cli) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        return locketd::ops::status::run_cli(&cfg, *json, *watch, *count);
+    }
+    if let Some(Command::Failed(args)) = &cli.command {
+        let cfg = match load_for_ops(&cli) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        return locketd::ops::failed::run_cli(&cfg, args);
     }
 
     let worker_role = std::env::var(locketd::master::ROLE_ENV).is_ok_and(|r| r == "worker");
@@ -215,7 +256,13 @@ fn run(
             Ok(w) => w,
             Err(e) => return start_error(e),
         };
+        // The master reads these snapshots (LOCKETD_METRICS_FD) and serves /metrics.
+        let reporter =
+            locketd::metrics::spawn_reporter(&worker.metrics(), std::time::Duration::from_secs(1));
         let reason = worker.run(control).await?;
+        if let Some(r) = reporter {
+            r.flush();
+        }
         Ok(match reason {
             StopReason::Shutdown | StopReason::Drained => ExitCode::SUCCESS,
             StopReason::PresumedDead => ExitCode::from(3),
@@ -238,6 +285,22 @@ fn start_error(e: locketd::Error) -> anyhow::Result<ExitCode> {
         }
         e => Err(anyhow::Error::from(e).context("starting the worker")),
     }
+}
+
+/// The config for `status` and `failed`: parsed with the command line applied, not checked
+/// (they need only the Redis URL and namespace).
+fn load_for_ops(cli: &Cli) -> Result<Config, String> {
+    let path = match &cli.config {
+        Some(p) => Some(p.clone()),
+        None if Path::new(DEFAULT_CONFIG_PATH).exists() => Some(PathBuf::from(DEFAULT_CONFIG_PATH)),
+        None => None,
+    };
+    let mut config = match path {
+        None => Config::default(),
+        Some(p) => Config::load(&p).map_err(|e| e.to_string())?,
+    };
+    apply_overrides(&mut config, cli);
+    Ok(config)
 }
 
 /// Parses config text, applies the command line and checks the result.
@@ -305,6 +368,8 @@ async fn run_master(
         Box::new(move || load_effective(&cli).map(|(loaded, _)| loaded));
     let master =
         locketd::master::Master::new(args, loader, loaded).context("starting the master")?;
-    master.run().await.context("running the master")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(match master.run().await.context("running the master")? {
+        locketd::master::MasterExit::SidecarsFailed => ExitCode::from(EXIT_CONFIG),
+        _ => ExitCode::SUCCESS,
+    })
 }

@@ -12,7 +12,9 @@
 //! worker's locks are released (NEVER-1: no orphaned handler runs once its lock is free).
 
 use crate::config::Config;
+use crate::metrics::{self, Aggregate};
 use crate::resque::keys::Keys;
+use crate::service::{self, Sidecars};
 use crate::worker::{self, JanitorReport};
 use futures::StreamExt;
 use redis::aio::ConnectionManager;
@@ -20,12 +22,16 @@ use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIG
 use signal_hook_tokio::Signals;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 /// The environment variable that makes the binary a worker.
@@ -57,6 +63,8 @@ pub enum MasterExit {
     Stopped,
     /// `interval = 0`: every worker found its queues empty and exited.
     Drained,
+    /// The side-cars (`/metrics`) could not start: the workers were stopped (exit 78).
+    SidecarsFailed,
 }
 
 struct Slot {
@@ -90,6 +98,14 @@ pub struct Master {
     /// A worker exited 0 by itself with `interval = 0`: no restarts, exit once all are gone.
     drained: bool,
     host: String,
+    /// Job metrics merged from every worker's snapshots (`LOCKETD_METRICS_FD`).
+    aggregate: Arc<Mutex<Aggregate>>,
+    /// Cancelled on a stop signal: the notify side-car sends `STOPPING=1`.
+    stop_token: CancellationToken,
+    /// Every configured worker is running (part of the watchdog's health check).
+    healthy: Arc<AtomicBool>,
+    /// Worker processes running and not retiring.
+    running: Arc<AtomicU64>,
 }
 
 impl Master {
@@ -111,6 +127,10 @@ impl Master {
             stopping: None,
             drained: false,
             host: crate::host::hostname(),
+            aggregate: Arc::new(Mutex::new(Aggregate::default())),
+            stop_token: CancellationToken::new(),
+            healthy: Arc::new(AtomicBool::new(false)),
+            running: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -131,6 +151,109 @@ impl Master {
             queues = %self.current.config.queues.0.join(","),
             "master started"
         );
+        self.wait_registered(Duration::from_secs(30)).await;
+        self.update_health();
+        let sidecars = match self.start_sidecars().await {
+            Ok(s) => s,
+            Err(e) => {
+                error!("{:#}", anyhow::Error::from(e));
+                for s in self.slots.values() {
+                    signal(s.pid, SIGQUIT);
+                }
+                self.stopping = Some(SIGQUIT);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !self.slots.is_empty() && Instant::now() < deadline {
+                    if let Ok(Some(Event::Exited { pid, status })) =
+                        tokio::time::timeout(Duration::from_secs(1), self.events.recv()).await
+                    {
+                        self.on_exit(pid, status).await;
+                    }
+                }
+                return Ok(MasterExit::SidecarsFailed);
+            }
+        };
+        let exit = self.supervise(&mut signals).await;
+        sidecars.stop().await;
+        exit
+    }
+
+    /// Waits (bounded) until every started worker's Resque registration is visible in Redis,
+    /// so `READY=1` means the workers are registered.
+    async fn wait_registered(&mut self, limit: Duration) {
+        let Some(mut conn) = self.conn.clone() else {
+            return;
+        };
+        let keys = Keys::new(&self.current.config.namespace);
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(keys.workers())
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let all = self.slots.values().all(|s| {
+                let (a, b) = (
+                    format!("{}:{}:", self.host, s.pid),
+                    format!("{}:{}+1:", self.host, s.pid),
+                );
+                ids.iter()
+                    .any(|id| id.starts_with(&a) || id.starts_with(&b))
+            });
+            if all {
+                return;
+            }
+            // A worker that died at start is handled (and restarted) by the main loop.
+            if let Ok(Some(ev)) =
+                tokio::time::timeout(Duration::from_millis(50), self.events.recv()).await
+            {
+                match ev {
+                    Event::Exited { pid, status } => self.on_exit(pid, status).await,
+                    Event::Restart { index, generation } => {
+                        let _ = self.events_tx.send(Event::Restart { index, generation });
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        warn!("workers not all registered after {limit:?}; reporting ready anyway");
+    }
+
+    fn update_health(&self) {
+        let running = self.slots.values().filter(|s| !s.retiring).count();
+        self.running.store(running as u64, Ordering::Relaxed);
+        let want = self.current.config.workers as usize;
+        self.healthy.store(
+            self.stopping.is_some() || running >= want,
+            Ordering::Relaxed,
+        );
+    }
+
+    async fn start_sidecars(&self) -> crate::Result<Sidecars> {
+        let agg = self.aggregate.clone();
+        let healthy = self.healthy.clone();
+        let running = self.running.clone();
+        let slots = u64::from(self.current.config.slots.max(1));
+        service::start(
+            &self.current.config,
+            self.aggregate.clone(),
+            move || {
+                let m = agg.lock().unwrap_or_else(|p| p.into_inner()).merged();
+                let failed: u64 = m.jobs.iter().map(|j| j.failed + j.killed).sum();
+                let slots = running.load(Ordering::Relaxed) * slots;
+                format!(
+                    "{} busy, {} idle; {} jobs done, {failed} failed",
+                    m.busy,
+                    slots.saturating_sub(m.busy),
+                    m.jobs_done()
+                )
+            },
+            move || healthy.load(Ordering::Relaxed),
+            self.stop_token.clone(),
+        )
+        .await
+    }
+
+    async fn supervise(&mut self, signals: &mut Signals) -> std::io::Result<MasterExit> {
         let mut sweep = tokio::time::interval(Duration::from_secs(5));
         let mut stop_deadline: Option<tokio::time::Instant> = None;
         loop {
@@ -212,6 +335,7 @@ impl Master {
                     graceful, second, "stopping: forwarding to every worker"
                 );
                 self.stopping = Some(sig);
+                self.stop_token.cancel();
                 for s in self.slots.values_mut() {
                     s.retiring = true;
                     signal(s.pid, sig);
@@ -271,15 +395,30 @@ impl Master {
         cmd.args(&self.args)
             .env(ROLE_ENV, "worker")
             .env("LOCKETD_WORKER_INDEX", index.to_string())
+            // The master alone talks to systemd.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
             .stdin(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        // SAFETY: prctl only sets a flag between fork and exec; async-signal-safe. If the
+        // The worker writes metrics snapshots to fd 3; the master reads the other end.
+        let pipe = metrics_pipe();
+        let child_fd = pipe.as_ref().map(|(_, w)| w.as_raw_fd());
+        if child_fd.is_some() {
+            cmd.env(metrics::METRICS_FD_ENV, "3");
+        }
+        // SAFETY: prctl and dup2 only, between fork and exec; both async-signal-safe. If the
         // master dies (even SIGKILL), each worker gets TERM and stops its job, releasing its
-        // locks, instead of running on unsupervised.
+        // locks, instead of running on unsupervised. dup2 leaves fd 3 without FD_CLOEXEC.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if let Some(fd) = child_fd {
+                    if libc::dup2(fd, 3) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
@@ -292,6 +431,15 @@ impl Master {
             }
         };
         let pid = child.id().unwrap_or(0);
+        if let Some((read, write)) = pipe {
+            drop(write);
+            match tokio::net::unix::pipe::Receiver::from_owned_fd(read) {
+                Ok(rx) => {
+                    tokio::spawn(metrics::read_reports(rx, pid, self.aggregate.clone()));
+                }
+                Err(e) => warn!(error = %e, "cannot read the worker's metrics"),
+            }
+        }
         if let Some(mut stdin) = child.stdin.take() {
             let text = self.current.text.clone().into_bytes();
             tokio::spawn(async move {
@@ -316,6 +464,7 @@ impl Master {
                 retiring: false,
             },
         );
+        self.update_health();
     }
 
     fn schedule_restart(&mut self, index: u32, ran: Duration) {
@@ -378,6 +527,7 @@ impl Master {
             self.schedule_restart(slot.index, ran);
         }
         self.set_title();
+        self.update_health();
     }
 
     /// R-4 for a worker we know is dead: delete its lease and recover its slots now, instead
@@ -444,6 +594,18 @@ async fn recover_pid(
         worker::recover_process(conn, keys, config, process, why, &mut report).await?;
     }
     Ok(report)
+}
+
+/// A close-on-exec pipe (read end, write end) for a worker's metrics, or `None` (logged).
+fn metrics_pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 fills two descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        warn!(error = %std::io::Error::last_os_error(), "cannot create a metrics pipe");
+        return None;
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    unsafe { Some((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
 }
 
 fn describe(status: &ExitStatus) -> String {

@@ -176,6 +176,7 @@ pub struct Worker {
     peers: Vec<Worker>,
     /// Several slots share the process title: only the process-wide state is shown.
     multi: bool,
+    metrics: crate::metrics::Metrics,
 }
 
 impl std::fmt::Debug for Worker {
@@ -297,6 +298,7 @@ impl Worker {
             redis_down: false,
             peers: Vec::new(),
             multi,
+            metrics: crate::metrics::Metrics::default(),
         };
         for k in 2..=slots {
             let peer = Worker {
@@ -312,6 +314,7 @@ impl Worker {
                 redis_down: false,
                 peers: Vec::new(),
                 multi,
+                metrics: crate::metrics::Metrics::default(),
             };
             worker.peers.push(peer);
         }
@@ -385,6 +388,14 @@ impl Worker {
         &self.id.worker_id
     }
 
+    /// The metrics recorders of this worker's slots (shared: read them while the worker runs;
+    /// [`crate::metrics::Metrics::sum`] adds them up).
+    pub fn metrics(&self) -> Vec<crate::metrics::Metrics> {
+        std::iter::once(self.metrics.clone())
+            .chain(self.peers.iter().map(|p| p.metrics.clone()))
+            .collect()
+    }
+
     fn slot(&self) -> SlotRef<'_> {
         SlotRef {
             keys: &self.keys,
@@ -405,6 +416,7 @@ impl Worker {
     }
 
     fn redis_error(&mut self, what: &str, e: &redis::RedisError) {
+        self.metrics.redis_error();
         if !self.redis_down {
             self.redis_down = true;
             error!(error = %e, step = what, "redis unavailable; retrying with backoff");
@@ -416,6 +428,7 @@ impl Worker {
     fn redis_ok(&mut self) {
         if self.redis_down {
             self.redis_down = false;
+            self.metrics.redis_reconnected();
             info!("redis reachable again");
         }
     }
@@ -555,6 +568,7 @@ impl Worker {
                 Ok(Reserved::Nothing { skipped }) => {
                     self.redis_ok();
                     self.title(&waiting);
+                    self.metrics.queues_skipped(&skipped);
                     if !skipped.is_empty() {
                         debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
                     }
@@ -736,6 +750,7 @@ impl Worker {
                 limit,
             }) => {
                 debug!(queue = %queue, class = %job.class, lock_id = %lock_id, holders, limit, requeued, digest = %&digest[..12], "lock conflict: job requeued");
+                self.metrics.lock_conflict("requeue");
                 if !requeued {
                     let slot = self.slot();
                     let _ =
@@ -755,6 +770,7 @@ impl Worker {
             job.class
         ));
         info!(queue = %queue, class = %job.class, worker = %self.id.worker_id, "job started");
+        self.metrics.job_started(&queue, &job.class);
         let class_cfg = self
             .config
             .classes
@@ -795,6 +811,7 @@ impl Worker {
         let result = match end {
             RunEnd::Finished(r) => r,
             RunEnd::LockLost => {
+                self.metrics.lock_lost();
                 error!(queue = %queue, class = %job.class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
                 if on_lost == OnLockLost::Requeue {
                     return self
@@ -916,6 +933,14 @@ impl Worker {
         })
         .await;
         let elapsed = started.elapsed().as_secs_f64();
+        if done.is_some() {
+            self.metrics.job_finished(
+                queue,
+                class,
+                crate::metrics::Outcome::from_label(label),
+                started.elapsed(),
+            );
+        }
         match done {
             Some(true) => {
                 info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");

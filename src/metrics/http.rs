@@ -1,0 +1,484 @@
+//! `GET /metrics` in Prometheus text format.
+//!
+//! The registry and the encoding are prometheus-client's; the HTTP side is a few lines over a
+//! tokio `TcpListener` (one endpoint, `Connection: close`), which a full HTTP stack would not
+//! improve. Each scrape merges the [`Aggregate`] and reads from Redis, bounded by a 2 s timeout
+//! and at most [`MAX_QUEUES`] queues: queue lengths and lock counters of the configured queues,
+//! locks held, failures listed, Resque's processed/failed totals and registered workers.
+
+use super::{Aggregate, Snapshot, CONFLICT_ACTIONS};
+use crate::config::Config;
+use crate::lock::FailureBackend;
+use crate::resque::keys::Keys;
+use crate::resque::patterns::QueueSpec;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use redis::aio::ConnectionManager;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+/// Most queues read per scrape.
+pub const MAX_QUEUES: usize = 500;
+
+/// What Redis said at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct RedisGauges {
+    /// Whether Redis answered.
+    pub up: bool,
+    /// (queue, length, lock counter).
+    pub queues: Vec<(String, u64, u64)>,
+    /// Locks with a live holder.
+    pub locks_held: u64,
+    /// Records in the failure list(s).
+    pub failures_listed: u64,
+    /// `stat:processed`.
+    pub processed: u64,
+    /// `stat:failed`.
+    pub failed: u64,
+    /// `SCARD workers`.
+    pub workers_registered: u64,
+}
+
+/// Reads the scrape-time gauges (bounded: a handful of commands plus two per queue).
+pub async fn read_redis(conn: &mut ConnectionManager, config: &Config) -> RedisGauges {
+    match tokio::time::timeout(Duration::from_secs(2), read_redis_inner(conn, config)).await {
+        Ok(Ok(g)) => g,
+        Ok(Err(e)) => {
+            debug!(error = %e, "metrics: redis read failed");
+            RedisGauges::default()
+        }
+        Err(_) => RedisGauges::default(),
+    }
+}
+
+async fn read_redis_inner(
+    conn: &mut ConnectionManager,
+    config: &Config,
+) -> redis::RedisResult<RedisGauges> {
+    let k = Keys::new(&config.namespace);
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let spec = QueueSpec::from_list(&config.queues.0).ok();
+    let known: Vec<String> = match &spec {
+        Some(s) if !s.is_dynamic() => Vec::new(),
+        _ => {
+            redis::cmd("SMEMBERS")
+                .arg(k.queues())
+                .query_async(conn)
+                .await?
+        }
+    };
+    let mut names = match &spec {
+        Some(s) => s.expand(&known),
+        None => {
+            let mut k = known.clone();
+            k.sort();
+            k
+        }
+    };
+    names.truncate(MAX_QUEUES);
+    let mut pipe = redis::pipe();
+    for q in &names {
+        pipe.llen(k.queue(q)).get(k.counter(q));
+    }
+    let per: Vec<(u64, Option<u64>)> = if names.is_empty() {
+        Vec::new()
+    } else {
+        pipe.query_async(conn).await?
+    };
+    let failed_key_len = match config.failure_backend {
+        FailureBackend::Redis => redis::cmd("LLEN").arg(k.failed()).query_async(conn).await?,
+        FailureBackend::RedisMultiQueue => {
+            let lists: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(k.failed_queues())
+                .query_async(conn)
+                .await?;
+            let mut pipe = redis::pipe();
+            for l in lists.iter().take(MAX_QUEUES) {
+                pipe.llen(format!("{}:{l}", k.ns()));
+            }
+            let lens: Vec<u64> = if lists.is_empty() {
+                Vec::new()
+            } else {
+                pipe.query_async(conn).await?
+            };
+            lens.iter().sum()
+        }
+    };
+    let (locks_held, processed, failed, workers_registered): (u64, Option<u64>, Option<u64>, u64) =
+        redis::pipe()
+            .cmd("ZCOUNT")
+            .arg(k.locks())
+            .arg(format!("({}", now.saturating_mul(1000)))
+            .arg("+inf")
+            .get(k.stat_processed())
+            .get(k.stat_failed())
+            .scard(k.workers())
+            .query_async(conn)
+            .await?;
+    Ok(RedisGauges {
+        up: true,
+        queues: names
+            .into_iter()
+            .zip(per)
+            .map(|(q, (len, ctr))| (q, len, ctr.unwrap_or(0)))
+            .collect(),
+        locks_held,
+        failures_listed: failed_key_len,
+        processed: processed.unwrap_or(0),
+        failed: failed.unwrap_or(0),
+        workers_registered,
+    })
+}
+
+#[derive(Debug)]
+struct Scrape {
+    jobs: Snapshot,
+    redis: RedisGauges,
+}
+
+type Labels = Vec<(String, String)>;
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn counter_family(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, u64)],
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        if labels.is_empty() {
+            m.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        } else {
+            m.encode_family(labels)?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+    }
+    Ok(())
+}
+
+fn gauge_family(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, i64)],
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        if labels.is_empty() {
+            m.encode_gauge(v)?;
+        } else {
+            m.encode_family(labels)?.encode_gauge(v)?;
+        }
+    }
+    Ok(())
+}
+
+fn as_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.jobs;
+        let per_job = |f: &dyn Fn(&super::JobCounts) -> u64| -> Vec<(Labels, u64)> {
+            s.jobs
+                .iter()
+                .map(|j| (l(&[("queue", &j.queue), ("class", &j.class)]), f(j)))
+                .collect()
+        };
+        counter_family(
+            &mut enc,
+            "locketd_jobs_started",
+            "Jobs whose handler started.",
+            &per_job(&|j| j.started),
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_jobs_succeeded",
+            "Jobs that succeeded.",
+            &per_job(&|j| j.succeeded),
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_jobs_failed",
+            "Failure records written (counted in stat:failed), including jobs that could not start.",
+            &per_job(&|j| j.failed),
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_jobs_killed",
+            "Failure records for killed jobs (not counted in stat:failed).",
+            &per_job(&|j| j.killed),
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_jobs_requeued",
+            "Jobs put back in their queue after a lost lock.",
+            &per_job(&|j| j.requeued),
+        )?;
+        {
+            let mut m = enc.encode_descriptor(
+                "locketd_job_duration_seconds",
+                "Run time of finished jobs.",
+                None,
+                MetricType::Histogram,
+            )?;
+            for j in &s.jobs {
+                let labels = l(&[("queue", &j.queue), ("class", &j.class)]);
+                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    j.duration.sum,
+                    j.duration.count,
+                    &j.duration.per_bucket(),
+                    None,
+                )?;
+            }
+        }
+        let mut actions: Vec<(Labels, u64)> = CONFLICT_ACTIONS
+            .iter()
+            .map(|a| {
+                (
+                    l(&[("action", a)]),
+                    s.lock_conflicts.get(*a).copied().unwrap_or(0),
+                )
+            })
+            .collect();
+        for (a, v) in &s.lock_conflicts {
+            if !CONFLICT_ACTIONS.contains(&a.as_str()) {
+                actions.push((l(&[("action", a)]), *v));
+            }
+        }
+        counter_family(
+            &mut enc,
+            "locketd_lock_conflicts",
+            "Jobs whose lock was held elsewhere, by what was done with them (requeue, discard, delay, wait).",
+            &actions,
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_locks_lost",
+            "Locks lost while their job ran.",
+            &[(Vec::new(), s.locks_lost)],
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_queue_skips",
+            "Reserve passes that skipped the queue because every job in it waited on a lock.",
+            &s.queue_skips
+                .iter()
+                .map(|(q, v)| (l(&[("queue", q)]), *v))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            &mut enc,
+            "locketd_workers",
+            "This daemon's worker slots, by state.",
+            &[
+                (l(&[("state", "busy")]), as_i64(s.busy)),
+                (
+                    l(&[("state", "idle")]),
+                    as_i64(s.workers.saturating_sub(s.busy)),
+                ),
+            ],
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_redis_errors",
+            "Redis errors seen by the worker loop.",
+            &[(Vec::new(), s.redis_errors)],
+        )?;
+        counter_family(
+            &mut enc,
+            "locketd_redis_reconnects",
+            "Times Redis answered again after errors.",
+            &[(Vec::new(), s.redis_reconnects)],
+        )?;
+
+        let r = &self.redis;
+        gauge_family(
+            &mut enc,
+            "locketd_redis_up",
+            "1 when Redis answered this scrape.",
+            &[(Vec::new(), i64::from(r.up))],
+        )?;
+        if r.up {
+            gauge_family(
+                &mut enc,
+                "locketd_queue_length",
+                "Jobs waiting in the queue (LLEN).",
+                &r.queues
+                    .iter()
+                    .map(|(q, len, _)| (l(&[("queue", q)]), as_i64(*len)))
+                    .collect::<Vec<_>>(),
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_queue_lock_counter",
+                "The queue's locket counter: jobs requeued because their lock was held (0 when unset).",
+                &r.queues
+                    .iter()
+                    .map(|(q, _, c)| (l(&[("queue", q)]), as_i64(*c)))
+                    .collect::<Vec<_>>(),
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_locks_held",
+                "Locks with a live holder.",
+                &[(Vec::new(), as_i64(r.locks_held))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_failures_listed",
+                "Records in the Resque failure list(s).",
+                &[(Vec::new(), as_i64(r.failures_listed))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_resque_processed",
+                "Resque's stat:processed (all workers).",
+                &[(Vec::new(), as_i64(r.processed))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_resque_failed",
+                "Resque's stat:failed (all workers).",
+                &[(Vec::new(), as_i64(r.failed))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_resque_workers_registered",
+                "Members of Resque's workers set (all implementations).",
+                &[(Vec::new(), as_i64(r.workers_registered))],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Renders one scrape.
+pub fn render(jobs: Snapshot, redis: RedisGauges) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape { jobs, redis }));
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// Binds `addr` (so a bad address fails at start) and serves `/metrics` until the task is
+/// dropped. Each scrape merges `aggregate` and reads Redis through `conn`.
+pub async fn serve(
+    addr: &str,
+    aggregate: Arc<Mutex<Aggregate>>,
+    conn: ConnectionManager,
+    config: Config,
+) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local: SocketAddr = listener.local_addr()?;
+    info!(addr = %local, "serving metrics on /metrics");
+    let config = Arc::new(config);
+    let task = tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "metrics: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (agg, mut conn, config) = (aggregate.clone(), conn.clone(), config.clone());
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    let mut buf = Vec::with_capacity(1024);
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                        let n = sock.read(&mut chunk).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let head = String::from_utf8_lossy(&buf);
+                    let mut first = head.lines().next().unwrap_or("").split_whitespace();
+                    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+                    let path = path.split('?').next().unwrap_or("");
+                    let (status, ctype, body) = if method != "GET" && method != "HEAD" {
+                        ("405 Method Not Allowed", "text/plain", "GET only\n".to_string())
+                    } else if path == "/metrics" {
+                        let snap = agg.lock().unwrap_or_else(|p| p.into_inner()).merged();
+                        let redis = read_redis(&mut conn, &config).await;
+                        (
+                            "200 OK",
+                            "text/plain; version=0.0.4; charset=utf-8",
+                            render(snap, redis),
+                        )
+                    } else {
+                        ("404 Not Found", "text/plain", "try /metrics\n".to_string())
+                    };
+                    let mut resp = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    if method != "HEAD" {
+                        resp.extend_from_slice(body.as_bytes());
+                    }
+                    sock.write_all(&resp).await?;
+                    sock.shutdown().await
+                })
+                .await;
+            });
+        }
+    });
+    Ok((task, local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Metrics, Outcome};
+
+    #[test]
+    fn render_has_every_family() {
+        let m = Metrics::default();
+        m.job_started("q", "C");
+        m.job_finished("q", "C", Outcome::Succeeded, Duration::from_millis(20));
+        let text = render(
+            m.snapshot(),
+            RedisGauges {
+                up: true,
+                queues: vec![("q".into(), 3, 1)],
+                ..RedisGauges::default()
+            },
+        );
+        for needle in [
+            "locketd_jobs_succeeded_total{queue=\"q\",class=\"C\"} 1",
+            "locketd_jobs_started_total{queue=\"q\",class=\"C\"} 1",
+            "locketd_job_duration_seconds_bucket{le=\"0.025\",queue=\"q\",class=\"C\"} 1",
+            "locketd_job_duration_seconds_count{queue=\"q\",class=\"C\"} 1",
+            "locketd_job_duration_seconds_bucket{le=\"+Inf\",queue=\"q\",class=\"C\"} 1",
+            "locketd_job_duration_seconds_bucket{le=\"0.01\",queue=\"q\",class=\"C\"} 0",
+            "locketd_lock_conflicts_total{action=\"discard\"} 0",
+            "locketd_workers{state=\"idle\"} 1",
+            "locketd_queue_length{queue=\"q\"} 3",
+            "locketd_queue_lock_counter{queue=\"q\"} 1",
+            "locketd_redis_up 1",
+            "# EOF",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+    }
+}

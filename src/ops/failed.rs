@@ -1,0 +1,718 @@
+//! `locketd failed`: list, show, retry, remove and clear Resque failure records, exactly as
+//! resque-web and `Resque::Failure` do (resque-protocol.md §6).
+//!
+//! Indexes are Resque's: position in the list, 0 = oldest (records are `RPUSH`ed). `list` shows
+//! the newest first. Nothing here reorders or trims the list beyond what Resque's own tools do:
+//!
+//! - retry `i`: add `retried_at` to the record in place (`LSET i`), then `SADD queues q` and
+//!   `RPUSH queue:q {"class":…,"args":…}` (Resque's `Job.create`, no hooks);
+//! - remove `i`: `LSET i <sentinel>` then `LREM 1 <sentinel>` (Resque uses `""` as sentinel; here
+//!   both steps run in one script with a unique sentinel, so no other `""` element can be hit);
+//! - clear: `DEL`.
+//!
+//! Each retry and remove is one Lua script that first checks the element at `i` is still the
+//! record that was read, so a concurrent remove elsewhere never makes it touch the wrong record.
+//!
+//! With `failure_backend = "redis_multi_queue"` the records live in `<q>_failed` lists named in
+//! `failed_queues`; `--failed-queue Q` picks one list, and `list` without it shows them all.
+
+use crate::config::Config;
+use crate::lock::FailureBackend;
+use crate::resque::keys::Keys;
+use crate::resque::time;
+use redis::aio::ConnectionLike;
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use std::fmt;
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+/// One failure list: its key, its display name and how its `retried_at` is written.
+#[derive(Debug, Clone)]
+pub struct FailedList {
+    /// Full key, e.g. `resque:failed` or `resque:low_failed`.
+    pub key: String,
+    /// Name without the namespace, e.g. `failed`, `low_failed`.
+    pub name: String,
+    /// RedisMultiQueue writes `retried_at` without the zone.
+    pub multi_queue: bool,
+}
+
+impl FailedList {
+    /// The `failed` list of the `redis` backend.
+    pub fn main(keys: &Keys) -> FailedList {
+        FailedList {
+            key: keys.failed(),
+            name: "failed".into(),
+            multi_queue: false,
+        }
+    }
+
+    /// The `<queue>_failed` list of the `redis_multi_queue` backend.
+    pub fn for_queue(keys: &Keys, queue: &str) -> FailedList {
+        FailedList {
+            key: keys.queue_failed(queue),
+            name: format!("{queue}_failed"),
+            multi_queue: true,
+        }
+    }
+
+    fn retried_at(&self, now: SystemTime) -> String {
+        let s = time::failed_at(now);
+        if self.multi_queue {
+            s.trim_end_matches(" UTC").to_string()
+        } else {
+            s
+        }
+    }
+}
+
+/// A JSON object read with its keys in their original order and every value verbatim.
+#[derive(Debug, Clone)]
+pub struct Ordered(pub Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Ordered {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ordered, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Ordered, A::Error> {
+                let mut v = Vec::new();
+                while let Some((k, val)) = m.next_entry::<String, Box<RawValue>>()? {
+                    v.push((k, val));
+                }
+                Ok(Ordered(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Serialize for Ordered {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl Ordered {
+    fn get(&self, key: &str) -> Option<&RawValue> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    fn str(&self, key: &str) -> Option<String> {
+        self.get(key)
+            .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+    }
+
+    /// Sets `key` in place, or appends it (as Ruby's Hash#[]= does).
+    fn set(&mut self, key: &str, value: Box<RawValue>) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((key.to_string(), value)),
+        }
+    }
+}
+
+/// A failure record, as `list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Resque's index (0 = oldest).
+    pub index: u64,
+    /// The list it is in.
+    pub list: String,
+    /// `failed_at`.
+    pub failed_at: Option<String>,
+    /// `queue`.
+    pub queue: Option<String>,
+    /// `payload.class`.
+    pub class: Option<String>,
+    /// `exception`.
+    pub exception: Option<String>,
+    /// `error`.
+    pub error: Option<String>,
+    /// `worker`.
+    pub worker: Option<String>,
+    /// `retried_at`, when retried.
+    pub retried_at: Option<String>,
+}
+
+fn summary(list: &FailedList, index: u64, text: &str) -> Summary {
+    let rec: Option<Ordered> = serde_json::from_str(text).ok();
+    let s = |k: &str| rec.as_ref().and_then(|r| r.str(k));
+    let class = rec.as_ref().and_then(|r| {
+        let p: serde_json::Value = serde_json::from_str(r.get("payload")?.get()).ok()?;
+        p.get("class")?.as_str().map(str::to_string)
+    });
+    Summary {
+        index,
+        list: list.name.clone(),
+        failed_at: s("failed_at"),
+        queue: s("queue"),
+        class,
+        exception: s("exception"),
+        error: if rec.is_none() {
+            Some(format!("(not a JSON object: {})", clip(text, 60)))
+        } else {
+            s("error")
+        },
+        worker: s("worker"),
+        retried_at: s("retried_at"),
+    }
+}
+
+fn clip(s: &str, n: usize) -> String {
+    let one_line = s.replace('\n', " ");
+    if one_line.chars().count() <= n {
+        one_line
+    } else {
+        let mut t: String = one_line.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// Why a command could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum FailedError {
+    /// Redis said no.
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    /// No record at that index.
+    #[error("no failure at index {index} in {list} (it holds {len})")]
+    NoSuchIndex {
+        /// The index asked for.
+        index: u64,
+        /// The list.
+        list: String,
+        /// Its length.
+        len: u64,
+    },
+    /// The record cannot be requeued (Resque would fail the same way).
+    #[error("failure {index} cannot be retried: {why}")]
+    NotRetryable {
+        /// The index.
+        index: u64,
+        /// What is missing.
+        why: String,
+    },
+    /// The element at the index changed while we worked on it.
+    #[error("failure {0} changed while it was being handled (someone else edited the list); nothing done, try again")]
+    Changed(u64),
+}
+
+/// Newest first, at most `limit` records (0 = all).
+pub async fn list<C: ConnectionLike + Send>(
+    conn: &mut C,
+    list: &FailedList,
+    limit: u64,
+) -> Result<(u64, Vec<Summary>), FailedError> {
+    let len: u64 = redis::cmd("LLEN").arg(&list.key).query_async(conn).await?;
+    let want = if limit == 0 { len } else { limit.min(len) };
+    let mut out = Vec::with_capacity(want as usize);
+    let mut end = len; // exclusive
+    while (out.len() as u64) < want && end > 0 {
+        let start = end.saturating_sub(200);
+        let items: Vec<String> = redis::cmd("LRANGE")
+            .arg(&list.key)
+            .arg(start)
+            .arg(end - 1)
+            .query_async(conn)
+            .await?;
+        for (i, text) in items.iter().enumerate().rev() {
+            if out.len() as u64 >= want {
+                break;
+            }
+            out.push(summary(list, start + i as u64, text));
+        }
+        end = start;
+    }
+    Ok((len, out))
+}
+
+/// The record at `index`, verbatim.
+pub async fn show<C: ConnectionLike + Send>(
+    conn: &mut C,
+    list: &FailedList,
+    index: u64,
+) -> Result<String, FailedError> {
+    let text: Option<String> = redis::cmd("LINDEX")
+        .arg(&list.key)
+        .arg(index)
+        .query_async(conn)
+        .await?;
+    match text {
+        Some(t) => Ok(t),
+        None => {
+            let len: u64 = redis::cmd("LLEN").arg(&list.key).query_async(conn).await?;
+            Err(FailedError::NoSuchIndex {
+                index,
+                list: list.name.clone(),
+                len,
+            })
+        }
+    }
+}
+
+/// LSET `i` to the new record, `SADD queues q`, `RPUSH queue:q job`, only if element `i` is still
+/// the record read. Returns 1 when done, 0 when the element changed.
+const RETRY_LUA: &str = r"
+if redis.call('LINDEX', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('LSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+redis.call('RPUSH', KEYS[3], ARGV[5])
+return 1
+";
+
+/// Resque's remove (LSET to a sentinel, LREM it), only if element `i` is still the record read.
+const REMOVE_LUA: &str = r"
+if redis.call('LINDEX', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('LSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('LREM', KEYS[1], 1, ARGV[3])
+return 1
+";
+
+/// What one retry pushed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Retried {
+    /// Index of the record.
+    pub index: u64,
+    /// Queue it went back to.
+    pub queue: String,
+    /// Its class.
+    pub class: String,
+    /// The payload pushed.
+    pub payload: String,
+}
+
+/// Resque's `Failure::Redis.requeue(index)`: marks `retried_at` and pushes `{class,args}` back.
+pub async fn retry_one<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    list: &FailedList,
+    index: u64,
+) -> Result<Retried, FailedError> {
+    let text = show(conn, list, index).await?;
+    retry_text(conn, keys, list, index, &text).await
+}
+
+async fn retry_text<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    list: &FailedList,
+    index: u64,
+    text: &str,
+) -> Result<Retried, FailedError> {
+    let bad = |why: &str| FailedError::NotRetryable {
+        index,
+        why: why.to_string(),
+    };
+    let mut rec: Ordered =
+        serde_json::from_str(text).map_err(|_| bad("the record is not a JSON object"))?;
+    let queue = rec
+        .str("queue")
+        .filter(|q| !q.is_empty())
+        .ok_or_else(|| bad("its queue is not a string"))?;
+    let payload: Ordered = rec
+        .get("payload")
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .ok_or_else(|| bad("its payload is not an object"))?;
+    let class = payload
+        .str("class")
+        .ok_or_else(|| bad("payload.class is not a string"))?;
+    let args = payload
+        .get("args")
+        .filter(|a| a.get().trim_start().starts_with('['))
+        .ok_or_else(|| bad("payload.args is not an array"))?;
+    #[derive(Serialize)]
+    struct Job<'a> {
+        class: &'a str,
+        args: &'a RawValue,
+    }
+    let job = serde_json::to_string(&Job {
+        class: &class,
+        args,
+    })
+    .map_err(|e| bad(&e.to_string()))?;
+    let stamp = serde_json::value::to_raw_value(&list.retried_at(SystemTime::now()))
+        .map_err(|e| bad(&e.to_string()))?;
+    rec.set("retried_at", stamp);
+    let new = serde_json::to_string(&rec).map_err(|e| bad(&e.to_string()))?;
+    let done: i64 = redis::Script::new(RETRY_LUA)
+        .key(&list.key)
+        .key(keys.queues())
+        .key(keys.queue(&queue))
+        .arg(index)
+        .arg(text)
+        .arg(&new)
+        .arg(&queue)
+        .arg(&job)
+        .invoke_async(conn)
+        .await?;
+    if done != 1 {
+        return Err(FailedError::Changed(index));
+    }
+    Ok(Retried {
+        index,
+        queue,
+        class,
+        payload: job,
+    })
+}
+
+/// Which records a bulk retry takes.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only this `payload.class`.
+    pub class: Option<String>,
+    /// Only this `queue`.
+    pub queue: Option<String>,
+}
+
+/// Retries every record matching `filter` (all of them when it is empty), oldest first as
+/// resque-web's "Retry all" does. Records that cannot be retried are reported, not touched.
+pub async fn retry_matching<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    list: &FailedList,
+    filter: &Filter,
+) -> Result<(Vec<Retried>, Vec<FailedError>), FailedError> {
+    let len: u64 = redis::cmd("LLEN").arg(&list.key).query_async(conn).await?;
+    let mut done = Vec::new();
+    let mut skipped = Vec::new();
+    let mut start = 0u64;
+    while start < len {
+        let end = (start + 200).min(len);
+        let items: Vec<String> = redis::cmd("LRANGE")
+            .arg(&list.key)
+            .arg(start)
+            .arg(end - 1)
+            .query_async(conn)
+            .await?;
+        for (i, text) in items.iter().enumerate() {
+            let index = start + i as u64;
+            let s = summary(list, index, text);
+            if filter
+                .class
+                .as_ref()
+                .is_some_and(|c| s.class.as_ref() != Some(c))
+                || filter
+                    .queue
+                    .as_ref()
+                    .is_some_and(|q| s.queue.as_ref() != Some(q))
+            {
+                continue;
+            }
+            match retry_text(conn, keys, list, index, text).await {
+                Ok(r) => done.push(r),
+                Err(FailedError::Redis(e)) => return Err(FailedError::Redis(e)),
+                Err(e) => skipped.push(e),
+            }
+        }
+        start = end;
+    }
+    Ok((done, skipped))
+}
+
+/// Resque's `Failure::Redis.remove(index)`.
+pub async fn remove<C: ConnectionLike + Send>(
+    conn: &mut C,
+    list: &FailedList,
+    index: u64,
+) -> Result<String, FailedError> {
+    let text = show(conn, list, index).await?;
+    let sentinel = format!("locketd-remove-{}", crate::worker::random_hex(16));
+    let done: i64 = redis::Script::new(REMOVE_LUA)
+        .key(&list.key)
+        .arg(index)
+        .arg(&text)
+        .arg(&sentinel)
+        .invoke_async(conn)
+        .await?;
+    if done != 1 {
+        return Err(FailedError::Changed(index));
+    }
+    Ok(text)
+}
+
+/// Resque's `Failure::Redis.clear`: `DEL`. Returns how many records there were.
+pub async fn clear<C: ConnectionLike + Send>(
+    conn: &mut C,
+    list: &FailedList,
+) -> Result<u64, FailedError> {
+    let (len, _): (u64, i64) = redis::pipe()
+        .atomic()
+        .llen(&list.key)
+        .del(&list.key)
+        .query_async(conn)
+        .await?;
+    Ok(len)
+}
+
+/// The lists the configured backend uses: `failed`, or every `<q>_failed` in `failed_queues`
+/// (one of them when `queue` is given).
+pub async fn lists<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+    queue: Option<&str>,
+) -> Result<Vec<FailedList>, FailedError> {
+    let keys = Keys::new(&config.namespace);
+    match (config.failure_backend, queue) {
+        (FailureBackend::Redis, _) => Ok(vec![FailedList::main(&keys)]),
+        (FailureBackend::RedisMultiQueue, Some(q)) => Ok(vec![FailedList::for_queue(&keys, q)]),
+        (FailureBackend::RedisMultiQueue, None) => {
+            let mut names: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(keys.failed_queues())
+                .query_async(conn)
+                .await?;
+            names.sort();
+            Ok(names
+                .iter()
+                .map(|n| FailedList {
+                    key: format!("{}:{n}", keys.ns()),
+                    name: n.clone(),
+                    multi_queue: true,
+                })
+                .collect())
+        }
+    }
+}
+
+/// Renders `list` output.
+pub fn render(len: u64, list: &FailedList, rows: &[Summary]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: {len} failure(s){}",
+        list.name,
+        if (rows.len() as u64) < len {
+            format!(", newest {} shown", rows.len())
+        } else {
+            String::new()
+        }
+    );
+    for s in rows {
+        let o = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let _ = writeln!(
+            out,
+            "[{}] {}  {} on {}  {}: {}\n      worker {}{}",
+            s.index,
+            o(&s.failed_at),
+            o(&s.class),
+            o(&s.queue),
+            o(&s.exception),
+            clip(&o(&s.error), 100),
+            o(&s.worker),
+            s.retried_at
+                .as_ref()
+                .map(|r| format!("  (retried {r})"))
+                .unwrap_or_default()
+        );
+    }
+    out
+}
+
+/// `locketd failed …` (clap subcommand).
+#[derive(Debug, Clone, clap::Args)]
+pub struct FailedArgs {
+    /// With failure_backend = "redis_multi_queue": the queue whose `<Q>_failed` list to use.
+    #[arg(long, global = true, value_name = "Q")]
+    pub failed_queue: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: FailedAction,
+}
+
+/// The `failed` actions.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum FailedAction {
+    /// List failures, newest first, with Resque's index (0 = oldest).
+    List {
+        /// Show at most N (0 = all).
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        limit: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print failure N's record, verbatim JSON.
+    Show {
+        /// Resque's index.
+        index: u64,
+    },
+    /// Requeue failures as Resque does: mark retried_at, push {class,args} back to the queue.
+    Retry {
+        /// Resque's index.
+        #[arg(required_unless_present_any = ["all", "class", "queue"], conflicts_with_all = ["all", "class", "queue"])]
+        index: Option<u64>,
+        /// Every failure in the list.
+        #[arg(long, conflicts_with_all = ["class", "queue"])]
+        all: bool,
+        /// Every failure of this class.
+        #[arg(long, value_name = "C")]
+        class: Option<String>,
+        /// Every failure from this queue.
+        #[arg(long, value_name = "Q")]
+        queue: Option<String>,
+    },
+    /// Remove failure N (Resque's remove; indexes after it shift down by one).
+    Remove {
+        /// Resque's index.
+        index: u64,
+    },
+    /// Delete the whole failure list (Resque's clear).
+    Clear,
+}
+
+/// Runs `locketd failed …`. Exit 0, 1 on a bad index or a record that cannot be retried, 69
+/// when Redis does not answer.
+pub fn run_cli(config: &Config, args: &FailedArgs) -> anyhow::Result<std::process::ExitCode> {
+    use std::process::ExitCode;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut conn = match super::connect(config).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {:#}", anyhow::Error::from(e));
+                return Ok(ExitCode::from(69));
+            }
+        };
+        let keys = Keys::new(&config.namespace);
+        let all_lists = lists(&mut conn, config, args.failed_queue.as_deref()).await?;
+        let one = || -> anyhow::Result<FailedList> {
+            match all_lists.as_slice() {
+                [l] => Ok(l.clone()),
+                _ => anyhow::bail!(
+                    "failure_backend is redis_multi_queue: name the list with --failed-queue Q"
+                ),
+            }
+        };
+        let fail = |e: FailedError| -> anyhow::Result<ExitCode> {
+            match e {
+                FailedError::Redis(e) => Err(e.into()),
+                other => {
+                    eprintln!("locketd: {other}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        };
+        match &args.action {
+            FailedAction::List { limit, json } => {
+                let mut all = Vec::new();
+                for l in &all_lists {
+                    let (len, rows) = list(&mut conn, l, *limit).await?;
+                    if !*json {
+                        print!("{}", render(len, l, &rows));
+                    }
+                    all.extend(rows);
+                }
+                if *json {
+                    println!("{}", serde_json::to_string(&all)?);
+                } else if all_lists.is_empty() {
+                    println!("no failure lists (failed_queues is empty)");
+                }
+            }
+            FailedAction::Show { index } => match show(&mut conn, &one()?, *index).await {
+                Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+                    Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
+                    Err(_) => println!("{text}"),
+                },
+                Err(e) => return fail(e),
+            },
+            FailedAction::Retry { index: Some(i), .. } => {
+                match retry_one(&mut conn, &keys, &one()?, *i).await {
+                    Ok(r) => println!("retried [{}] {} to queue {}", r.index, r.class, r.queue),
+                    Err(e) => return fail(e),
+                }
+            }
+            FailedAction::Retry { class, queue, .. } => {
+                let filter = Filter {
+                    class: class.clone(),
+                    queue: queue.clone(),
+                };
+                let mut problems = 0;
+                for l in &all_lists {
+                    let (done, skipped) = retry_matching(&mut conn, &keys, l, &filter).await?;
+                    for r in &done {
+                        println!(
+                            "retried {}[{}] {} to queue {}",
+                            if all_lists.len() > 1 {
+                                format!("{} ", l.name)
+                            } else {
+                                String::new()
+                            },
+                            r.index,
+                            r.class,
+                            r.queue
+                        );
+                    }
+                    for e in &skipped {
+                        eprintln!("locketd: {}: {e}", l.name);
+                    }
+                    problems += skipped.len();
+                    println!("{}: {} retried", l.name, done.len());
+                }
+                if problems > 0 {
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            FailedAction::Remove { index } => match remove(&mut conn, &one()?, *index).await {
+                Ok(_) => println!("removed [{index}]"),
+                Err(e) => return fail(e),
+            },
+            FailedAction::Clear => {
+                let l = one()?;
+                let n = clear(&mut conn, &l).await?;
+                println!("cleared {}: {n} failure(s) deleted", l.name);
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_keeps_key_order_and_values_verbatim() {
+        let text = r#"{"failed_at":"x","payload":{"class":"C","args":[1.0, 123456789012345678901]},"queue":"q"}"#;
+        let mut o: Ordered = serde_json::from_str(text).unwrap();
+        o.set(
+            "retried_at",
+            serde_json::value::to_raw_value("2026/11/21 12:00:00 UTC").unwrap(),
+        );
+        assert_eq!(
+            serde_json::to_string(&o).unwrap(),
+            r#"{"failed_at":"x","payload":{"class":"C","args":[1.0, 123456789012345678901]},"queue":"q","retried_at":"2026/11/21 12:00:00 UTC"}"#
+        );
+        o.set("failed_at", serde_json::value::to_raw_value("y").unwrap());
+        assert!(serde_json::to_string(&o)
+            .unwrap()
+            .starts_with(r#"{"failed_at":"y","#));
+    }
+
+    #[test]
+    fn multi_queue_retried_at_has_no_zone() {
+        let k = Keys::new("resque");
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1795263504);
+        assert!(FailedList::main(&k).retried_at(now).ends_with(" UTC"));
+        assert!(!FailedList::for_queue(&k, "q")
+            .retried_at(now)
+            .contains("UTC"));
+    }
+}

@@ -1,0 +1,490 @@
+//! `locketd status`: one screen that answers "is it working?", read from Redis alone.
+//!
+//! Reads only Resque's and locket's own index keys (never `KEYS`): `queues` and `LLEN` of each
+//! queue, the locket counter of each queue, `workers` with each worker's `worker:<id>`,
+//! `:started` and heartbeat, `locket:processes` (which workers are locketd's), `locket:locks`,
+//! the failure list(s) and the global stats.
+//!
+//! ```text
+//! $ locketd status
+//! redis redis://127.0.0.1:6379/0  namespace resque  at 2026-11-21T13:58:02Z
+//! processed 12  failed 2  failures listed 2  locks held 1
+//!
+//! QUEUE     LENGTH  COUNTER  STATE
+//! high           3        3  skipped (every job waits on a lock)
+//! low            0        -  ok
+//! ```
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::lock::FailureBackend;
+use crate::resque::keys::Keys;
+use crate::resque::patterns::QueueSpec;
+use crate::resque::time;
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+/// Everything `locketd status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The Redis URL, password redacted.
+    pub redis: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Redis server time, seconds since the epoch.
+    pub now: u64,
+    /// `pause-all-workers` is set.
+    pub paused: bool,
+    /// `stat:processed`.
+    pub processed: u64,
+    /// `stat:failed`.
+    pub failed: u64,
+    /// Records in the failure list(s).
+    pub failures_listed: u64,
+    /// Locks with at least one live holder (`locket:locks` entries whose deadline is ahead).
+    pub locks_held: u64,
+    /// Queues: the configured ones in priority order, then every other known queue by name.
+    pub queues: Vec<QueueStatus>,
+    /// Registered workers, locketd's and other Resque implementations', by id.
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// One queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStatus {
+    /// Queue name.
+    pub name: String,
+    /// `LLEN queue:<name>`.
+    pub length: u64,
+    /// The locket lock counter, when set (jobs requeued because their lock was held).
+    pub counter: Option<u64>,
+    /// Whether RESERVE skips it now: `counter >= length` with jobs waiting.
+    pub skipped: bool,
+    /// Whether the config's queue list matches it (false: known to Redis, not worked here).
+    pub configured: bool,
+}
+
+/// One registered worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStatus {
+    /// The Resque id `host:pid:queues`.
+    pub id: String,
+    /// Host part of the id.
+    pub host: String,
+    /// Pid part of the id.
+    pub pid: String,
+    /// Queue part of the id.
+    pub queues: String,
+    /// `locketd` when a live locketd process owns it, else `resque` (any other implementation).
+    pub kind: &'static str,
+    /// `worker:<id>:started`, verbatim.
+    pub started: Option<String>,
+    /// `workers:heartbeat` entry, verbatim.
+    pub heartbeat: Option<String>,
+    /// The running job, when `worker:<id>` is set.
+    pub job: Option<JobStatus>,
+}
+
+/// What a worker is working on (`worker:<id>`).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    /// `queue`.
+    pub queue: Option<String>,
+    /// `payload.class`.
+    pub class: Option<String>,
+    /// `run_at`, verbatim.
+    pub run_at: Option<String>,
+    /// Seconds since `run_at`, when it parses.
+    pub running_secs: Option<u64>,
+}
+
+/// The first pipeline's reply: queues, workers, locket processes, paused, processed, failed.
+type Head = (
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    bool,
+    Option<String>,
+    Option<String>,
+);
+
+fn int(v: Option<String>) -> u64 {
+    v.and_then(|s| s.trim().parse::<i64>().ok())
+        .map(|n| n.max(0) as u64)
+        .unwrap_or(0)
+}
+
+/// Reads the status. `config` supplies the namespace, the queue order and the failure backend.
+pub async fn collect<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> Result<Status> {
+    Ok(read(conn, config).await?)
+}
+
+async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisResult<Status> {
+    let k = Keys::new(&config.namespace);
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let (known, workers, processes, paused, processed, failed): Head = redis::pipe()
+        .smembers(k.queues())
+        .smembers(k.workers())
+        .smembers(k.processes())
+        .exists(k.pause_all())
+        .get(k.stat_processed())
+        .get(k.stat_failed())
+        .query_async(conn)
+        .await?;
+
+    // Queues: configured order first, then the rest of `queues` by name.
+    let mut names: Vec<(String, bool)> = Vec::new();
+    if let Ok(spec) = QueueSpec::from_list(&config.queues.0) {
+        for q in spec.expand(&known) {
+            names.push((q, true));
+        }
+    }
+    let listed: BTreeSet<String> = names.iter().map(|(q, _)| q.clone()).collect();
+    let rest: BTreeSet<&String> = known.iter().filter(|q| !listed.contains(*q)).collect();
+    names.extend(rest.into_iter().map(|q| (q.clone(), false)));
+    let mut pipe = redis::pipe();
+    for (q, _) in &names {
+        pipe.llen(k.queue(q)).get(k.counter(q));
+    }
+    let lens: Vec<(u64, Option<String>)> = if names.is_empty() {
+        Vec::new()
+    } else {
+        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        flat.chunks(2)
+            .map(|c| {
+                let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
+                let ctr = redis::from_redis_value::<Option<String>>(c[1].clone()).unwrap_or(None);
+                (len, ctr)
+            })
+            .collect()
+    };
+    let queues = names
+        .into_iter()
+        .zip(lens)
+        .map(|((name, configured), (length, counter))| {
+            let counter = counter.and_then(|c| c.trim().parse::<u64>().ok());
+            QueueStatus {
+                skipped: length > 0 && counter.is_some_and(|c| c >= length),
+                name,
+                length,
+                counter,
+                configured,
+            }
+        })
+        .collect();
+
+    // Workers.
+    let mut ids = workers;
+    ids.sort();
+    let mut ws = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(100) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            pipe.get(k.worker(id))
+                .get(k.worker_started(id))
+                .hget(k.heartbeat(), id);
+        }
+        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        for (id, c) in chunk.iter().zip(flat.chunks(3)) {
+            let s =
+                |i: usize| redis::from_redis_value::<Option<String>>(c[i].clone()).unwrap_or(None);
+            ws.push(worker_status(id, s(0), s(1), s(2), &processes, now));
+        }
+    }
+
+    let failures_listed = match config.failure_backend {
+        FailureBackend::Redis => redis::cmd("LLEN").arg(k.failed()).query_async(conn).await?,
+        FailureBackend::RedisMultiQueue => {
+            let lists: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(k.failed_queues())
+                .query_async(conn)
+                .await?;
+            let mut total = 0u64;
+            for l in lists {
+                let n: u64 = redis::cmd("LLEN")
+                    .arg(format!("{}:{l}", k.ns()))
+                    .query_async(conn)
+                    .await?;
+                total += n;
+            }
+            total
+        }
+    };
+    let locks_held: u64 = redis::cmd("ZCOUNT")
+        .arg(k.locks())
+        .arg(format!("({}", now.saturating_mul(1000)))
+        .arg("+inf")
+        .query_async(conn)
+        .await?;
+
+    Ok(Status {
+        redis: crate::worker::redact(&config.redis),
+        namespace: config.namespace.clone(),
+        now,
+        paused,
+        processed: int(processed),
+        failed: int(failed),
+        failures_listed,
+        locks_held,
+        queues,
+        workers: ws,
+    })
+}
+
+fn worker_status(
+    id: &str,
+    working: Option<String>,
+    started: Option<String>,
+    heartbeat: Option<String>,
+    processes: &[String],
+    now: u64,
+) -> WorkerStatus {
+    // Resque's own `Worker.find` split: the queue part may contain ':'.
+    let mut parts = id.splitn(3, ':');
+    let host = parts.next().unwrap_or("").to_string();
+    let pid = parts.next().unwrap_or("").to_string();
+    let queues = parts.next().unwrap_or("").to_string();
+    let prefix = format!("{host}:{pid}:");
+    let kind = if processes.iter().any(|p| p.starts_with(&prefix)) {
+        "locketd"
+    } else {
+        "resque"
+    };
+    let job = working.filter(|w| !w.is_empty()).map(|w| {
+        let v: serde_json::Value = serde_json::from_str(&w).unwrap_or_default();
+        let run_at = v.get("run_at").and_then(|r| r.as_str()).map(str::to_string);
+        JobStatus {
+            queue: v.get("queue").and_then(|q| q.as_str()).map(str::to_string),
+            class: v
+                .pointer("/payload/class")
+                .and_then(|c| c.as_str())
+                .map(str::to_string),
+            running_secs: run_at
+                .as_deref()
+                .and_then(time::parse_heartbeat)
+                .map(|t| now.saturating_sub(t)),
+            run_at,
+        }
+    });
+    WorkerStatus {
+        id: id.to_string(),
+        host,
+        pid,
+        queues,
+        kind,
+        started,
+        heartbeat,
+        job,
+    }
+}
+
+fn pad(out: &mut String, cells: &[String], widths: &[usize]) {
+    let mut line = String::new();
+    for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+        if i + 1 == cells.len() {
+            line.push_str(c);
+        } else {
+            let _ = write!(line, "{c:<w$}  ");
+        }
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+}
+
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    pad(
+        out,
+        &header.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+        &widths,
+    );
+    for r in rows {
+        pad(out, r, &widths);
+    }
+}
+
+impl Status {
+    /// The human-readable screen.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "redis {}  namespace {}  at {}",
+            self.redis,
+            self.namespace,
+            time::run_at(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(self.now))
+        );
+        let busy = self.workers.iter().filter(|w| w.job.is_some()).count();
+        let _ = writeln!(
+            out,
+            "processed {}  failed {}  failures listed {}  locks held {}  workers {} ({} busy, {} idle){}",
+            self.processed,
+            self.failed,
+            self.failures_listed,
+            self.locks_held,
+            self.workers.len(),
+            busy,
+            self.workers.len() - busy,
+            if self.paused { "  PAUSED (pause-all-workers is set)" } else { "" }
+        );
+        out.push('\n');
+        if self.queues.is_empty() {
+            out.push_str("no queues known\n");
+        } else {
+            let rows: Vec<Vec<String>> = self
+                .queues
+                .iter()
+                .map(|q| {
+                    let state = if q.skipped {
+                        "skipped (every job waits on a lock)"
+                    } else if q.length == 0 {
+                        "empty"
+                    } else {
+                        "ok"
+                    };
+                    vec![
+                        q.name.clone(),
+                        q.length.to_string(),
+                        q.counter.map(|c| c.to_string()).unwrap_or("-".into()),
+                        if q.configured {
+                            state.to_string()
+                        } else {
+                            format!("{state}; not in this config's queue list")
+                        },
+                    ]
+                })
+                .collect();
+            table(&mut out, &["QUEUE", "LENGTH", "COUNTER", "STATE"], &rows);
+        }
+        out.push('\n');
+        if self.workers.is_empty() {
+            out.push_str("no workers registered\n");
+        } else {
+            let rows: Vec<Vec<String>> = self
+                .workers
+                .iter()
+                .map(|w| {
+                    let job = match &w.job {
+                        None => "idle".to_string(),
+                        Some(j) => format!(
+                            "{} on {} since {}{}",
+                            j.class.as_deref().unwrap_or("?"),
+                            j.queue.as_deref().unwrap_or("?"),
+                            j.run_at.as_deref().unwrap_or("?"),
+                            j.running_secs
+                                .map(|s| format!(" ({s}s)"))
+                                .unwrap_or_default()
+                        ),
+                    };
+                    vec![
+                        w.host.clone(),
+                        w.pid.clone(),
+                        w.kind.to_string(),
+                        w.queues.clone(),
+                        w.started.clone().unwrap_or("-".into()),
+                        job,
+                    ]
+                })
+                .collect();
+            table(
+                &mut out,
+                &["HOST", "PID", "KIND", "QUEUES", "STARTED", "JOB"],
+                &rows,
+            );
+        }
+        out
+    }
+}
+
+/// `locketd status [--json] [--watch SECS [--count N]]`: prints, and with `--watch` repeats
+/// until Ctrl-C (or `count` screens). Exit 0, or 69 when Redis does not answer.
+pub fn run_cli(
+    config: &Config,
+    json: bool,
+    watch: Option<f64>,
+    count: Option<u64>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use std::io::{IsTerminal, Write};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut conn = match super::connect(config).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {:#}", anyhow::Error::from(e));
+                return Ok(std::process::ExitCode::from(69));
+            }
+        };
+        let every = watch
+            .filter(|w| w.is_finite() && *w > 0.0)
+            .map(std::time::Duration::from_secs_f64);
+        let tty = std::io::stdout().is_terminal();
+        let mut shown = 0u64;
+        loop {
+            let status = collect(&mut conn, config).await?;
+            let mut text = if json {
+                let mut t = serde_json::to_string(&status)?;
+                t.push('\n');
+                t
+            } else {
+                status.render()
+            };
+            if every.is_some() && tty && !json {
+                text = format!("\x1b[H\x1b[2J{text}");
+            } else if every.is_some() && !json && shown > 0 {
+                text = format!("\n{text}");
+            }
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+            drop(out);
+            shown += 1;
+            let Some(every) = every else { break };
+            if count.is_some_and(|n| shown >= n) {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        Ok(std::process::ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_and_locketd_workers_are_told_apart() {
+        let procs = vec!["vm:10:ab12cd34".to_string()];
+        let w = worker_status("vm:10:high,low", None, None, None, &procs, 0);
+        assert_eq!(
+            (w.kind, w.host.as_str(), w.pid.as_str()),
+            ("locketd", "vm", "10")
+        );
+        let w = worker_status(
+            "other:7:a:b",
+            Some(r#"{"queue":"a:b","run_at":"2026-11-21T12:00:00Z","payload":{"class":"X","args":[]}}"#.into()),
+            None,
+            None,
+            &procs,
+            time::parse_heartbeat("2026-11-21T12:00:09Z").unwrap(),
+        );
+        assert_eq!((w.kind, w.queues.as_str()), ("resque", "a:b"));
+        let j = w.job.unwrap();
+        assert_eq!(j.class.as_deref(), Some("X"));
+        assert_eq!(j.running_secs, Some(9));
+    }
+}

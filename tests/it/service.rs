@@ -1,0 +1,453 @@
+//! The service side of the real binary: sd_notify (READY, STATUS, WATCHDOG, STOPPING) read from
+//! a socket the test binds, Prometheus `/metrics`, and the metrics reporter pipe a master reads.
+//! Run: `cargo test --test it service::`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::daemon::{cfg, NS, R};
+use crate::support::{wait_until, write_script, Daemon, RedisServer};
+
+const SHORT: Duration = Duration::from_secs(10);
+
+/// The service manager's end of NOTIFY_SOCKET: every datagram received, in order.
+struct NotifySocket {
+    sock: UnixDatagram,
+    seen: Vec<String>,
+}
+
+impl NotifySocket {
+    fn bind(path: &Path) -> NotifySocket {
+        let sock = UnixDatagram::bind(path).expect("bind notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        NotifySocket {
+            sock,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Receives until a message satisfies `pred` (bounded); returns it.
+    fn wait_for(&mut self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                self.seen.push(msg.clone());
+                if pred(&msg) {
+                    return msg;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {timeout:?}; got {:?}",
+                self.seen
+            );
+        }
+    }
+
+    /// Every message received during `d`.
+    fn collect(&mut self, d: Duration) -> Vec<String> {
+        let end = Instant::now() + d;
+        let mut buf = [0u8; 4096];
+        let mut out = Vec::new();
+        while Instant::now() < end {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        self.seen.extend(out.clone());
+        out
+    }
+}
+
+#[test]
+fn notify_ready_after_registration_watchdog_while_healthy_stopping_on_quit() {
+    let mut redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let builder = Daemon::builder(&redis);
+    let sock_path = builder.dir().join("notify.sock");
+    let mut notify = NotifySocket::bind(&sock_path);
+    let job = write_script(builder.dir(), "job.sh", "sleep 2\n");
+    let config = cfg("q").class("Work", &job, "").render();
+    let mut daemon = builder
+        .config(&config)
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "400000")
+        .start();
+
+    let ready = notify.wait_for("READY=1", SHORT, |m| m.lines().any(|l| l == "READY=1"));
+    // READY comes after registration: the worker is already visible to Resque.
+    let pid = daemon.worker_pid().to_string();
+    assert!(
+        r.workers()
+            .iter()
+            .any(|w| w.split(':').nth(1) == Some(pid.as_str())),
+        "READY before registration: {:?}",
+        r.workers()
+    );
+    assert!(ready.contains("STATUS=0 busy, 1 idle"), "{ready}");
+    assert!(
+        !notify.seen[..notify.seen.len() - 1]
+            .iter()
+            .any(|m| m.contains("WATCHDOG")),
+        "nothing before READY: {:?}",
+        notify.seen
+    );
+
+    // Pings at half the interval while healthy.
+    let msgs = notify.collect(Duration::from_millis(1000));
+    let pings = msgs.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(pings >= 3, "expected ~5 pings in 1s, got {msgs:?}");
+
+    // STATUS follows the work.
+    r.push("q", r#"{"class":"Work","args":[1]}"#);
+    notify.wait_for("busy status", SHORT, |m| {
+        m.starts_with("STATUS=1 busy, 0 idle")
+    });
+    notify.wait_for("done status", SHORT, |m| {
+        m == "STATUS=0 busy, 1 idle; 1 jobs done, 0 failed"
+    });
+
+    // No ping while Redis is away; pings again once it is back.
+    redis.stop();
+    notify.collect(Duration::from_millis(2500));
+    let quiet = notify.collect(Duration::from_millis(1500));
+    assert!(
+        !quiet.iter().any(|m| m == "WATCHDOG=1"),
+        "pinged while Redis was down: {quiet:?}"
+    );
+    redis.restart();
+    notify.wait_for("WATCHDOG=1 after Redis came back", SHORT, |m| {
+        m == "WATCHDOG=1"
+    });
+
+    daemon.signal(libc::SIGQUIT);
+    notify.wait_for("STOPPING=1", SHORT, |m| m == "STOPPING=1");
+    let status = daemon.wait_exit(SHORT).expect("daemon exits after QUIT");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn notify_reaches_an_abstract_socket() {
+    let redis = RedisServer::start();
+    let name = format!("locketd-it-{}-{}", std::process::id(), line!());
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            name.as_bytes(),
+        )
+        .unwrap();
+    let sock = UnixDatagram::bind_addr(&addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut notify = NotifySocket {
+        sock,
+        seen: Vec::new(),
+    };
+    let mut daemon = Daemon::builder(&redis)
+        .config(&cfg("q").render())
+        .env("NOTIFY_SOCKET", format!("@{name}"))
+        .start();
+    notify.wait_for("READY=1", SHORT, |m| m.starts_with("READY=1"));
+    daemon.terminate(SHORT);
+    notify.wait_for("STOPPING=1", SHORT, |m| m == "STOPPING=1");
+}
+
+/// `GET path` on `addr`; returns (status line, body).
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(SHORT)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+fn metrics_addr(daemon: &Daemon) -> String {
+    daemon.wait_for_log("serving metrics", SHORT);
+    let log = daemon.log();
+    let line = log.lines().find(|l| l.contains("serving metrics")).unwrap();
+    let at = line.find("addr=").expect("addr field") + 5;
+    line[at..].split_whitespace().next().unwrap().to_string()
+}
+
+/// The value of the sample `name{labels}` (exact text before the value).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_endpoint_counts_the_jobs_that_ran() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let builder = Daemon::builder(&redis);
+    let ok = write_script(builder.dir(), "ok.sh", "exit 0\n");
+    let bad = write_script(builder.dir(), "bad.sh", "echo no >&2; exit 2\n");
+    let config = cfg("q,other")
+        .top("metrics = \"127.0.0.1:0\"")
+        .class("Good", &ok, "")
+        .class("Bad", &bad, "")
+        .render();
+    let mut daemon = builder.config(&config).start();
+    let addr = metrics_addr(&daemon);
+    for i in 0..3 {
+        r.push("q", &format!(r#"{{"class":"Good","args":[{i}]}}"#));
+    }
+    for i in 0..2 {
+        r.push("q", &format!(r#"{{"class":"Bad","args":[{i}]}}"#));
+    }
+    wait_until(SHORT, "all five jobs ran", || r.processed() == 5);
+    // Work waiting in a queue the daemon does not reach yet is a gauge read at scrape time.
+    let _: i64 = r.cmd(&["SADD", &format!("{NS}:queues"), "other"]);
+
+    let good = r#"{queue="q",class="Good"}"#;
+    let badl = r#"{queue="q",class="Bad"}"#;
+    // Workers report to the master once a second: wait for the report after the last job.
+    let (mut status, mut body) = (String::new(), String::new());
+    wait_until(SHORT, "the master's metrics show the five jobs", || {
+        (status, body) = http_get(&addr, "/metrics");
+        sample(&body, &format!("locketd_jobs_succeeded_total{good}")) == Some(3.0)
+            && sample(&body, &format!("locketd_jobs_failed_total{badl}")) == Some(2.0)
+    });
+    assert!(status.contains("200"), "{status}");
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_succeeded_total{good}")),
+        Some(3.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_started_total{good}")),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_failed_total{badl}")),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_succeeded_total{badl}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&body, &format!("locketd_job_duration_seconds_count{good}")),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"locketd_job_duration_seconds_bucket{le="+Inf",queue="q",class="Bad"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&body, r#"locketd_queue_length{queue="q"}"#),
+        Some(0.0)
+    );
+    assert_eq!(sample(&body, r#"locketd_workers{state="idle"}"#), Some(1.0));
+    assert_eq!(sample(&body, r#"locketd_workers{state="busy"}"#), Some(0.0));
+    assert_eq!(sample(&body, "locketd_resque_processed"), Some(5.0));
+    assert_eq!(sample(&body, "locketd_resque_failed"), Some(2.0));
+    assert_eq!(sample(&body, "locketd_failures_listed"), Some(2.0));
+    assert_eq!(sample(&body, "locketd_redis_up"), Some(1.0));
+    assert_eq!(
+        sample(&body, r#"locketd_lock_conflicts_total{action="requeue"}"#),
+        Some(0.0)
+    );
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+
+    let (status, _) = http_get(&addr, "/nope");
+    assert!(status.contains("404"), "{status}");
+    daemon.terminate(SHORT);
+}
+
+#[test]
+fn metrics_flag_is_checked_and_overrides_the_file() {
+    let redis = RedisServer::start();
+    let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .args([
+            "--redis",
+            &redis.url(),
+            "--queues",
+            "q",
+            "--metrics",
+            "nonsense",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("metrics"));
+    let mut daemon = Daemon::builder(&redis)
+        .config(&cfg("q").top("metrics = \"bad\"").render())
+        .args(["--metrics", "127.0.0.1:0"])
+        .start();
+    let addr = metrics_addr(&daemon);
+    let (status, body) = http_get(&addr, "/metrics");
+    assert!(
+        status.contains("200") && body.contains("locketd_redis_up 1"),
+        "{body}"
+    );
+    daemon.terminate(SHORT);
+
+    // An address that cannot be bound: exit 78, and the worker does not stay registered.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let mut daemon = Daemon::builder(&redis)
+        .config(&cfg("q").render())
+        .args(["--metrics", taken_addr.as_str()])
+        .start();
+    let status = daemon
+        .wait_exit(SHORT)
+        .expect("exits when the port is taken");
+    assert_eq!(status.code(), Some(78), "{}", daemon.log());
+    assert!(
+        daemon.log().contains("cannot listen on"),
+        "{}",
+        daemon.log()
+    );
+    assert!(R::new(&redis).workers().is_empty());
+}
+
+/// Kills the process group of a child on drop.
+struct Group(std::process::Child);
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our child's process group.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn worker_reports_snapshots_on_locketd_metrics_fd() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write_script(dir.path(), "ok.sh", "exit 0\n");
+    let conf = dir.path().join("c.toml");
+    std::fs::write(&conf, cfg("q").class("Good", &ok, "").render()).unwrap();
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) with a valid two-int array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (rd, wr) = (fds[0], fds[1]);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_locketd"));
+    // A worker process as the master starts it: config text on stdin, the pipe on fd 3.
+    cmd.args(["--redis", &redis.url()])
+        .env("LOCKETD_ROLE", "worker")
+        .env("LOCKETD_METRICS_FD", "3")
+        .env("RUST_LOG", "locketd=debug")
+        .stdin(std::fs::File::open(&conf).unwrap())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wr, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(rd);
+            Ok(())
+        });
+    }
+    let child = Group(cmd.spawn().unwrap());
+    // SAFETY: closing our copy of the write end, so EOF comes when the worker exits.
+    unsafe { libc::close(wr) };
+    // SAFETY: we own the read end.
+    let reader = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(rd) };
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    for i in 0..4 {
+        r.push("q", &format!(r#"{{"class":"Good","args":[{i}]}}"#));
+    }
+    wait_until(SHORT, "jobs ran", || r.processed() == 4);
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + SHORT;
+    let counted = |l: &str| {
+        serde_json::from_str::<locketd::metrics::Snapshot>(l)
+            .ok()
+            .and_then(|s| s.jobs.first().map(|j| j.succeeded))
+    };
+    while lines.last().and_then(|l: &String| counted(l)) != Some(4) {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot with 4 jobs: {lines:?}"
+        );
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+            lines.push(l);
+        }
+    }
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGQUIT) };
+    // EOF once the worker is gone: the master's reader would mark it exited, keeping its totals.
+    let deadline = Instant::now() + SHORT;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => lines.push(l),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(_) => assert!(Instant::now() < deadline, "no EOF after QUIT"),
+        }
+    }
+    let mut agg = locketd::metrics::Aggregate::default();
+    for l in &lines {
+        agg.update(serde_json::from_str(l).unwrap());
+    }
+    agg.worker_exited(child.0.id());
+    let merged = agg.merged();
+    assert_eq!(merged.jobs[0].succeeded, 4);
+    assert_eq!(merged.busy, 0);
+    assert!(
+        lines.len() >= 2,
+        "one line per second plus a final one: {lines:?}"
+    );
+}
+
+#[test]
+fn metrics_count_lock_conflicts_and_queue_skips() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let holder_b = Daemon::builder(&redis);
+    let slow = write_script(holder_b.dir(), "slow.sh", "sleep 10\n");
+    let config = cfg("q").class("Sync", &slow, "").render();
+    let mut holder = holder_b.config(&config).start();
+    r.push("q", r#"{"class":"Sync","args":[1]}"#);
+    wait_until(SHORT, "the first job holds its lock", || {
+        r.llen(&format!("{NS}:queue:q")) == 0 && r.processed() == 0
+    });
+    // Same class and args: the second daemon finds the lock held and requeues it.
+    r.push("q", r#"{"class":"Sync","args":[1]}"#);
+    let mut second = Daemon::builder(&redis)
+        .config(
+            &cfg("q")
+                .top("metrics = \"127.0.0.1:0\"")
+                // Workers report once a second: the counter must outlive the report.
+                .locket("counter_ttl", "\"10s\"")
+                .class("Sync", &slow, "")
+                .render(),
+        )
+        .start();
+    let addr = metrics_addr(&second);
+    let mut body = String::new();
+    wait_until(SHORT, "a conflict and a skip are counted", || {
+        body = http_get(&addr, "/metrics").1;
+        sample(&body, r#"locketd_lock_conflicts_total{action="requeue"}"#).unwrap_or(0.0) >= 1.0
+            && sample(&body, r#"locketd_queue_skips_total{queue="q"}"#).unwrap_or(0.0) >= 1.0
+    });
+    assert_eq!(sample(&body, "locketd_locks_held"), Some(1.0), "{body}");
+    assert!(sample(&body, r#"locketd_queue_lock_counter{queue="q"}"#).unwrap() >= 1.0);
+    second.terminate(SHORT);
+    holder.kill();
+}
