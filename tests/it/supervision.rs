@@ -365,17 +365,20 @@ fn parse_runs(text: &str) -> Runs {
     runs
 }
 
-/// A handler for jobs `{"class":"Tag","args":[tag, key, ms]}`: it takes a non-blocking flock
-/// on `<dir>/<key>.lk` for its whole run (inherited by its `sleep` child, released by the
-/// kernel when every holder is dead) and writes `overlap` if another live process holds it:
-/// two live handlers under one lock key (NEVER-1), including an orphan, are caught.
+/// A handler for jobs `{"class":"Tag","args":[key],"tag":N,"ms":M}` (the lock key is over the
+/// args, so jobs of one key lock each other while tags stay unique): it takes a non-blocking
+/// flock on `<dir>/<key>.lk` for its whole run (inherited by its `sleep` child, released by
+/// the kernel when every holder is dead) and writes `overlap` if another live process holds
+/// it: two live handlers under one lock key (NEVER-1), including an orphan, are caught.
 fn tagging_handler(dir: &Path) -> std::path::PathBuf {
     write_script(
         dir,
         "tag.sh",
         &format!(
-            r#"set -- $(echo "$LOCKETD_ARGS" | tr ',' ' ' | tr -d '[]"')
-tag=$1 key=$2 ms=$3
+            r#"p=$(cat)
+tag=$(echo "$p" | sed 's/.*"tag":\([0-9]*\).*/\1/')
+ms=$(echo "$p" | sed 's/.*"ms":\([0-9]*\).*/\1/')
+key=$(echo "$LOCKETD_ARGS" | tr -d '[]" ')
 exec 9>>{d}/$key.lk
 if ! flock -n 9; then echo "overlap $tag $key" >> {d}/runs; fi
 echo "start $tag $key" >> {d}/runs
@@ -387,11 +390,16 @@ echo "end $tag" >> {d}/runs
     )
 }
 
+/// A tagged job's payload.
+fn tagged(tag: u32, key: &str, ms: u32) -> String {
+    format!(r#"{{"class":"Tag","args":["{key}"],"tag":{tag},"ms":{ms}}}"#)
+}
+
 /// Failed tags (from `args[0]` of each failure record), with their counts.
 fn failed_tags(r: &mut R) -> BTreeMap<u32, usize> {
     let mut m = BTreeMap::new();
     for f in r.failures() {
-        let tag = f["payload"]["args"][0].as_u64().expect("tag") as u32;
+        let tag = f["payload"]["tag"].as_u64().expect("tag") as u32;
         *m.entry(tag).or_default() += 1;
     }
     m
@@ -432,11 +440,8 @@ fn push_tagged(r: &mut R, n: u32, keys: u32, max_ms: u32) {
     for tag in 0..n {
         let key = format!("k{}", tag % keys);
         let ms = rng.random_range(1..=max_ms);
-        pipe.rpush(
-            format!("{NS}:queue:q"),
-            format!(r#"{{"class":"Tag","args":[{tag},"{key}",{ms}]}}"#),
-        )
-        .ignore();
+        pipe.rpush(format!("{NS}:queue:q"), tagged(tag, &key, ms))
+            .ignore();
     }
     let () = pipe.query(&mut r.0).expect("push jobs");
 }
@@ -574,4 +579,87 @@ fn chaos_kills_and_redis_restarts_lose_repeat_and_overlap_nothing() {
     assert_eq!(exit_code(&mut d, Duration::from_secs(30)), Some(0));
     wait_until(SHORT, "no registration left", || r.workers().is_empty());
     assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
+}
+
+/// Issue 6 multi-slot mode: `--slots 4` runs four jobs at once in one worker process, each
+/// slot registered as its own Resque worker `host:pid+k:queues`; jobs of one lock key still
+/// never overlap (NEVER-1); a SIGKILL of the process recovers every slot at once; QUIT
+/// unregisters all four.
+#[test]
+fn slots_run_jobs_concurrently_as_separate_resque_workers() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let script = tagging_handler(dir);
+    let config = cfg("q").class("Tag", &script, "").render();
+    let mut d = Daemon::start(&redis, &config, &["--slots", "4"]);
+    let pid = d.worker_pid();
+    let host = crate::daemon::hostname();
+    let want: BTreeSet<String> = (1..=4).map(|k| format!("{host}:{pid}+{k}:q")).collect();
+    wait_until(SHORT, "four slot workers registered", || {
+        r.workers().into_iter().collect::<BTreeSet<_>>() == want
+    });
+    assert_eq!(
+        cmdline(pid),
+        "resque-0.1.0-locketd: 4 slots for q",
+        "one process title for the slots"
+    );
+
+    // 8 distinct keys of 400 ms each, plus 8 jobs of one key of 50 ms each.
+    let mut pipe = redis::pipe();
+    for tag in 0..8u32 {
+        pipe.rpush(
+            format!("{NS}:queue:q"),
+            tagged(tag, &format!("d{tag}"), 400),
+        )
+        .ignore();
+    }
+    for tag in 8..16u32 {
+        pipe.rpush(format!("{NS}:queue:q"), tagged(tag, "same", 50))
+            .ignore();
+    }
+    let () = pipe.query(&mut r.0).unwrap();
+    let started = Instant::now();
+    wait_until(SHORT, "all 16 jobs ran", || r.processed() == 16);
+    let elapsed = started.elapsed();
+    let runs = parse_runs(&read_lossy(&dir.join("runs")));
+    assert_each_tag_once(&mut r, &runs, 16);
+    // One at a time, the 400 ms jobs alone would take 3.2 s.
+    assert!(
+        elapsed < Duration::from_millis(2500),
+        "slots did not run jobs concurrently: {elapsed:?}"
+    );
+    let stats: Vec<i64> = want
+        .iter()
+        .map(|w| r.int(&format!("{NS}:stat:processed:{w}")))
+        .collect();
+    assert_eq!(stats.iter().sum::<i64>(), 16);
+    assert!(
+        stats.iter().filter(|n| **n > 0).count() >= 2,
+        "per-slot stats {stats:?}"
+    );
+
+    // A SIGKILL of the process recovers every slot, and a replacement registers four new ones.
+    r.push("q", &tagged(100, "x", 999));
+    r.push("q", &tagged(101, "y", 999));
+    wait_until(SHORT, "two long jobs running", || {
+        r.keys(&format!("{NS}:locket:inflight:*")).len() == 2
+    });
+    // SAFETY: kill(2) of the daemon's worker process.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_until(SHORT, "both slots' jobs recorded", || {
+        r.failures().len() == 2
+    });
+    wait_until(SHORT, "the replacement's four slots", || {
+        let ws = r.workers();
+        ws.len() == 4 && ws.iter().all(|w| !w.contains(&format!(":{pid}+")))
+    });
+    assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
+    let ids = r.workers();
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    for id in &ids {
+        assert_unregistered(&mut r, id);
+    }
 }
