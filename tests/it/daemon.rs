@@ -965,15 +965,6 @@ fn start_long_job_with(
     (d, worker, handler, reaper)
 }
 
-fn start_long_job(
-    redis: &RedisServer,
-    r: &mut R,
-    work: &Path,
-    c: Cfg,
-) -> (Daemon, String, i32, Reaper) {
-    start_long_job_with(redis, r, work, c, false)
-}
-
 /// Checks the failure record of a stopped long job and the cleanup after it
 /// (R-8, checklist 16/20/24): `Resque::TermException` / `SIGTERM` (counted in `stat:failed`)
 /// when the handler stopped on the polite stop, `Resque::DirtyExit` / SIGKILL (not counted)
@@ -1011,43 +1002,41 @@ fn assert_stopped_as(r: &mut R, work: &Path, worker: &str, handler: i32, killed:
     assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
 }
 
-fn assert_terminated(r: &mut R, work: &Path, worker: &str, handler: i32) {
-    assert_stopped_as(r, work, worker, handler, false);
+/// Starts a long job under `c`, sends `sig`, and checks that the daemon exits 0 and the job
+/// was recorded as stopped politely (`killed == false`) or killed. Returns the time from the
+/// signal to the exit.
+fn stop_long_job(c: Cfg, ignore_term: bool, sig: i32, killed: bool) -> Duration {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let (mut d, worker, handler, _reaper) =
+        start_long_job_with(&redis, &mut r, work.path(), c, ignore_term);
+    let sent = Instant::now();
+    d.signal(sig);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    let took = sent.elapsed();
+    assert_stopped_as(&mut r, work.path(), &worker, handler, killed);
+    took
 }
 
 /// resque-protocol §7 (`shutdown!` with `TERM_CHILD`): TERM stops the running job now; a
 /// handler that stops on SIGTERM is recorded as `Resque::TermException`; exit 0.
 #[test]
 fn term_stops_the_running_job_as_term_exception_and_exits_0() {
-    let redis = RedisServer::start();
-    let mut r = R::new(&redis);
-    let work = workdir();
-    let (mut d, worker, handler, _reaper) = start_long_job(
-        &redis,
-        &mut r,
-        work.path(),
-        cfg("q").locket("shutdown_timeout", "\"20s\""),
-    );
-    d.signal(libc::SIGTERM);
-    assert_eq!(exit_code(&mut d, SHORT), Some(0));
-    assert_terminated(&mut r, work.path(), &worker, handler);
+    let c = cfg("q").locket("shutdown_timeout", "\"20s\"");
+    let took = stop_long_job(c, false, libc::SIGTERM, false);
+    assert!(took < Duration::from_secs(5), "TERM waited {took:?}");
 }
 
 /// resque-protocol §7: INT always stops now, even with `graceful_term`.
 #[test]
 fn int_stops_the_running_job_even_with_graceful_term() {
-    let redis = RedisServer::start();
-    let mut r = R::new(&redis);
-    let work = workdir();
-    let (mut d, worker, handler, _reaper) = start_long_job(
-        &redis,
-        &mut r,
-        work.path(),
+    stop_long_job(
         cfg("q").top("graceful_term = true"),
+        false,
+        libc::SIGINT,
+        false,
     );
-    d.signal(libc::SIGINT);
-    assert_eq!(exit_code(&mut d, SHORT), Some(0));
-    assert_terminated(&mut r, work.path(), &worker, handler);
 }
 
 /// resque-protocol §7 (`RESQUE_TERM_TIMEOUT`): a handler ignoring SIGTERM is SIGKILLed
@@ -1055,24 +1044,12 @@ fn int_stops_the_running_job_even_with_graceful_term() {
 /// it had to kill.
 #[test]
 fn a_handler_ignoring_term_is_killed_after_term_timeout_as_dirty_exit() {
-    let redis = RedisServer::start();
-    let mut r = R::new(&redis);
-    let work = workdir();
-    let (mut d, worker, handler, _reaper) = start_long_job_with(
-        &redis,
-        &mut r,
-        work.path(),
-        cfg("q").top("term_timeout = \"1s\""),
-        true,
-    );
-    let sent = Instant::now();
-    d.signal(libc::SIGTERM);
-    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+    let c = cfg("q").top("term_timeout = \"1s\"");
+    let took = stop_long_job(c, true, libc::SIGTERM, true);
     assert!(
-        sent.elapsed() >= Duration::from_millis(900),
+        took >= Duration::from_millis(900),
         "killed before term_timeout"
     );
-    assert_stopped_as(&mut r, work.path(), &worker, handler, true);
 }
 
 /// resque-protocol §7, issue 3: a second TERM kills the running job at once (no
@@ -1101,18 +1078,8 @@ fn a_second_term_kills_the_running_job_at_once_and_exits_0() {
 /// `Resque::TermException`; the daemon exits 0.
 #[test]
 fn a_job_outliving_shutdown_timeout_is_recorded_as_term_exception() {
-    let redis = RedisServer::start();
-    let mut r = R::new(&redis);
-    let work = workdir();
-    let (mut d, worker, handler, _reaper) = start_long_job(
-        &redis,
-        &mut r,
-        work.path(),
-        cfg("q").locket("shutdown_timeout", "\"1s\""),
-    );
-    d.signal(libc::SIGQUIT);
-    assert_eq!(exit_code(&mut d, SHORT), Some(0));
-    assert_terminated(&mut r, work.path(), &worker, handler);
+    let c = cfg("q").locket("shutdown_timeout", "\"1s\"");
+    stop_long_job(c, false, libc::SIGQUIT, false);
 }
 
 // ---------------------------------------------------------------------------------------------
