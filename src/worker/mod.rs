@@ -4,6 +4,7 @@
 //! pop) → classify → ACQUIRE (+START) → run with lock heartbeats → FINISH, with a process
 //! heartbeat and the janitor running beside it.
 
+mod idle;
 mod janitor;
 mod run;
 
@@ -176,6 +177,8 @@ pub struct Worker {
     peers: Vec<Worker>,
     /// Several slots share the process title: only the process-wide state is shown.
     multi: bool,
+    /// The process's idle waiter, shared by its slots.
+    idle: Arc<idle::Idle>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -299,6 +302,7 @@ impl Worker {
             peers: Vec::new(),
             multi,
             metrics: crate::metrics::Metrics::default(),
+            idle: Arc::default(),
         };
         for k in 2..=slots {
             let peer = Worker {
@@ -315,6 +319,7 @@ impl Worker {
                 peers: Vec::new(),
                 multi,
                 metrics: crate::metrics::Metrics::default(),
+                idle: worker.idle.clone(),
             };
             worker.peers.push(peer);
         }
@@ -575,7 +580,21 @@ impl Worker {
                     if interval.is_zero() {
                         return StopReason::Drained;
                     }
-                    sleep_or_stop(interval, control, dead).await;
+                    // The highest-priority queue that was empty (not merely skipped).
+                    let empty = queues.iter().find(|q| !skipped.contains(q));
+                    let key = empty.map(|q| self.keys.queue(q));
+                    let mut paused = control.paused.subscribe();
+                    let stop = async {
+                        tokio::select! {
+                            _ = control.quit.cancelled() => {}
+                            _ = control.term.cancelled() => {}
+                            _ = dead.cancelled() => {}
+                            _ = paused.wait_for(|p| *p) => {}
+                        }
+                    };
+                    self.idle
+                        .wait(&self.config.redis, key.as_deref(), interval, stop)
+                        .await;
                 }
                 Ok(Reserved::Paused) => {
                     self.redis_ok();

@@ -663,3 +663,36 @@ fn slots_run_jobs_concurrently_as_separate_resque_workers() {
         assert_unregistered(&mut r, id);
     }
 }
+
+/// An idle worker blocks on its first empty queue instead of sleeping `interval`: a job pushed
+/// there runs long before the 30 s interval, and the queue keeps its order (the wait takes
+/// nothing from it). Jobs of other queues wait for the next pass, as with Resque's polling.
+#[test]
+fn an_idle_worker_wakes_on_a_push_and_keeps_the_queue_order() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let rec = write_script(
+        dir,
+        "rec.sh",
+        &format!("echo \"$LOCKETD_ARGS\" >> {}/order\n", dir.display()),
+    );
+    let config = cfg("high,low").class("Rec", &rec, "").render();
+    let mut d = Daemon::start(&redis, &config, &["--interval", "30"]);
+    wait_workers(&mut r, &d, 1);
+    // Let the first pass find nothing and the wait begin.
+    std::thread::sleep(Duration::from_millis(500));
+    let _: i64 = r.cmd(&[
+        "RPUSH",
+        &format!("{NS}:queue:high"),
+        r#"{"class":"Rec","args":[1]}"#,
+        r#"{"class":"Rec","args":[2]}"#,
+        r#"{"class":"Rec","args":[3]}"#,
+    ]);
+    wait_until(SHORT, "the pushed jobs ran without waiting 30 s", || {
+        read_lossy(&dir.join("order")) == "[1]\n[2]\n[3]\n"
+    });
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
