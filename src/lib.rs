@@ -33,11 +33,14 @@
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod handler;
 pub mod host;
 pub mod lock;
+pub mod policy;
 pub mod proctitle;
 pub mod resque;
 pub mod shutdown;

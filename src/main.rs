@@ -50,6 +50,9 @@ enum Command {
         /// The file (default: --config, then /etc/locketd/locketd.toml).
         file: Option<PathBuf>,
     },
+    /// Operator commands: enqueue, locks, counters, holds, delayed, stats (src/admin.rs).
+    #[command(flatten)]
+    Admin(locketd::admin::AdminCommand),
 }
 
 fn main() -> ExitCode {
@@ -152,6 +155,9 @@ fn run(cli: Cli, retitle_error: Option<std::io::Error>) -> anyhow::Result<ExitCo
         }
     };
     apply_overrides(&mut cfg, &cli);
+    if let Some(Command::Admin(cmd)) = &cli.command {
+        return locketd::admin::run(cmd, &cfg);
+    }
     let warnings = match cfg.check() {
         Ok(w) => w,
         Err(e) => {
