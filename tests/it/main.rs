@@ -9,5 +9,6 @@ mod daemon;
 mod harness;
 mod lock;
 mod node_interop;
+mod policies;
 mod redis_url;
 mod support;
