@@ -7,6 +7,7 @@
 mod compat;
 mod daemon;
 mod harness;
+mod holds;
 mod lock;
 mod node_interop;
 mod policies;
