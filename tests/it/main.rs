@@ -12,4 +12,5 @@ mod lock;
 mod node_interop;
 mod policies;
 mod redis_url;
+mod stories;
 mod support;
