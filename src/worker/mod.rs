@@ -599,26 +599,33 @@ impl Worker {
                 .iter()
                 .zip(&locks)
                 .all(|(s, l)| *s == l.id);
-        let policies = [
-            plan.on_conflict,
-            plan.on_dependency_conflict,
-            plan.wait_then,
-        ];
-        let waits = policies[..2].contains(&Policy::Wait);
-        let failure_record = if policies.contains(&Policy::Fail)
-            || (policies.contains(&Policy::Delay) && plan.delay.max_delays > 0)
-        {
-            Some(
-                JobFailure::new("Locket::LockConflict", "__LOCKET_CONFLICT__").record(
-                    &job.raw,
-                    &self.id.worker_id,
-                    &queue,
-                    SystemTime::now(),
-                ),
-            )
-        } else {
-            None
-        };
+        // The policies this job can meet: the dependency policy only with locked_by, the lock
+        // policy only with locks, wait_then only after a wait.
+        let mut policies = Vec::with_capacity(3);
+        if !locks.is_empty() {
+            policies.push(plan.on_conflict);
+        }
+        if !rendered.locked_by.is_empty() {
+            policies.push(plan.on_dependency_conflict);
+        }
+        let waits = policies.contains(&Policy::Wait);
+        if waits {
+            policies.push(plan.wait_then);
+        }
+        let delay_possible = policies.contains(&Policy::Delay);
+        let failure_record =
+            if policies.contains(&Policy::Fail) || (delay_possible && plan.delay.max_delays > 0) {
+                Some(
+                    JobFailure::new("Locket::LockConflict", "__LOCKET_CONFLICT__").record(
+                        &job.raw,
+                        &self.id.worker_id,
+                        &queue,
+                        SystemTime::now(),
+                    ),
+                )
+            } else {
+                None
+            };
         let jitter: f64 = if plan.delay.jitter > 0.0 {
             rand::random::<f64>() * plan.delay.jitter
         } else {
@@ -633,9 +640,7 @@ impl Worker {
             hold_ttl: plan.hold_ttl,
             fencing: plan.fencing,
             sources: &rendered.lock_sources,
-            delay: policies
-                .contains(&Policy::Delay)
-                .then_some((plan.delay, jitter)),
+            delay: delay_possible.then_some((plan.delay, jitter)),
             failure_record: failure_record.as_deref(),
             backend: self.config.failure_backend,
             last_wait: false,
@@ -678,10 +683,15 @@ impl Worker {
                 }
                 let nap = pause.min(wait_until - now);
                 if !sleep_or_stop(nap, control, dead).await {
+                    // a waiting job goes back to the head of its queue (rid-checked).
                     let slot = self.slot();
                     let _ =
                         lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
-                    return Some(StopReason::Shutdown);
+                    return Some(if dead.is_cancelled() {
+                        StopReason::PresumedDead
+                    } else {
+                        StopReason::Shutdown
+                    });
                 }
                 pause = (pause * 2).min(Duration::from_secs(1));
                 continue;

@@ -618,3 +618,57 @@ fn never1_limit_one_holds_under_three_daemons_and_a_sigkill() {
 fn never1_limit_three_holds_under_three_daemons_and_a_sigkill() {
     limit_holds_under_several_processes_and_kills(3);
 }
+
+/// P-3, R-8, R-4, NEVER-2: a slot waiting for a lock keeps its job in its inflight record
+/// (state "waiting"); on shutdown the job goes back to the head of its queue, and when the
+/// waiting daemon is SIGKILLed instead, the janitor puts it back at the head.
+#[test]
+fn a_waiting_job_returns_to_the_head_on_shutdown_and_on_a_crash() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = handler(work.path(), "hold.sh", &log, "sleep 30");
+    let config = cfg("q")
+        .class(
+            "W",
+            &h,
+            "lock = \"w:{args[0]}\"\non_conflict = \"wait\"\nwait_timeout = \"60s\"",
+        )
+        .render();
+    let mut holder = Daemon::start(&redis, &config, &[]);
+    wait_until(LONG, "registered", || r.workers().len() == 1);
+    r.push("q", r#"{"class":"W","args":[1,"holder"]}"#);
+    wait_until(LONG, "the holder runs", || runs(&log).len() == 1);
+    let q = format!("{NS}:queue:q");
+    for crash in [false, true] {
+        let mut waiter = Daemon::start(&redis, &config, &[]);
+        wait_until(LONG, "registered", || r.workers().len() == 2);
+        r.push("q", r#"{"class":"W","args":[1,"waiter"]}"#);
+        r.push("q", r#"{"class":"Other","args":[]}"#);
+        wait_until(LONG, "the waiter waits", || {
+            r.keys(&format!("{NS}:locket:inflight:*")).iter().any(|k| {
+                let s: Option<String> = r.cmd(&["HGET", k, "state"]);
+                s.as_deref() == Some("waiting")
+            })
+        });
+        assert_eq!(r.llen(&q), 1, "the waiting job left the queue");
+        if crash {
+            waiter.kill();
+        } else {
+            waiter.signal(libc::SIGQUIT);
+            assert_eq!(waiter.wait_exit(LONG).and_then(|s| s.code()), Some(0));
+        }
+        wait_until(LONG, "the waiting job is back at the head", || {
+            let head: Vec<String> = r.cmd(&["LRANGE", &q, "0", "0"]);
+            r.llen(&q) == 2 && head[0] == r#"{"class":"W","args":[1,"waiter"]}"#
+        });
+        let other: String = r.cmd(&["RPOP", &q]);
+        assert_eq!(other, r#"{"class":"Other","args":[]}"#);
+        let _: String = r.cmd(&["LPOP", &q]);
+        wait_until(LONG, "the waiter is gone", || r.workers().len() == 1);
+    }
+    assert_eq!(runs(&log).len(), 1, "the waiting job never ran");
+    assert!(r.failures().is_empty());
+    holder.kill();
+}
