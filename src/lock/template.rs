@@ -447,6 +447,32 @@ mod tests {
         assert_eq!(c, "user:123456789012345678901234567890");
     }
 
+    // locking-semantics.md T-4: the default template is class and canonical args, not the queue
+    #[test]
+    fn t4_the_default_template_ignores_queue_and_member_order() {
+        let t = Template::parse(DEFAULT_TEMPLATE).unwrap();
+        let a1: Value = serde_json::from_str(r#"[{"b":1,"a":2}]"#).unwrap();
+        let a2: Value = serde_json::from_str(r#"[{"a":2.0,"b":1}]"#).unwrap();
+        let r1 = t
+            .render(&RenderInput {
+                class: "C",
+                queue: "high",
+                digest: "x",
+                args: &a1,
+            })
+            .unwrap();
+        let r2 = t
+            .render(&RenderInput {
+                class: "C",
+                queue: "low",
+                digest: "y",
+                args: &a2,
+            })
+            .unwrap();
+        assert_eq!(r1, r2);
+        assert_eq!(r1.id, canonical::default_lock_id("C", &a1));
+    }
+
     // locking-semantics.md T-5
     #[test]
     fn t5_long_ids_are_hashed_and_empty_ones_rejected() {
