@@ -706,6 +706,9 @@ impl Worker {
             }
             Some(AcquireOutcome::Started { fences, .. }) => fences,
             Some(AcquireOutcome::Conflict { action, conflicts }) => {
+                if opts.last_wait {
+                    info!(queue = %queue, class = %job.class, digest = %&digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
+                }
                 self.log_conflict(&job.class, &queue, &digest, &action, &conflicts);
                 if action == Settled::None {
                     // Not settled (a wait interrupted): back to the head, where it was.

@@ -274,6 +274,12 @@ fn a_wait_is_bounded_and_then_applies_wait_then() {
     assert!(t0.elapsed() >= Duration::from_millis(500));
     assert_eq!(stat(&mut r, "discarded"), 1);
     assert_eq!(runs(&log).len(), 1, "the waiting job never ran");
+    let logs: String = ds.iter().map(|d| d.log()).collect();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("lock wait timed out"))
+        .expect("an O-1 line for the wait timeout");
+    assert!(line.contains("INFO") && line.contains("discard"), "{line}");
     for d in &mut ds {
         d.kill();
     }
