@@ -678,3 +678,85 @@ fn a_waiting_job_returns_to_the_head_on_shutdown_and_on_a_crash() {
     assert!(r.failures().is_empty());
     holder.kill();
 }
+
+/// NEVER-2, NEVER-3, P-1..P-4, R-4: jobs of four classes sharing one lock key with different
+/// policies (requeue, discard, delay, wait then delay), three daemons, one SIGKILLed mid-run and
+/// replaced. At quiescence every job ran exactly once, was discarded (counted), or was failed
+/// once; nothing is left queued, delayed or in flight.
+#[test]
+fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = handler(
+        work.path(),
+        "mix.sh",
+        &log,
+        "r=$(od -An -N1 -tu1 /dev/urandom | tr -d ' '); sleep 0.$(printf %02d $((r % 15)))",
+    );
+    let config = cfg("q")
+        .locket("delay_base", "\"50ms\"")
+        .locket("delay_max", "\"200ms\"")
+        .class("Req", &h, "lock = \"k:{args[0]}\"")
+        .class("Dis", &h, "lock = \"k:{args[0]}\"\non_conflict = \"discard\"")
+        .class("Del", &h, "lock = \"k:{args[0]}\"\non_conflict = \"delay\"")
+        .class(
+            "Wai",
+            &h,
+            "lock = \"k:{args[0]}\"\non_conflict = \"wait\"\nwait_timeout = \"300ms\"\nwait_then = \"delay\"",
+        )
+        .render();
+    let mut ds = start_daemons(&redis, &mut r, &config, 3);
+    let classes = ["Req", "Dis", "Del", "Wai"];
+    let total = 48;
+    for i in 0..total {
+        let class = classes[i % 4];
+        r.push(
+            "q",
+            &format!(r#"{{"class":"{class}","args":[{},{i}]}}"#, i % 2),
+        );
+    }
+    wait_until(LONG, "some jobs ended", || ended(&log) >= 8);
+    ds[0].kill();
+    ds.push(Daemon::start(&redis, &config, &[]));
+    let delayed = format!("{NS}:locket:delayed");
+    wait_until(Duration::from_secs(60), "quiescence", || {
+        let d: i64 = r.cmd(&["ZCARD", &delayed]);
+        let done = ended(&log) as i64 + r.failures().len() as i64 + stat(&mut r, "discarded");
+        done >= total as i64 && d == 0 && r.llen(&format!("{NS}:queue:q")) == 0
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for run in runs(&log).iter().filter(|r| r.end.is_some()) {
+        *seen.entry(run.args.clone()).or_default() += 1;
+    }
+    for f in r.failures() {
+        *seen.entry(f["payload"]["args"].to_string()).or_default() += 1;
+    }
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "a job ran or failed twice: {seen:?}"
+    );
+    // The test only means something if the policies were exercised.
+    for ev in ["requeued", "discarded", "delayed", "promoted", "waited"] {
+        assert!(stat(&mut r, ev) > 0, "no {ev} event happened");
+    }
+    let discarded = stat(&mut r, "discarded") as usize;
+    assert_eq!(
+        seen.len() + discarded,
+        total,
+        "{seen:?} + {discarded} discarded"
+    );
+    assert!(
+        r.keys(&format!("{NS}:locket:inflight:*")).len() <= 3,
+        "only idle slots' records"
+    );
+    for k in r.keys(&format!("{NS}:locket:inflight:*")) {
+        let state: Option<String> = r.cmd(&["HGET", &k, "state"]);
+        assert_eq!(state, None, "{k} still holds a job");
+    }
+    for d in &mut ds {
+        d.kill();
+    }
+}
