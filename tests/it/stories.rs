@@ -123,7 +123,7 @@ fn story_lock_around_an_id_discards_a_second_job_for_the_same_user() {
     let mut r = R::new(&redis);
     let work = workdir();
     let log = work.path().join("runs.log");
-    let h = handler(work.path(), "api.sh", &log, "sleep 1");
+    let h = handler(work.path(), "api.sh", &log, "sleep 2");
     let config = cfg("q")
         .class(
             "Api::Call",
@@ -138,10 +138,13 @@ fn story_lock_around_an_id_discards_a_second_job_for_the_same_user() {
     wait_until(LONG, "two runs and one discard", || {
         ended(&log) == 2 && stat(&mut r, "discarded") == 1
     });
+    // Which of the two user-1 jobs wins depends on which ACQUIRE lands first, not on the pops.
     let got: BTreeSet<String> = runs(&log).into_iter().map(|r| r.args).collect();
+    assert!(got.contains(r#"[2,"c"]"#), "{got:?}");
     assert_eq!(
-        got,
-        BTreeSet::from([r#"[1,"a"]"#.to_string(), r#"[2,"c"]"#.to_string()])
+        got.iter().filter(|a| a.starts_with("[1,")).count(),
+        1,
+        "{got:?}"
     );
     let keys: BTreeSet<String> = runs(&log).into_iter().map(|r| r.keys).collect();
     assert!(
@@ -173,7 +176,7 @@ fn story_lock_around_an_id_with_a_limit_runs_at_most_n_at_once() {
     let mut r = R::new(&redis);
     let work = workdir();
     let log = work.path().join("runs.log");
-    let h = handler(work.path(), "api.sh", &log, "sleep 1.5");
+    let h = handler(work.path(), "api.sh", &log, "sleep 2.5");
     let config = cfg("q")
         .class(
             "Api::Call",
@@ -443,7 +446,7 @@ fn big_integer_ids_give_distinct_keys_and_1_0_equals_1() {
     let mut r = R::new(&redis);
     let work = workdir();
     let log = work.path().join("runs.log");
-    let h = handler(work.path(), "u.sh", &log, "sleep 1");
+    let h = handler(work.path(), "u.sh", &log, "sleep 2");
     let config = cfg("q")
         .class(
             "User::Sync",
