@@ -292,6 +292,36 @@ pub struct Locket {
     /// Run even if Redis may evict keys (S-7).
     #[serde(default)]
     pub allow_evicting_redis: bool,
+    /// Policy for execution-lock conflicts (P-1..P-5).
+    #[serde(default)]
+    pub on_conflict: Policy,
+    /// Policy for `locked_by` conflicts (D-10).
+    #[serde(default = "policy_delay")]
+    pub on_dependency_conflict: Policy,
+    /// Bound of the `wait` policy (P-3), at most 60s.
+    #[serde(default = "d5s")]
+    pub wait_timeout: Secs,
+    /// What a timed-out wait does: `requeue`, `delay`, `discard` or `fail`.
+    #[serde(default)]
+    pub wait_then: Policy,
+    /// First delay of the `delay` policy (P-4).
+    #[serde(default = "d5s")]
+    pub delay_base: Secs,
+    /// Longest delay before jitter.
+    #[serde(default = "d5m")]
+    pub delay_max: Secs,
+    /// Random extra fraction added to each delay, in `[0, delay_jitter)`.
+    #[serde(default = "jitter")]
+    pub delay_jitter: f64,
+    /// Delays of one payload digest before it is failed; 0 = unlimited.
+    #[serde(default)]
+    pub max_delays: u32,
+    /// Hand out fencing numbers (L-10).
+    #[serde(default)]
+    pub fencing: bool,
+    /// Lifetime of a dependency hold (§8).
+    #[serde(default = "d24h")]
+    pub hold_ttl: Secs,
 }
 
 impl Default for Locket {
@@ -318,6 +348,16 @@ fn unreachable_defaults() -> Locket {
         max_recoveries: 3,
         shutdown_timeout: d25s(),
         allow_evicting_redis: false,
+        on_conflict: Policy::Requeue,
+        on_dependency_conflict: Policy::Delay,
+        wait_timeout: d5s(),
+        wait_then: Policy::Requeue,
+        delay_base: d5s(),
+        delay_max: d5m(),
+        delay_jitter: jitter(),
+        max_delays: 0,
+        fencing: false,
+        hold_ttl: d24h(),
     }
 }
 
@@ -331,9 +371,10 @@ pub struct ClassConfig {
     /// Longest run of one job; then it is stopped and failed with `Locket::Timeout`.
     #[serde(default, alias = "max_runtime")]
     pub timeout: Option<Secs>,
-    /// `false` opts the class out of locking.
+    /// `false` opts the class out of locking, `true` takes the default lock, a string is a key
+    /// template (`"user:{args[0]}"`, locking-semantics.md §4).
     #[serde(default)]
-    pub lock: Option<bool>,
+    pub lock: Option<LockSetting>,
     /// Working directory of the command.
     #[serde(default)]
     pub dir: Option<PathBuf>,
@@ -346,7 +387,51 @@ pub struct ClassConfig {
     /// Per-class override of `locket.kill_grace`.
     #[serde(default)]
     pub kill_grace: Option<Secs>,
+    /// Limit of the `lock` template (L-1), default 1.
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Several locks, all or nothing (L-4): `[{ key = "...", limit = 3 }, ...]`.
+    #[serde(default)]
+    pub locks: Option<Vec<LockEntry>>,
+    /// Per-class override of `locket.on_conflict`.
+    #[serde(default)]
+    pub on_conflict: Option<Policy>,
+    /// Per-class override of `locket.on_dependency_conflict`.
+    #[serde(default)]
+    pub on_dependency_conflict: Option<Policy>,
+    /// Per-class override of `locket.wait_timeout`.
+    #[serde(default)]
+    pub wait_timeout: Option<Secs>,
+    /// Per-class override of `locket.wait_then`.
+    #[serde(default)]
+    pub wait_then: Option<Policy>,
+    /// Per-class override of `locket.delay_base`.
+    #[serde(default)]
+    pub delay_base: Option<Secs>,
+    /// Per-class override of `locket.delay_max`.
+    #[serde(default)]
+    pub delay_max: Option<Secs>,
+    /// Per-class override of `locket.delay_jitter`.
+    #[serde(default)]
+    pub delay_jitter: Option<f64>,
+    /// Per-class override of `locket.max_delays`.
+    #[serde(default)]
+    pub max_delays: Option<u32>,
+    /// Per-class override of `locket.fencing`.
+    #[serde(default)]
+    pub fencing: Option<bool>,
+    /// Per-class override of `locket.hold_ttl`.
+    #[serde(default)]
+    pub hold_ttl: Option<Secs>,
+    /// Dependency holds this class places (§8).
+    #[serde(default)]
+    pub holds: Vec<HoldEntry>,
+    /// Hold names (templates) that must be free before this class starts (D-5).
+    #[serde(default)]
+    pub locked_by: Vec<String>,
 }
+
+pub use crate::policy::{HoldEntry, LockEntry, LockSetting, Policy};
 
 fn default_redis() -> String {
     "redis://127.0.0.1:6379/0".to_string()
@@ -395,6 +480,18 @@ fn d35s() -> Secs {
 }
 fn d60s() -> Secs {
     Secs(Duration::from_secs(60))
+}
+fn d5m() -> Secs {
+    Secs(Duration::from_secs(300))
+}
+fn d24h() -> Secs {
+    Secs(Duration::from_secs(86400))
+}
+fn jitter() -> f64 {
+    0.2
+}
+fn policy_delay() -> Policy {
+    Policy::Delay
 }
 
 impl Default for Config {
@@ -551,6 +648,7 @@ impl Config {
                 }
             }
         }
+        crate::policy::Plans::compile(self)?;
         if self.classes.is_empty() {
             warnings.push(
                 "no [classes] configured: every job fails unless an in-process handler is registered"

@@ -18,6 +18,9 @@ pub enum Error {
     /// Redis may evict keys (S-7).
     #[error("redis maxmemory-policy is {0:?}, which may evict lock keys and queued jobs; set it to noeviction or set locket.allow_evicting_redis = true")]
     EvictingRedis(String),
+    /// A job could not be enqueued (bad argument JSON, a hold template that cannot render).
+    #[error("cannot enqueue: {0}")]
+    Enqueue(String),
     /// Redis could not be reached at start within the allowed time.
     #[error("redis at {url} did not answer within {secs}s")]
     Unreachable {

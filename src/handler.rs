@@ -37,7 +37,22 @@ pub struct JobContext {
     pub lock_keys: Vec<String>,
     /// The attempt's lock token (empty when unlocked).
     pub lock_token: String,
+    /// Fencing number per lock, in `lock_keys` order (empty without `fencing`, L-10).
+    pub lock_fences: Vec<u64>,
 }
+
+/// The exception of a run that asks to be rescheduled: the command exited 75 (EX_TEMPFAIL), or
+/// an in-process handler returned [`reschedule`]. FINISH releases the locks and pushes the
+/// payload back to the tail of its queue in one step; no failure is recorded.
+pub const RESCHEDULE: &str = "Locket::Reschedule";
+
+/// The result an in-process handler returns to be run again later (like exit status 75).
+pub fn reschedule() -> JobFailure {
+    JobFailure::new(RESCHEDULE, "rescheduled by the handler")
+}
+
+/// sysexits EX_TEMPFAIL: a command handler exiting with it is rescheduled.
+pub const EX_TEMPFAIL: i32 = 75;
 
 /// The result of one run: `Ok` is success; `Err` becomes a Resque failure record.
 pub type HandlerResult = Result<(), JobFailure>;
@@ -247,6 +262,10 @@ impl CommandHandler {
                 serde_json::to_string(&job.lock_keys).unwrap_or_else(|_| "[]".into()),
             )
             .env("LOCKETD_LOCK_TOKEN", &job.lock_token)
+            .env(
+                "LOCKETD_LOCK_FENCES",
+                serde_json::to_string(&job.lock_fences).unwrap_or_else(|_| "[]".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -349,6 +368,12 @@ impl CommandHandler {
             .find(|l| !l.trim().is_empty())
             .cloned()
             .unwrap_or_default();
+        if status.code() == Some(EX_TEMPFAIL) {
+            return Err(JobFailure::new(
+                RESCHEDULE,
+                format!("{program} exited with status 75 (EX_TEMPFAIL): run again"),
+            ));
+        }
         if let Some(code) = status.code() {
             let mut error = format!("{program} exited with status {code}");
             if !last.is_empty() {

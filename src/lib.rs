@@ -38,6 +38,8 @@
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod handler;
@@ -47,6 +49,7 @@ pub mod master;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
+pub mod policy;
 pub mod proctitle;
 pub mod resque;
 pub mod service;

@@ -79,6 +79,9 @@ enum Command {
     },
     /// List, show, retry, remove or clear Resque failures (as resque-web does).
     Failed(locketd::ops::failed::FailedArgs),
+    /// Operator commands: enqueue, locks, counters, holds, delayed, stats (src/admin.rs).
+    #[command(flatten)]
+    Admin(locketd::admin::AdminCommand),
 }
 
 fn main() -> ExitCode {
@@ -205,6 +208,17 @@ fn run(
             }
         };
         return locketd::ops::failed::run_cli(&cfg, args);
+    }
+
+    if let Some(Command::Admin(cmd)) = &cli.command {
+        let cfg = match load_for_ops(&cli) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        return locketd::admin::run(cmd, &cfg);
     }
 
     let worker_role = std::env::var(locketd::master::ROLE_ENV).is_ok_and(|r| r == "worker");

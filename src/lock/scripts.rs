@@ -36,6 +36,14 @@ pub struct Scripts {
     pub recover: Script,
     /// Purge expired lock holders (R-3 step 2).
     pub purge: Script,
+    /// Promote due delayed jobs (R-3 step 1, P-4).
+    pub promote: Script,
+    /// Purge expired dependency holds (R-3 step 3).
+    pub purge_deps: Script,
+    /// Push a job with its enqueue-time holds (D-3).
+    pub enqueue: Script,
+    /// Admin releases of locks and holds (O-2).
+    pub admin: Script,
 }
 
 /// The scripts, compiled (hashed) on first use.
@@ -52,11 +60,15 @@ pub fn scripts() -> &'static Scripts {
         unregister: Script::new(script!("unregister.lua")),
         recover: Script::new(script!("recover.lua")),
         purge: Script::new(script!("purge.lua")),
+        promote: Script::new(script!("promote.lua")),
+        purge_deps: Script::new(script!("purge_deps.lua")),
+        enqueue: Script::new(script!("enqueue.lua")),
+        admin: Script::new(script!("admin.lua")),
     })
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 10] {
+pub fn sources() -> [(&'static str, &'static str); 14] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -68,6 +80,10 @@ pub fn sources() -> [(&'static str, &'static str); 10] {
         ("unregister.lua", script!("unregister.lua")),
         ("recover.lua", script!("recover.lua")),
         ("purge.lua", script!("purge.lua")),
+        ("promote.lua", script!("promote.lua")),
+        ("purge_deps.lua", script!("purge_deps.lua")),
+        ("enqueue.lua", script!("enqueue.lua")),
+        ("admin.lua", script!("admin.lua")),
     ]
 }
 

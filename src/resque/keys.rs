@@ -151,6 +151,38 @@ impl Keys {
     pub fn janitor(&self) -> String {
         self.locket("janitor")
     }
+    /// `<ns>:locket:deps`: hold name → earliest field deadline.
+    pub fn deps(&self) -> String {
+        self.locket("deps")
+    }
+    /// `<ns>:locket:dep:<name>`: digest → `"<count>:<deadline ms>"`.
+    pub fn dep(&self, name: &str) -> String {
+        self.locket(&format!("dep:{name}"))
+    }
+    /// `<ns>:locket:delayed`: delayed jobs by due time.
+    pub fn delayed(&self) -> String {
+        self.locket("delayed")
+    }
+    /// `<ns>:locket:attempts`: digest → delays so far.
+    pub fn attempts(&self) -> String {
+        self.locket("attempts")
+    }
+    /// `<ns>:locket:fence`: lock id → last fencing number.
+    pub fn fence(&self) -> String {
+        self.locket("fence")
+    }
+    /// `<ns>:locket:stat:<event>`: running total of an event (O-3).
+    pub fn stat(&self, event: &str) -> String {
+        self.locket(&format!("stat:{event}"))
+    }
+    /// `<ns>:locket:metrics:<epoch minute>`: per-minute event counts (O-3).
+    pub fn metrics(&self, minute: u64) -> String {
+        self.locket(&format!("metrics:{minute}"))
+    }
+    /// `<ns>:locket:blocked:dep:<name>`: queues that requeued a job because of this hold.
+    pub fn blocked_dep(&self, name: &str) -> String {
+        self.locket(&format!("blocked:dep:{name}"))
+    }
     /// `<ns>:locket:recoveries`: digest → crash requeues.
     pub fn recoveries(&self) -> String {
         self.locket("recoveries")

@@ -1,5 +1,6 @@
 //! The janitor (locking-semantics.md ): whichever process holds the `janitor`
-//! mutex purges expired lock holders and recovers the slots of dead processes.
+//! mutex promotes due delayed jobs, purges expired lock holders and dependency holds, and
+//! recovers the slots of dead processes.
 
 use crate::config::{Config, OnWorkerDeath};
 use crate::lock::{self, scripts::scripts, FailureBackend};
@@ -19,6 +20,10 @@ pub struct JanitorReport {
     pub ran: bool,
     /// Expired lock holders removed.
     pub expired: u64,
+    /// Delayed jobs moved back to their queues (P-4).
+    pub promoted: u64,
+    /// Expired dependency hold fields dropped (D-1).
+    pub holds_expired: u64,
     /// Per recovered slot: (slot key, result of the recover script).
     pub recovered: Vec<(String, String)>,
 }
@@ -51,7 +56,9 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         ..JanitorReport::default()
     };
     let result = async {
+        report.promoted = lock::promote_delayed(conn, keys, 100, None).await?;
         report.expired = lock::purge_expired(conn, keys, 100).await?;
+        report.holds_expired = lock::purge_holds(conn, keys, 100).await?;
         recover_dead(conn, keys, config, &mut report).await
     }
     .await;
@@ -227,9 +234,17 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
         }
         let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
         match &pass {
-            Ok(r) if r.ran && (r.expired > 0 || !r.recovered.is_empty()) => {
+            Ok(r)
+                if r.ran
+                    && (r.expired > 0
+                        || r.promoted > 0
+                        || r.holds_expired > 0
+                        || !r.recovered.is_empty()) =>
+            {
                 debug!(
                     expired = r.expired,
+                    promoted = r.promoted,
+                    holds_expired = r.holds_expired,
                     recovered = r.recovered.len(),
                     "janitor pass"
                 );

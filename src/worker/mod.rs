@@ -14,9 +14,12 @@ use crate::config::{Config, OnLockLost};
 use crate::error::{Error, Result};
 use crate::handler::{Handlers, JobContext};
 use crate::lock::canonical;
+use crate::lock::template::RenderInput;
 use crate::lock::{
-    self, AcquireRequest, Acquired, Finish, FinishRequest, LockSpec, Reserved, SlotRef,
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, FinishRequest,
+    LockSpec, Reserved, Settled, SlotRef,
 };
+use crate::policy::{Plans, Policy, RenderedPlan};
 use crate::resque::failure::{self, JobFailure};
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
@@ -169,6 +172,7 @@ pub struct Worker {
     id: Identity,
     conn: ConnectionManager,
     lock_queues: Option<QueueSpec>,
+    plans: std::sync::Arc<Plans>,
     title_prefix: String,
     /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
     title: String,
@@ -279,6 +283,7 @@ impl Worker {
         } else {
             Some(QueueSpec::from_list(&config.locket.lock_queues.0)?)
         };
+        let plans = std::sync::Arc::new(Plans::compile(&config)?);
         let mut conn = connect(&config.redis, config.redis_connect_timeout.get()).await?;
         check_eviction(&mut conn, config.locket.allow_evicting_redis).await?;
         let keys = Keys::new(&config.namespace);
@@ -298,6 +303,7 @@ impl Worker {
             id,
             conn,
             lock_queues,
+            plans,
             redis_down: false,
             peers: Vec::new(),
             multi,
@@ -320,6 +326,7 @@ impl Worker {
                 multi,
                 metrics: crate::metrics::Metrics::default(),
                 idle: worker.idle.clone(),
+                plans: worker.plans.clone(),
             };
             worker.peers.push(peer);
         }
@@ -637,26 +644,25 @@ impl Worker {
         }
     }
 
+    /// whether jobs reserved from this queue take their class's execution locks
+    /// (`lock_queues`); whether the class has any is its plan's business.
     fn is_locked(&self, job: &Job) -> bool {
-        let class_lock = self.config.classes.get(&job.class).and_then(|c| c.lock);
-        let wanted = class_lock.unwrap_or(self.config.locket.lock_all);
-        wanted
-            && match &self.lock_queues {
-                None => true,
-                Some(spec) => {
-                    if spec.is_dynamic() {
-                        spec.patterns()
+        match &self.lock_queues {
+            None => true,
+            Some(spec) => {
+                if spec.is_dynamic() {
+                    spec.patterns()
+                        .iter()
+                        .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
+                        && !spec
+                            .skips()
                             .iter()
                             .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
-                            && !spec
-                                .skips()
-                                .iter()
-                                .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
-                    } else {
-                        spec.patterns().iter().any(|p| p == &job.queue)
-                    }
+                } else {
+                    spec.patterns().iter().any(|p| p == &job.queue)
                 }
             }
+        }
     }
 
     /// Runs one reserved job to its end. Returns a stop reason when the worker must stop.
@@ -703,14 +709,35 @@ impl Worker {
                 .await;
         };
         let digest = canonical::digest(&job.class, &job.args);
-        let locks: Vec<LockSpec> = if self.is_locked(&job) {
-            vec![LockSpec {
-                id: canonical::cap_lock_id(canonical::default_lock_id(&job.class, &job.args)),
-                limit: 1,
-            }]
-        } else {
-            Vec::new()
+        let plans = self.plans.clone();
+        let plan = plans.get(&job.class);
+        let input = RenderInput {
+            class: &job.class,
+            queue: &queue,
+            digest: &digest,
+            args: &job.args,
         };
+        let rendered = match plan.render(&input, self.is_locked(&job)) {
+            Ok(r) => r,
+            Err(e) => {
+                // T-6, E-2: never run unlocked, never dropped.
+                warn!(queue = %queue, class = %job.class, error = %e, "lock key cannot be rendered; job failed");
+                let f = JobFailure::new("Locket::BadLockKey", e.to_string());
+                return self
+                    .finish(
+                        &rid,
+                        &queue,
+                        "",
+                        &[],
+                        &job.raw,
+                        Err(f),
+                        &job.class.clone(),
+                        started,
+                    )
+                    .await;
+            }
+        };
+        let locks = rendered.locks.clone();
         let token = if locks.is_empty() {
             String::new()
         } else {
@@ -746,42 +773,139 @@ impl Worker {
             let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
             return Some(StopReason::Shutdown);
         }
-        let sent_at = Instant::now();
-        let acquired = {
-            let slot = self.slot();
-            retry(&mut self.conn.clone(), "acquire", control, |mut c| {
-                let (slot, req) = (slot.clone(), req.clone());
-                async move { lock::acquire(&mut c, &slot, &req).await }
-            })
-            .await
+        // The plain path (requeue policy, no holds, no fencing) sends no options at all.
+        let plain = plan.on_conflict == Policy::Requeue
+            && !plan.has_dependencies()
+            && !plan.fencing
+            && rendered
+                .lock_sources
+                .iter()
+                .zip(&locks)
+                .all(|(s, l)| *s == l.id);
+        // The policies this job can meet: the dependency policy only with locked_by, the lock
+        // policy only with locks, wait_then only after a wait.
+        let mut policies = Vec::with_capacity(3);
+        if !locks.is_empty() {
+            policies.push(plan.on_conflict);
+        }
+        if !rendered.locked_by.is_empty() {
+            policies.push(plan.on_dependency_conflict);
+        }
+        let waits = policies.contains(&Policy::Wait);
+        if waits {
+            policies.push(plan.wait_then);
+        }
+        let delay_possible = policies.contains(&Policy::Delay);
+        let failure_record =
+            if policies.contains(&Policy::Fail) || (delay_possible && plan.delay.max_delays > 0) {
+                Some(
+                    JobFailure::new("Locket::LockConflict", "__LOCKET_CONFLICT__").record(
+                        &job.raw,
+                        &self.id.worker_id,
+                        &queue,
+                        SystemTime::now(),
+                    ),
+                )
+            } else {
+                None
+            };
+        let jitter: f64 = if plan.delay.jitter > 0.0 {
+            rand::random::<f64>() * plan.delay.jitter
+        } else {
+            0.0
         };
-        match acquired {
+        let mut opts = AcquireOptions {
+            on_lock_conflict: plan.on_conflict,
+            on_dep_conflict: plan.on_dependency_conflict,
+            locked_by: &rendered.locked_by,
+            enqueue_holds: &rendered.enqueue_holds,
+            start_holds: &rendered.start_holds,
+            hold_ttl: plan.hold_ttl,
+            fencing: plan.fencing,
+            sources: &rendered.lock_sources,
+            delay: delay_possible.then_some((plan.delay, jitter)),
+            failure_record: failure_record.as_deref(),
+            backend: self.config.failure_backend,
+            last_wait: false,
+        };
+        let wait_until = Instant::now() + plan.wait_timeout;
+        let mut pause = Duration::from_millis(50);
+        let (acquired, sent_at) = loop {
+            let sent_at = Instant::now();
+            let acquired = {
+                let slot = self.slot();
+                let o = (!plain).then_some(&opts);
+                retry(&mut self.conn.clone(), "acquire", control, |mut c| {
+                    let (slot, req, o) = (slot.clone(), req.clone(), o.cloned());
+                    async move { lock::acquire_with(&mut c, &slot, &req, o.as_ref()).await }
+                })
+                .await
+            };
+            // P-3: still reserved, so wait (bounded) and try again; the last try settles the
+            // job by `wait_then` in the same script as the check.
+            if waits
+                && !opts.last_wait
+                && matches!(
+                    acquired,
+                    Some(AcquireOutcome::Conflict {
+                        action: Settled::None,
+                        ..
+                    })
+                )
+            {
+                let now = Instant::now();
+                if now >= wait_until {
+                    if opts.on_lock_conflict == Policy::Wait {
+                        opts.on_lock_conflict = plan.wait_then;
+                    }
+                    if opts.on_dep_conflict == Policy::Wait {
+                        opts.on_dep_conflict = plan.wait_then;
+                    }
+                    opts.last_wait = true;
+                    continue;
+                }
+                let nap = pause.min(wait_until - now);
+                if !sleep_or_stop(nap, control, dead).await {
+                    // a waiting job goes back to the head of its queue (rid-checked).
+                    let slot = self.slot();
+                    let _ =
+                        lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+                    return Some(if dead.is_cancelled() {
+                        StopReason::PresumedDead
+                    } else {
+                        StopReason::Shutdown
+                    });
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            break (acquired, sent_at);
+        };
+        let fences = match acquired {
             None => {
                 // Redis stayed away until we were told to stop: the reservation stays in the
                 // inflight record for recovery (E-3).
                 return Some(StopReason::Shutdown);
             }
-            Some(Acquired::Started { .. }) => {}
-            Some(Acquired::Conflict {
-                requeued,
-                lock_id,
-                holders,
-                limit,
-            }) => {
-                debug!(queue = %queue, class = %job.class, lock_id = %lock_id, holders, limit, requeued, digest = %&digest[..12], "lock conflict: job requeued");
-                self.metrics.lock_conflict("requeue");
-                if !requeued {
+            Some(AcquireOutcome::Started { fences, .. }) => fences,
+            Some(AcquireOutcome::Conflict { action, conflicts }) => {
+                if opts.last_wait {
+                    info!(queue = %queue, class = %job.class, digest = %&digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
+                }
+                self.log_conflict(&job.class, &queue, &digest, &action, &conflicts);
+                if action == Settled::None {
+                    // Not settled (a wait interrupted): back to the head, where it was.
                     let slot = self.slot();
                     let _ =
                         lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
                 }
                 return None;
             }
-            Some(Acquired::Missing) => {
+            Some(AcquireOutcome::Missing) => {
                 error!(queue = %queue, class = %job.class, "reservation was recovered elsewhere before it started");
                 return None;
             }
-        }
+        };
 
         self.title(&format!(
             "Processing {queue} since {} [{}]",
@@ -805,6 +929,7 @@ impl Worker {
             worker: self.id.worker_id.clone(),
             lock_keys: locks.iter().map(|l| l.id.clone()).collect(),
             lock_token: token.clone(),
+            lock_fences: fences,
         };
         let on_lost = class_cfg
             .on_lock_lost
@@ -833,6 +958,7 @@ impl Worker {
                 self.metrics.lock_lost();
                 error!(queue = %queue, class = %job.class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
                 if on_lost == OnLockLost::Requeue {
+                    let release = rendered.releases(false);
                     return self
                         .finish_outcome(
                             &rid,
@@ -843,6 +969,11 @@ impl Worker {
                             &job.class,
                             started,
                             "requeued",
+                            &FinishHolds {
+                                class: &job.class,
+                                digest: &digest,
+                                release: &release,
+                            },
                         )
                         .await;
                 }
@@ -882,8 +1013,16 @@ impl Worker {
         };
         let class = job.class.clone();
         let stop = self
-            .finish(
-                &rid, &queue, &token, &locks, &job.raw, result, &class, started,
+            .finish_job(
+                &rid,
+                &queue,
+                &token,
+                &locks,
+                &job.raw,
+                result,
+                &class,
+                started,
+                Some((&digest, &rendered)),
             )
             .await;
         if dead.is_cancelled() {
@@ -904,6 +1043,92 @@ impl Worker {
         class: &str,
         started: Instant,
     ) -> Option<StopReason> {
+        self.finish_job(
+            rid, queue, token, locks, payload, result, class, started, None,
+        )
+        .await
+    }
+
+    /// Logs a conflict the way O-1 says: requeues at debug, discards, delays and wait
+    /// timeouts at info, conflict failures at warn.
+    fn log_conflict(
+        &self,
+        class: &str,
+        queue: &str,
+        digest: &str,
+        action: &Settled,
+        conflicts: &[lock::Conflict],
+    ) {
+        let resources: Vec<String> = conflicts
+            .iter()
+            .map(|c| format!("{}:{} ({}/{})", c.kind.word(), c.id, c.holders, c.limit))
+            .collect();
+        let lock_id = conflicts.first().map(|c| c.id.as_str()).unwrap_or("");
+        let digest = &digest[..12.min(digest.len())];
+        self.metrics.lock_conflict(match action {
+            Settled::None => "wait",
+            Settled::Requeued => "requeue",
+            Settled::Discarded => "discard",
+            Settled::Delayed { .. } => "delay",
+            Settled::Failed { .. } => "fail",
+        });
+        match action {
+            Settled::Requeued | Settled::None => {
+                debug!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
+            }
+            Settled::Discarded => {
+                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, "lock conflict: job discarded")
+            }
+            Settled::Delayed { due_ms, attempt } => {
+                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, due_ms, "lock conflict: job delayed")
+            }
+            Settled::Failed { attempt } => {
+                warn!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, "lock conflict: job failed as Locket::LockConflict")
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_job(
+        &mut self,
+        rid: &str,
+        queue: &str,
+        token: &str,
+        locks: &[LockSpec],
+        payload: &str,
+        result: crate::handler::HandlerResult,
+        class: &str,
+        started: Instant,
+        holds: Option<(&str, &RenderedPlan)>,
+    ) -> Option<StopReason> {
+        let release = holds
+            .map(|(_, r)| r.releases(result.is_ok()))
+            .unwrap_or_default();
+        let fh = FinishHolds {
+            class,
+            digest: holds.map(|(d, _)| d).unwrap_or(""),
+            release: &release,
+        };
+        if let Err(f) = &result {
+            if f.exception == crate::handler::RESCHEDULE {
+                // EX_TEMPFAIL: the lock is released and the payload goes back to the tail in
+                // the same FINISH, so the next run of this key starts without overlap.
+                info!(queue = %queue, class = %class, "job asked to be rescheduled (exit 75)");
+                return self
+                    .finish_outcome(
+                        rid,
+                        queue,
+                        token,
+                        locks,
+                        Finish::Requeue,
+                        class,
+                        started,
+                        "rescheduled",
+                        &fh,
+                    )
+                    .await;
+            }
+        }
         let (outcome, label) = match &result {
             Ok(()) => (Finish::Success, "success"),
             Err(f) => {
@@ -918,8 +1143,10 @@ impl Worker {
         if let Err(f) = &result {
             warn!(queue = %queue, class = %class, exception = %f.exception, error = %f.error, "job failed");
         }
-        self.finish_outcome(rid, queue, token, locks, outcome, class, started, label)
-            .await
+        self.finish_outcome(
+            rid, queue, token, locks, outcome, class, started, label, &fh,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -933,6 +1160,7 @@ impl Worker {
         class: &str,
         started: Instant,
         label: &str,
+        holds: &FinishHolds<'_>,
     ) -> Option<StopReason> {
         let req = FinishRequest {
             rid,
@@ -947,8 +1175,8 @@ impl Worker {
         // cancelled keeps retrying, bounded by retry()'s own deadline.
         let never = Control::default();
         let done = retry(&mut self.conn.clone(), "finish", &never, |mut c| {
-            let (slot, req) = (slot.clone(), req.clone());
-            async move { lock::finish(&mut c, &slot, &req).await }
+            let (slot, req, holds) = (slot.clone(), req.clone(), holds.clone());
+            async move { lock::finish_with(&mut c, &slot, &req, &holds).await }
         })
         .await;
         let elapsed = started.elapsed().as_secs_f64();

@@ -4,15 +4,19 @@
 //! `support` (real `redis-server` instances, the real `locketd` binary,
 //! node-resque interop, bounded waits).
 
+mod admin;
 mod compat;
 mod daemon;
 mod harness;
+mod holds;
 mod lock;
 mod logs;
 mod node_interop;
 mod ops;
+mod policies;
 mod redis_url;
 mod service;
+mod stories;
 mod supervision;
 mod support;
 mod systemd_units;

@@ -1,7 +1,10 @@
--- ACQUIRE with START (locking-semantics.md A-6, A-7, A-8, L-2, L-4, P-1, R-6).
--- Takes every lock of the job or none; on success starts the job, on conflict either
--- requeues it to the tail with the counter bump (fallback "requeue") or leaves it reserved
--- (fallback "none"). With no locks it is START alone.
+-- ACQUIRE with START (locking-semantics.md A-6, A-7, A-8, L-2, L-4, L-10, P-1..P-5, D-4, D-5,
+-- D-9, O-3).
+-- Takes every lock of the job or none and checks its `locked_by` holds; on success starts the
+-- job (adding its start-time holds and ensuring its enqueue-time holds), on conflict settles it
+-- by the fallback in the same step: requeue to the tail with the counter bump, delay, discard,
+-- fail, or leave it reserved ("none", the wait policy). With no locks and no holds it is
+-- START alone.
 --
 -- KEYS[1]      <ns>:locket:inflight:<slot key>
 -- KEYS[2]      <ns>:queue:<q>
@@ -16,20 +19,38 @@
 -- ARGV[2]      token (32 hex chars, new for this attempt)
 -- ARGV[3]      lock_ttl in ms
 -- ARGV[4]      counter_ttl in ms
--- ARGV[5]      fallback: "requeue" or "none"
+-- ARGV[5]      fallback for a lock conflict: "requeue", "delay", "discard", "fail" or "none"
 -- ARGV[6]      Resque working-on JSON for KEYS[5]
 -- ARGV[7]      lockinfo JSON object (holder metadata; limit, times and source are added here)
--- ARGV[8]      counter key prefix, "<ns>:locket:counter:"
+-- ARGV[8]      counter key prefix, "<ns>:locket:counter:" (the locket prefix is derived from it)
 -- ARGV[9]      queue name q
 -- ARGV[10]     class
 -- ARGV[11]     digest
--- ARGV[10+2i]  lock id i       for i = 1..n
--- ARGV[11+2i]  limit i
+-- ARGV[12]     options JSON, or "" for none (the plain path decodes nothing):
+--                locked_by      [hold name...]          checked (D-5)
+--                enqueue_holds  [hold name...]          ensured on start (D-4), self-exclusion
+--                start_holds    [hold name...]          added on start (D-9)
+--                hold_ttl       ms
+--                dep_fallback   fallback for a locked_by conflict (it wins over ARGV[5])
+--                fencing        true: HINCRBY fence <id> per lock (L-10)
+--                sources        [full rendered text per lock] (T-5 lock_id_source)
+--                delay          {base, max (ms), r (jitter draw), max_delays}
+--                failure        Resque failure record with "__LOCKET_CONFLICT__" as its error
+--                failed_list, stat_failed, stat_failed_by, failed_queues, multi_name
+--                wait           true when a policy is wait: a kept job is marked "waiting"
+--                last_wait      true on the last try of a wait (counts wait_timeout)
+--                attempts       true: HDEL attempts <digest> on start (A-8)
+-- ARGV[11+2i]  lock id i       for i = 1..n
+-- ARGV[12+2i]  limit i
+-- Holds and the delayed set are named from the locket prefix (S-1: no Cluster).
 --
 -- Returns one of
---   {"ok", deadline_ms}   (also when this rid and token already started: a retried call)
---   {"conflict", action, lock id, holders, limit, earliest deadline ms}
---        action is "requeued" (payload at the tail, counter bumped) or "none" (still reserved)
+--   {"ok", deadline_ms, fence_1, ..., fence_n}   (fences only with fencing; also when this
+--        rid and token already started: a retried call)
+--   {"conflict", action, due_ms, attempt, kind_1, id_1, holders_1, limit_1, earliest_1, ...}
+--        action: "requeued", "delayed", "discarded", "failed" or "none" (still reserved);
+--        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
+--        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
 -- Raises nothing.
 
@@ -37,57 +58,159 @@ local inflight = KEYS[1]
 if redis.call('HGET', inflight, 'rid') ~= ARGV[1] then
   return {'missing'}
 end
+local n = (#ARGV - 12) / 2
 -- A retry after a lost reply: this attempt already started; answer as the first call did.
 if redis.call('HGET', inflight, 'token') == ARGV[2] and redis.call('HGET', inflight, 'state') == 'running' then
-  local n0 = (#ARGV - 11) / 2
   local deadline = 0
-  if n0 > 0 then
+  if n > 0 then
     deadline = tonumber(redis.call('ZSCORE', KEYS[7], ARGV[2]) or '0')
   end
-  return {'ok', deadline}
+  local out = {'ok', deadline}
+  local fences = redis.call('HGET', inflight, 'fences')
+  if fences then
+    for _, f in ipairs(cjson.decode(fences)) do out[#out + 1] = f end
+  end
+  return out
 end
 
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
-local n = (#ARGV - 11) / 2
 local counter_prefix = ARGV[8]
+local prefix = locket_prefix(counter_prefix)
 local queue = ARGV[9]
+local class = ARGV[10]
+local digest = ARGV[11]
+local opt = {}
+if ARGV[12] ~= '' then opt = cjson.decode(ARGV[12]) end
+local locked_by = opt['locked_by'] or {}
+local enqueue_holds = opt['enqueue_holds'] or {}
+local start_holds = opt['start_holds'] or {}
 
--- Purge and count every lock first: all or nothing (L-4).
-local conflict = nil
+-- Purge and count every lock first: all or nothing (L-4). Report every conflicting one.
+local conflicts = {}
+local lock_conflict, dep_conflict = false, false
 for i = 1, n do
   local lk, ik, bk = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
-  local id, limit = ARGV[10 + 2 * i], tonumber(ARGV[11 + 2 * i])
-  if purge_expired(lk, ik, bk, now, counter_prefix) > 0 then
+  local id, limit = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
+  local purged = purge_expired(lk, ik, bk, now, counter_prefix)
+  if purged > 0 then
     fix_lock(lk, ik, KEYS[6], id)
+    count(prefix, now, 'expired', '', purged)
   end
   local holders = redis.call('ZCARD', lk)
-  if holders >= limit and conflict == nil then
+  if holders >= limit then
     local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
-    conflict = {id, holders, limit, first[2] or '0'}
+    conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
+    lock_conflict = true
   end
 end
 
-if conflict ~= nil then
-  local action = 'none'
-  if ARGV[5] == 'requeue' then
-    local payload = redis.call('HGET', inflight, 'payload')
+-- D-5: a locked_by name blocks while its live count, less this digest's own enqueue-time hold,
+-- is above zero.
+local function is_enqueue_hold(name)
+  for _, h in ipairs(enqueue_holds) do
+    if h == name then return true end
+  end
+  return false
+end
+for _, name in ipairs(locked_by) do
+  local total, counts, dropped = dep_state(prefix, name, now)
+  if dropped > 0 then count(prefix, now, 'holds_expired', '', dropped) end
+  local live = total
+  if (counts[digest] or 0) > 0 and is_enqueue_hold(name) then
+    live = live - 1
+  end
+  if live > 0 then
+    local first = redis.call('ZSCORE', prefix .. 'deps', name) or '0'
+    conflicts[#conflicts + 1] = {'dep', name, live, 0, first}
+    dep_conflict = true
+  end
+end
+
+if #conflicts > 0 then
+  local fallback = ARGV[5]
+  if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
+  local action, due, attempt = 'none', 0, 0
+  count(prefix, now, 'conflict', class)
+  if opt['last_wait'] then count(prefix, now, 'wait_timeout', class) end
+  local payload = redis.call('HGET', inflight, 'payload')
+  local resource = conflicts[1][1] .. ':' .. conflicts[1][2]
+  local function fail(message)
+    local rec = opt['failure'] or ''
+    local a, b = string.find(rec, '"__LOCKET_CONFLICT__"', 1, true)
+    if a then
+      rec = string.sub(rec, 1, a - 1) .. cjson.encode(message) .. string.sub(rec, b + 1)
+    end
+    redis.call('RPUSH', opt['failed_list'], rec)
+    if (opt['multi_name'] or '') ~= '' then
+      redis.call('SADD', opt['failed_queues'], opt['multi_name'])
+    end
+    redis.call('INCRBY', opt['stat_failed'], 1)
+    redis.call('INCRBY', opt['stat_failed_by'], 1)
+    redis.call('DEL', inflight)
+    count(prefix, now, 'conflict_failed', class)
+    action = 'failed'
+  end
+  local c1 = conflicts[1]
+  local what
+  if c1[1] == 'lock' then
+    what = 'lock ' .. c1[2] .. ' is held by ' .. c1[3] .. ' of limit ' .. c1[4]
+  else
+    what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
+  end
+  if fallback == 'requeue' then
     redis.call('DEL', inflight)
     redis.call('RPUSH', KEYS[2], payload)
     redis.call('SADD', KEYS[3], queue)
     if redis.call('INCR', KEYS[4]) == 1 then
       redis.call('PEXPIRE', KEYS[4], ARGV[4])
     end
-    for i = 1, n do
-      local lk, bk = KEYS[4 + 3 * i], KEYS[6 + 3 * i]
-      if redis.call('ZCARD', lk) >= tonumber(ARGV[11 + 2 * i]) then
-        redis.call('SADD', bk, queue)
-        redis.call('PEXPIRE', bk, ARGV[4])
-      end
+    for _, c in ipairs(conflicts) do
+      local bk = prefix .. 'blocked:' .. c[1] .. ':' .. c[2]
+      redis.call('SADD', bk, queue)
+      redis.call('PEXPIRE', bk, ARGV[4])
     end
+    count(prefix, now, 'requeued', class)
     action = 'requeued'
+  elseif fallback == 'discard' then
+    redis.call('DEL', inflight)
+    count(prefix, now, 'discarded', class)
+    action = 'discarded'
+  elseif fallback == 'delay' then
+    local d = opt['delay'] or {}
+    local akey = prefix .. 'attempts'
+    attempt = redis.call('HINCRBY', akey, digest, 1)
+    redis.call('PEXPIRE', akey, 604800000)
+    local max_delays = tonumber(d['max_delays'] or 0)
+    if max_delays > 0 and attempt > max_delays then
+      redis.call('HDEL', akey, digest)
+      fail('gave up after ' .. max_delays .. ' delays (max_delays): ' .. what)
+    else
+      local base, cap = tonumber(d['base'] or 5000), tonumber(d['max'] or 300000)
+      local wait = base * math.pow(2, math.min(attempt - 1, 40))
+      if wait > cap then wait = cap end
+      due = now + math.floor(wait * (1 + tonumber(d['r'] or 0)))
+      local member = cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
+        reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt})
+      redis.call('ZADD', prefix .. 'delayed', due, member)
+      redis.call('DEL', inflight)
+      count(prefix, now, 'delayed', class)
+      action = 'delayed'
+    end
+  elseif fallback == 'fail' then
+    fail(what)
+  elseif opt['wait'] then
+    -- P-3: the wait policy keeps the reservation; recovery treats it like a reserved one.
+    if redis.call('HGET', inflight, 'state') == 'reserved' then
+      redis.call('HSET', inflight, 'state', 'waiting')
+      count(prefix, now, 'waited', class)
+    end
   end
-  return {'conflict', action, conflict[1], conflict[2], conflict[3], conflict[4]}
+  local out = {'conflict', action, due, attempt}
+  for _, c in ipairs(conflicts) do
+    for j = 1, 5 do out[#out + 1] = c[j] end
+  end
+  return out
 end
 
 local deadline = now + ttl
@@ -95,16 +218,43 @@ local info = cjson.decode(ARGV[7])
 info['acquired_at'] = now
 info['extended_at'] = now
 local ids = {}
+local out = {'ok', deadline}
+local fences = {}
+local sources = opt['sources'] or {}
 for i = 1, n do
   local lk, ik = KEYS[4 + 3 * i], KEYS[5 + 3 * i]
-  local id = ARGV[10 + 2 * i]
+  local id = ARGV[11 + 2 * i]
   ids[#ids + 1] = id
   redis.call('ZADD', lk, deadline, ARGV[2])
-  info['limit'] = tonumber(ARGV[11 + 2 * i])
+  info['limit'] = tonumber(ARGV[12 + 2 * i])
   info['lock_id'] = id
+  info['lock_id_source'] = sources[i] or id
+  if opt['fencing'] then
+    local f = redis.call('HINCRBY', prefix .. 'fence', id, 1)
+    info['fence'] = f
+    fences[#fences + 1] = f
+    out[#out + 1] = f
+  end
   redis.call('HSET', ik, ARGV[2], cjson.encode(info))
   fix_lock(lk, ik, KEYS[6], id)
 end
+
+-- D-9 start-time holds, after the locked_by check; D-4 enqueue-time holds ensured.
+local holds = {}
+local hold_ttl = tonumber(opt['hold_ttl'] or 86400000)
+for _, name in ipairs(start_holds) do
+  hold_add(prefix, name, digest, hold_ttl, now)
+  holds[#holds + 1] = name
+end
+for _, name in ipairs(enqueue_holds) do
+  local _, d = dep_field(redis.call('HGET', prefix .. 'dep:' .. name, digest))
+  if d <= now then
+    hold_add(prefix, name, digest, hold_ttl, now)
+    count(prefix, now, 'holds_added', class)
+  end
+  holds[#holds + 1] = name
+end
+count(prefix, now, 'holds_added', class, #start_holds)
 
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,
@@ -112,8 +262,13 @@ redis.call('HSET', inflight,
   'started_at', now,
   'token', ARGV[2],
   'locks', (#ids == 0) and '[]' or cjson.encode(ids),
-  'class', ARGV[10],
-  'digest', ARGV[11])
+  'class', class,
+  'digest', digest)
+if #holds > 0 then redis.call('HSET', inflight, 'holds', cjson.encode(holds)) end
+if #fences > 0 then redis.call('HSET', inflight, 'fences', cjson.encode(fences)) end
 redis.call('SET', KEYS[5], ARGV[6])
 redis.call('DEL', KEYS[4])
-return {'ok', deadline}
+if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end
+if n > 0 then count(prefix, now, 'acquired', class) end
+count(prefix, now, 'started', class)
+return out

@@ -18,10 +18,12 @@ local token = ARGV[1]
 local now = now_ms()
 local deadline = now + tonumber(ARGV[2])
 local out = {deadline}
+local prefix = locket_prefix(ARGV[3])
+local extended, lost, expired = 0, 0, 0
 for i = 1, #ARGV - 3 do
   local lk, ik, bk = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local id = ARGV[3 + i]
-  purge_expired(lk, ik, bk, now, ARGV[3])
+  expired = expired + purge_expired(lk, ik, bk, now, ARGV[3])
   if redis.call('ZSCORE', lk, token) then
     redis.call('ZADD', lk, 'XX', deadline, token)
     local raw = redis.call('HGET', ik, token)
@@ -33,9 +35,14 @@ for i = 1, #ARGV - 3 do
       end
     end
     out[#out + 1] = 0
+    extended = extended + 1
   else
     out[#out + 1] = 1
+    lost = lost + 1
   end
   fix_lock(lk, ik, KEYS[1], id)
 end
+count(prefix, now, 'extended', '', extended)
+count(prefix, now, 'lock_lost', '', lost)
+count(prefix, now, 'expired', '', expired)
 return out

@@ -27,10 +27,15 @@
 -- ARGV[5]      "" for <ns>:failed, or the list name "<q>_failed" to add to failed_queues
 -- ARGV[6]      counter key prefix, "<ns>:locket:counter:"
 -- ARGV[7]      queue name q
--- ARGV[7+i]    lock id i
+-- ARGV[8]      class (for the O-3 stats)
+-- ARGV[9]      payload digest (whose holds are released)
+-- ARGV[10]     JSON array of hold names to release (D-6, D-7: chosen by the supervisor from
+--              the outcome and each hold's release_on), or ""
+-- ARGV[10+i]   lock id i
 --
 -- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
--- token is released and nothing is recorded a second time.
+-- token is released (and holds are released as the outcome says) and nothing is recorded a
+-- second time.
 -- Raises nothing.
 
 local inflight = KEYS[1]
@@ -42,14 +47,27 @@ if mine then
   redis.call('DEL', inflight)
 end
 
+local prefix = locket_prefix(ARGV[6])
+local class = ARGV[8]
+local now = now_ms()
 if ARGV[2] ~= '' then
-  for i = 1, #ARGV - 7 do
-    release_token(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i], KEYS[11],
-      ARGV[7 + i], ARGV[2], ARGV[6])
+  local released = 0
+  for i = 1, #ARGV - 10 do
+    released = released + release_token(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i],
+      KEYS[11], ARGV[10 + i], ARGV[2], ARGV[6])
   end
+  count(prefix, now, 'released', class, released)
+end
+if ARGV[10] ~= '' then
+  local released = 0
+  for _, name in ipairs(cjson.decode(ARGV[10])) do
+    released = released + hold_release(prefix, name, ARGV[9], now)
+  end
+  count(prefix, now, 'holds_released', class, released)
 end
 
 if not mine then
+  count(prefix, now, 'finished_after_recovery', class)
   return 'missing'
 end
 

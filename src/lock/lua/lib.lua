@@ -92,3 +92,91 @@ local function iso8601(secs)
   return string.format('%04d-%02d-%02dT%02d:%02d:%02d+00:00', y, m, d,
     math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60)
 end
+
+-- O-3: count an event in stat:<event> and in the current metrics:<epoch minute> bucket
+-- (`<event>` and `<event>|<class>`), inside the script that caused it. `prefix` is
+-- "<ns>:locket:". The bucket gets its 8 h expiry when a field of it is created.
+local function count(prefix, now, event, class, n)
+  n = n or 1
+  if n == 0 then return end
+  redis.call('INCRBY', prefix .. 'stat:' .. event, n)
+  local m = prefix .. 'metrics:' .. math.floor(now / 60000)
+  if redis.call('HINCRBY', m, event, n) == n then
+    redis.call('PEXPIRE', m, 28800000)
+  end
+  if class and class ~= '' then
+    redis.call('HINCRBY', m, event .. '|' .. class, n)
+  end
+end
+
+-- "<ns>:locket:" from the counter prefix "<ns>:locket:counter:" the scripts already receive.
+local function locket_prefix(counter_prefix)
+  return string.sub(counter_prefix, 1, #counter_prefix - 8)
+end
+
+-- D-1: a hold field is "<count>:<deadline ms>".
+local function dep_field(v)
+  local c, d = string.match(v or '', '^(%d+):(%d+)$')
+  return tonumber(c) or 0, tonumber(d) or 0
+end
+
+-- D-1, D-2, D-6, A-14: drop the expired fields of hold `name`, then set the key's expiry to the
+-- latest field deadline and its `deps` score to the earliest; a name without fields is deleted,
+-- leaves the index and resets the counters of the queues it blocked.
+-- Returns the live total, a table digest -> count, and the number of fields dropped.
+local function dep_state(prefix, name, now)
+  local key = prefix .. 'dep:' .. name
+  local all = redis.call('HGETALL', key)
+  local total, counts, dropped, earliest, latest = 0, {}, {}, nil, nil
+  for i = 1, #all, 2 do
+    local c, d = dep_field(all[i + 1])
+    if c <= 0 or d <= now then
+      dropped[#dropped + 1] = all[i]
+    else
+      total = total + c
+      counts[all[i]] = c
+      if earliest == nil or d < earliest then earliest = d end
+      if latest == nil or d > latest then latest = d end
+    end
+  end
+  if #dropped > 0 then
+    redis.call('HDEL', key, unpack(dropped))
+  end
+  if total == 0 then
+    if #all > 0 then redis.call('DEL', key) end
+    redis.call('ZREM', prefix .. 'deps', name)
+    reset_blocked(prefix .. 'blocked:dep:' .. name, prefix .. 'counter:')
+  else
+    redis.call('PEXPIREAT', key, latest)
+    redis.call('ZADD', prefix .. 'deps', earliest, name)
+  end
+  return total, counts, #dropped
+end
+
+-- D-2: one more hold of `name` by `digest`, living at least `ttl` ms from now.
+local function hold_add(prefix, name, digest, ttl, now)
+  local key = prefix .. 'dep:' .. name
+  local c, d = dep_field(redis.call('HGET', key, digest))
+  if d <= now then c = 0; d = 0 end
+  local deadline = math.max(d, now + ttl)
+  redis.call('HSET', key, digest, (c + 1) .. ':' .. deadline)
+  dep_state(prefix, name, now)
+end
+
+-- D-6: one hold of `name` by `digest` fewer; never another digest's, never below zero.
+-- Returns 1 when a hold was released.
+local function hold_release(prefix, name, digest, now)
+  local key = prefix .. 'dep:' .. name
+  local v = redis.call('HGET', key, digest)
+  if not v then return 0 end
+  local c, d = dep_field(v)
+  local released = 0
+  if d > now and c > 0 then released = 1 end
+  if c <= 1 or d <= now then
+    redis.call('HDEL', key, digest)
+  else
+    redis.call('HSET', key, digest, (c - 1) .. ':' .. d)
+  end
+  dep_state(prefix, name, now)
+  return released
+end

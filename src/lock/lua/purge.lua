@@ -17,4 +17,5 @@ for _, id in ipairs(ids) do
   removed = removed + purge_expired(lk, ik, bk, now, prefix .. 'counter:')
   fix_lock(lk, ik, KEYS[1], id)
 end
+count(prefix, now, 'expired', '', removed)
 return removed

@@ -77,6 +77,9 @@ if rid then
         ARGV[8 + i], token, ARGV[8])
     end
   end
+  local stat = result
+  if stat == 'requeued_running' then stat = 'recovered_running' end
+  count(locket_prefix(ARGV[8]), now_ms(), stat, redis.call('HGET', KEYS[1], 'class') or '')
   redis.call('DEL', KEYS[1])
 end
 

@@ -9,7 +9,8 @@
 -- ARGV[1]       rid (fresh, 16 hex chars)
 -- ARGV[2]       Resque worker id of the slot
 -- ARGV[3]       "1" to clear the counters of skipped queues when nothing was reserved
--- ARGV[3+i]     queue name q_i
+-- ARGV[4]       locket key prefix "<ns>:locket:" (O-3 stats)
+-- ARGV[4+i]     queue name q_i
 --
 -- Returns one of
 --   {"job", queue, payload, rid}
@@ -26,7 +27,8 @@ if redis.call('EXISTS', inflight) == 1 then
   return {'busy'}
 end
 
-local n = #ARGV - 3
+local n = #ARGV - 4
+local prefix = ARGV[4]
 local skipped = {}
 for i = 1, n do
   local qkey = KEYS[2 + 2 * i - 1]
@@ -34,17 +36,20 @@ for i = 1, n do
   if len > 0 then
     local c = tonumber(redis.call('GET', KEYS[2 + 2 * i]) or '0') or 0
     if c >= len then
-      skipped[#skipped + 1] = ARGV[3 + i]
+      skipped[#skipped + 1] = ARGV[4 + i]
     else
       local payload = redis.call('LPOP', qkey)
+      local now = now_ms()
       redis.call('HSET', inflight,
         'rid', ARGV[1],
-        'queue', ARGV[3 + i],
+        'queue', ARGV[4 + i],
         'payload', payload,
-        'reserved_at', now_ms(),
+        'reserved_at', now,
         'state', 'reserved',
         'resque_worker', ARGV[2])
-      return {'job', ARGV[3 + i], payload, ARGV[1]}
+      count(prefix, now, 'reserved', '')
+      if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
+      return {'job', ARGV[4 + i], payload, ARGV[1]}
     end
   end
 end
@@ -52,12 +57,13 @@ end
 if ARGV[3] == '1' then
   for i = 1, n do
     for _, q in ipairs(skipped) do
-      if q == ARGV[3 + i] then
+      if q == ARGV[4 + i] then
         redis.call('DEL', KEYS[2 + 2 * i])
       end
     end
   end
 end
+if #skipped > 0 then count(prefix, now_ms(), 'queue_skipped', '', #skipped) end
 local out = {'nothing'}
 for _, q in ipairs(skipped) do out[#out + 1] = q end
 return out

@@ -6,6 +6,7 @@
 -- KEYS[3]  <ns>:queues
 -- ARGV[1]  rid
 -- ARGV[2]  queue name q
+-- ARGV[3]  locket key prefix "<ns>:locket:" (O-3 stats)
 --
 -- Returns "ok", or "missing" when the record is not this reservation's. Raises nothing.
 
@@ -13,7 +14,9 @@ if redis.call('HGET', KEYS[1], 'rid') ~= ARGV[1] then
   return 'missing'
 end
 local payload = redis.call('HGET', KEYS[1], 'payload')
+local class = redis.call('HGET', KEYS[1], 'class') or ''
 redis.call('DEL', KEYS[1])
 redis.call('LPUSH', KEYS[2], payload)
 redis.call('SADD', KEYS[3], ARGV[2])
+count(ARGV[3], now_ms(), 'returned', class)
 return 'ok'

@@ -1,0 +1,652 @@
+//! Operator commands (locking-semantics.md O-2, O-3, D-3): `locketd enqueue`, `locks`,
+//! `counters`, `holds`, `delayed`, `stats`. Everything is read through the indexes of K-1
+//! (`locks`, `deps`, `delayed`, `<ns>:queues`), never KEYS. Human tables by default, `--json`
+//! for scripts.
+
+use crate::client::{enqueue_script, Client};
+use crate::config::Config;
+use crate::lock::{self, AdminRelease};
+use crate::resque::keys::Keys;
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use redis::aio::ConnectionManager;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+/// The O-3 events, in the order `locketd stats` prints them.
+pub const EVENTS: &[&str] = &[
+    "reserved",
+    "started",
+    "acquired",
+    "conflict",
+    "requeued",
+    "queue_skipped",
+    "discarded",
+    "waited",
+    "wait_timeout",
+    "delayed",
+    "promoted",
+    "conflict_failed",
+    "extended",
+    "lock_lost",
+    "released",
+    "expired",
+    "force_released",
+    "holds_added",
+    "holds_released",
+    "holds_expired",
+    "recovered_reserved",
+    "recovered_running",
+    "returned",
+    "finished_after_recovery",
+];
+
+/// The operator subcommands, flattened into the binary's command enum.
+#[derive(Subcommand, Debug, Clone)]
+pub enum AdminCommand {
+    /// Push a job in Resque's format with its enqueue-time holds, in one atomic step.
+    Enqueue(EnqueueArgs),
+    /// List job locks and their holders; `locks release` frees one.
+    Locks(LocksArgs),
+    /// Show the per-queue lock counters; reset them.
+    Counters(CountersArgs),
+    /// List dependency holds; `holds release` frees them.
+    Holds(HoldsArgs),
+    /// List delayed jobs; `delayed promote` moves one back now.
+    Delayed(DelayedArgs),
+    /// Locket event totals and recent per-minute counts.
+    Stats(StatsArgs),
+}
+
+/// `locketd enqueue QUEUE CLASS [ARG_JSON...]`.
+#[derive(Args, Debug, Clone)]
+pub struct EnqueueArgs {
+    /// Queue name.
+    #[arg(required_unless_present = "print_script")]
+    pub queue: Option<String>,
+    /// Job class.
+    #[arg(required_unless_present = "print_script")]
+    pub class: Option<String>,
+    /// Arguments, each one JSON value: 42 '"text"' '{"id":7}'.
+    pub args: Vec<String>,
+    /// Print the ENQUEUE Lua script (for clients in other languages) and exit.
+    #[arg(long)]
+    pub print_script: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd locks`.
+#[derive(Args, Debug, Clone)]
+pub struct LocksArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub action: Option<LocksAction>,
+    /// Only lock ids starting with this.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd locks release`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum LocksAction {
+    /// Release one holder by token (compare-and-delete), or every holder with --force.
+    Release {
+        /// Lock id.
+        lock_id: String,
+        /// The holder's token.
+        #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+        token: Option<String>,
+        /// Remove every holder; their supervisors find out at the next heartbeat.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `locketd counters`.
+#[derive(Args, Debug, Clone)]
+pub struct CountersArgs {
+    /// Delete this queue's counter.
+    #[arg(long, value_name = "QUEUE", conflicts_with = "reset_all")]
+    pub reset: Option<String>,
+    /// Delete every queue's counter.
+    #[arg(long)]
+    pub reset_all: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd holds`.
+#[derive(Args, Debug, Clone)]
+pub struct HoldsArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub action: Option<HoldsAction>,
+    /// Only hold names starting with this.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd holds release`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum HoldsAction {
+    /// Release one hold of a digest, or all holds of the name.
+    Release {
+        /// Hold name.
+        name: String,
+        /// The payload digest whose hold is released (one count).
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        digest: Option<String>,
+        /// Every hold of the name.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// `locketd delayed`.
+#[derive(Args, Debug, Clone)]
+pub struct DelayedArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub action: Option<DelayedAction>,
+    /// Only jobs of this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd delayed promote`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum DelayedAction {
+    /// Move one delayed job (by rid) to the tail of its queue now.
+    Promote {
+        /// The reservation id shown by `locketd delayed`.
+        rid: String,
+    },
+}
+
+/// `locketd stats`.
+#[derive(Args, Debug, Clone)]
+pub struct StatsArgs {
+    /// Also sum the per-minute buckets of the last N minutes (at most 480).
+    #[arg(long, default_value_t = 60)]
+    pub minutes: u64,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs an operator command to completion on its own runtime.
+pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    if let AdminCommand::Enqueue(a) = cmd {
+        if a.print_script {
+            print!("{}", enqueue_script());
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the async runtime")?;
+    rt.block_on(async {
+        let conn = crate::worker::connect(&config.redis, config.redis_connect_timeout.get())
+            .await
+            .map_err(anyhow::Error::from)?;
+        let keys = Keys::new(&config.namespace);
+        let mut a = Admin { conn, keys };
+        match cmd {
+            AdminCommand::Enqueue(e) => a.enqueue(e, config).await,
+            AdminCommand::Locks(l) => a.locks(l).await,
+            AdminCommand::Counters(c) => a.counters(c).await,
+            AdminCommand::Holds(h) => a.holds(h).await,
+            AdminCommand::Delayed(d) => a.delayed(d).await,
+            AdminCommand::Stats(s) => a.stats(s).await,
+        }
+    })
+}
+
+struct Admin {
+    conn: ConnectionManager,
+    keys: Keys,
+}
+
+/// `1234` ms as `1.2s`, `3m04s`, `2h05m`, `-` for negative.
+pub fn human_ms(ms: i64) -> String {
+    if ms < 0 {
+        return "-".into();
+    }
+    let s = ms / 1000;
+    if s < 60 {
+        format!("{}.{}s", s, (ms % 1000) / 100)
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// Prints rows under a header, columns padded to their widest cell.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<width$}  ", width = w[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+impl Admin {
+    async fn now_ms(&mut self) -> anyhow::Result<i64> {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
+        Ok(s * 1000 + us / 1000)
+    }
+
+    async fn enqueue(&mut self, a: &EnqueueArgs, config: &Config) -> anyhow::Result<ExitCode> {
+        let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
+            bail!("enqueue needs QUEUE and CLASS");
+        };
+        let mut client = Client::with_connection(self.conn.clone(), config)?;
+        let done = client.enqueue_json(queue, class, &a.args).await?;
+        if a.json {
+            print_json(&json!({
+                "queue": queue,
+                "payload": done.payload,
+                "digest": done.digest,
+                "holds": done.holds,
+                "queue_length": done.queue_length,
+            }));
+        } else {
+            println!(
+                "enqueued {class} on {queue} (length {}), digest {}",
+                done.queue_length,
+                &done.digest[..12]
+            );
+            for h in &done.holds {
+                println!("hold added: {h}");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn locks(&mut self, a: &LocksArgs) -> anyhow::Result<ExitCode> {
+        if let Some(LocksAction::Release {
+            lock_id,
+            token,
+            force,
+        }) = &a.action
+        {
+            let what = if *force {
+                AdminRelease::LockForce(lock_id)
+            } else {
+                AdminRelease::LockToken(lock_id, token.as_deref().unwrap_or(""))
+            };
+            let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
+            if *force {
+                tracing::warn!(lock_id = %lock_id, holders = n, "lock force-released by an operator");
+                eprintln!("locketd: warning: force-released {n} holder(s) of lock {lock_id}");
+            } else {
+                tracing::warn!(lock_id = %lock_id, released = n, "lock holder released by an operator");
+            }
+            if a.json {
+                print_json(&json!({"lock_id": lock_id, "released": n}));
+            } else {
+                println!("released {n} holder(s) of {lock_id}");
+            }
+            return Ok(if n > 0 || *force {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
+        let now = self.now_ms().await?;
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.keys.locks())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn)
+            .await?;
+        let mut out = Vec::new();
+        let mut rows = Vec::new();
+        for id in ids {
+            if let Some(p) = &a.prefix {
+                if !id.starts_with(p.as_str()) {
+                    continue;
+                }
+            }
+            let holders = lock::holders(&mut self.conn, &self.keys, &id).await?;
+            let mut hs = Vec::new();
+            for h in holders {
+                let left = h.deadline_ms as i64 - now;
+                if left <= 0 {
+                    continue;
+                }
+                let info = h.info.clone().unwrap_or(Value::Null);
+                let acquired = info["acquired_at"].as_i64().unwrap_or(now);
+                let s = |k: &str| info[k].as_str().unwrap_or("").to_string();
+                rows.push(vec![
+                    id.clone(),
+                    info["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
+                    s("resque_worker"),
+                    s("class"),
+                    s("queue"),
+                    human_ms(now - acquired),
+                    human_ms(left),
+                    info["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
+                    h.token.chars().take(8).collect(),
+                ]);
+                hs.push(json!({
+                    "token": h.token,
+                    "process": info["process"],
+                    "resque_worker": info["resque_worker"],
+                    "class": info["class"],
+                    "queue": info["queue"],
+                    "digest": info["digest"],
+                    "lock_id_source": info["lock_id_source"],
+                    "limit": info["limit"],
+                    "fence": info["fence"],
+                    "age_ms": now - acquired,
+                    "left_ms": left,
+                }));
+            }
+            if !hs.is_empty() {
+                out.push(json!({"lock_id": id, "holders": hs}));
+            }
+        }
+        if a.json {
+            print_json(&Value::Array(out));
+        } else if rows.is_empty() {
+            println!("no locks held");
+        } else {
+            table(
+                &[
+                    "LOCK", "LIMIT", "WORKER", "CLASS", "QUEUE", "AGE", "LEFT", "FENCE", "TOKEN",
+                ],
+                &rows,
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn counters(&mut self, a: &CountersArgs) -> anyhow::Result<ExitCode> {
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys.queues())
+            .query_async(&mut self.conn)
+            .await?;
+        queues.sort();
+        if let Some(q) = &a.reset {
+            let n: i64 = redis::cmd("DEL")
+                .arg(self.keys.counter(q))
+                .query_async(&mut self.conn)
+                .await?;
+            println!(
+                "reset the counter of {q} ({})",
+                if n > 0 { "was set" } else { "was not set" }
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if a.reset_all {
+            let mut n = 0;
+            for q in &queues {
+                let d: i64 = redis::cmd("DEL")
+                    .arg(self.keys.counter(q))
+                    .query_async(&mut self.conn)
+                    .await?;
+                n += d;
+            }
+            println!("reset {n} counter(s)");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut rows = Vec::new();
+        let mut out = Vec::new();
+        for q in &queues {
+            let (c, ttl, len): (Option<i64>, i64, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(self.keys.counter(q))
+                .cmd("PTTL")
+                .arg(self.keys.counter(q))
+                .cmd("LLEN")
+                .arg(self.keys.queue(q))
+                .query_async(&mut self.conn)
+                .await?;
+            rows.push(vec![
+                q.clone(),
+                c.map_or("-".into(), |c| c.to_string()),
+                len.to_string(),
+                if c.is_some() {
+                    human_ms(ttl)
+                } else {
+                    "-".into()
+                },
+                if c.is_some_and(|c| c >= len && len > 0) {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+            ]);
+            out.push(json!({"queue": q, "counter": c, "length": len,
+                            "ttl_ms": if c.is_some() { Some(ttl) } else { None }}));
+        }
+        if a.json {
+            print_json(&Value::Array(out));
+        } else {
+            table(&["QUEUE", "COUNTER", "LENGTH", "LEFT", "SKIPPED"], &rows);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn holds(&mut self, a: &HoldsArgs) -> anyhow::Result<ExitCode> {
+        if let Some(HoldsAction::Release { name, digest, all }) = &a.action {
+            let what = if *all {
+                AdminRelease::HoldAll(name)
+            } else {
+                AdminRelease::HoldDigest(name, digest.as_deref().unwrap_or(""))
+            };
+            let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
+            tracing::warn!(hold = %name, released = n, "hold released by an operator");
+            println!("released {n} hold(s) of {name}");
+            return Ok(if n > 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
+        let now = self.now_ms().await?;
+        let names: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.keys.deps())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn)
+            .await?;
+        let mut rows = Vec::new();
+        let mut out = Vec::new();
+        for name in names {
+            if let Some(p) = &a.prefix {
+                if !name.starts_with(p.as_str()) {
+                    continue;
+                }
+            }
+            let fields: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(self.keys.dep(&name))
+                .query_async(&mut self.conn)
+                .await?;
+            let mut fields: Vec<_> = fields.into_iter().collect();
+            fields.sort();
+            for (digest, v) in fields {
+                let (count, deadline) = v.split_once(':').unwrap_or(("0", "0"));
+                let count: i64 = count.parse().unwrap_or(0);
+                let left = deadline.parse::<i64>().unwrap_or(0) - now;
+                if left <= 0 || count <= 0 {
+                    continue;
+                }
+                rows.push(vec![
+                    name.clone(),
+                    digest.chars().take(12).collect(),
+                    count.to_string(),
+                    human_ms(left),
+                ]);
+                out.push(json!({"name": name, "digest": digest, "count": count, "left_ms": left}));
+            }
+        }
+        if a.json {
+            print_json(&Value::Array(out));
+        } else if rows.is_empty() {
+            println!("no holds");
+        } else {
+            table(&["NAME", "DIGEST", "COUNT", "LEFT"], &rows);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn delayed_members(&mut self) -> anyhow::Result<Vec<(String, i64, Value)>> {
+        let raw: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.delayed())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(raw
+            .into_iter()
+            .map(|(m, s)| {
+                let v = serde_json::from_str(&m).unwrap_or(Value::Null);
+                (m, s as i64, v)
+            })
+            .collect())
+    }
+
+    async fn delayed(&mut self, a: &DelayedArgs) -> anyhow::Result<ExitCode> {
+        if let Some(DelayedAction::Promote { rid }) = &a.action {
+            let members = self.delayed_members().await?;
+            let Some((m, ..)) = members.iter().find(|(_, _, v)| v["rid"] == rid.as_str()) else {
+                eprintln!("locketd: no delayed job with rid {rid}");
+                return Ok(ExitCode::from(1));
+            };
+            let n = lock::promote_delayed(&mut self.conn, &self.keys, 1, Some(m)).await?;
+            println!("promoted {n} job(s)");
+            return Ok(if n > 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
+        let now = self.now_ms().await?;
+        let mut rows = Vec::new();
+        let mut out = Vec::new();
+        for (_, due, v) in self.delayed_members().await? {
+            let queue = v["queue"].as_str().unwrap_or("").to_string();
+            if a.queue.as_ref().is_some_and(|q| *q != queue) {
+                continue;
+            }
+            let class = v["payload"]
+                .as_str()
+                .and_then(|p| serde_json::from_str::<Value>(p).ok())
+                .and_then(|p| p["class"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            rows.push(vec![
+                v["rid"].as_str().unwrap_or("").to_string(),
+                queue.clone(),
+                class.clone(),
+                format!(
+                    "{}:{}",
+                    v["reason"].as_str().unwrap_or(""),
+                    v["resource"].as_str().unwrap_or("")
+                ),
+                v["attempt"].to_string(),
+                human_ms((due - now).max(0)),
+            ]);
+            out.push(json!({"rid": v["rid"], "queue": queue, "class": class,
+                            "reason": v["reason"], "resource": v["resource"],
+                            "attempt": v["attempt"], "due_ms": due, "due_in_ms": due - now,
+                            "payload": v["payload"]}));
+        }
+        if a.json {
+            print_json(&Value::Array(out));
+        } else if rows.is_empty() {
+            println!("no delayed jobs");
+        } else {
+            table(
+                &["RID", "QUEUE", "CLASS", "RESOURCE", "ATTEMPT", "DUE IN"],
+                &rows,
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn stats(&mut self, a: &StatsArgs) -> anyhow::Result<ExitCode> {
+        let now = self.now_ms().await?;
+        let minutes = a.minutes.min(480);
+        let this_minute = (now / 60_000) as u64;
+        let mut recent: HashMap<String, i64> = HashMap::new();
+        for m in (this_minute + 1).saturating_sub(minutes)..=this_minute {
+            if minutes == 0 {
+                break;
+            }
+            let h: HashMap<String, i64> = redis::cmd("HGETALL")
+                .arg(self.keys.metrics(m))
+                .query_async(&mut self.conn)
+                .await?;
+            for (k, v) in h {
+                *recent.entry(k).or_default() += v;
+            }
+        }
+        let mut rows = Vec::new();
+        let mut out = serde_json::Map::new();
+        for ev in EVENTS {
+            let total: Option<i64> = redis::cmd("GET")
+                .arg(self.keys.stat(ev))
+                .query_async(&mut self.conn)
+                .await?;
+            let total = total.unwrap_or(0);
+            let last = recent.get(*ev).copied().unwrap_or(0);
+            rows.push(vec![ev.to_string(), total.to_string(), last.to_string()]);
+            let by_class: serde_json::Map<String, Value> = recent
+                .iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix(&format!("{ev}|"))
+                        .map(|c| (c.to_string(), json!(v)))
+                })
+                .collect();
+            out.insert(
+                ev.to_string(),
+                json!({"total": total, "recent": last, "recent_by_class": by_class}),
+            );
+        }
+        if a.json {
+            print_json(&json!({"minutes": minutes, "events": out}));
+        } else {
+            let last = format!("LAST {minutes}M");
+            table(&["EVENT", "TOTAL", &last], &rows);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}

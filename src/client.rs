@@ -1,0 +1,215 @@
+//! A producer-side client: pushes jobs in Resque's exact format together with their
+//! enqueue-time dependency holds, in one atomic step (locking-semantics.md D-3).
+//!
+//! ```no_run
+//! # async fn demo() -> locketd::Result<()> {
+//! use locketd::{client::Client, config::Config};
+//! let config = Config::parse(r#"
+//! [classes."Orders::Ship"]
+//! holds = [ { name = "order:{args[0]}", when = "enqueue" } ]
+//! "#, "inline")?;
+//! let mut client = Client::connect(&config).await?;
+//! client.enqueue("orders", "Orders::Ship", &[serde_json::json!(42)]).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Clients in other languages call the same script: `src/lock/lua/lib.lua` followed by
+//! `src/lock/lua/enqueue.lua` (printed by `locketd enqueue --print-script`), whose header lists
+//! its keys and arguments.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::lock::template::RenderInput;
+use crate::lock::{self, canonical};
+use crate::policy::Plans;
+use crate::resque::keys::Keys;
+use redis::aio::ConnectionManager;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// What one enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The payload pushed, byte for byte.
+    pub payload: String,
+    /// Its digest (§1.1).
+    pub digest: String,
+    /// Hold names added with the push.
+    pub holds: Vec<String>,
+    /// Queue length after the push.
+    pub queue_length: u64,
+}
+
+/// Pushes jobs with their holds.
+#[derive(Clone)]
+pub struct Client {
+    conn: ConnectionManager,
+    keys: Keys,
+    plans: Arc<Plans>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("namespace", &self.keys.ns())
+            .finish()
+    }
+}
+
+/// Resque's payload: `{"class":"<Class>","args":[...]}` (class first, as Ruby writes it), with
+/// every argument's number text kept exactly.
+pub fn resque_payload(class: &str, args: &[Value]) -> String {
+    format!(
+        "{{\"class\":{},\"args\":{}}}",
+        Value::from(class),
+        Value::Array(args.to_vec())
+    )
+}
+
+/// JSON text without insignificant whitespace, member order and number text kept (what Ruby's
+/// `JSON.generate` writes for the same value).
+pub fn minify_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_str, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_str {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+        } else if c == '"' {
+            in_str = true;
+            out.push(c);
+        } else if !c.is_whitespace() {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The script a client in another language loads to enqueue with holds: the shared helpers
+/// followed by ENQUEUE.
+pub fn enqueue_script() -> &'static str {
+    concat!(
+        include_str!("lock/lua/lib.lua"),
+        include_str!("lock/lua/enqueue.lua")
+    )
+}
+
+impl Client {
+    /// Connects to the configured Redis; the configuration's class tables say which holds each
+    /// class places.
+    pub async fn connect(config: &Config) -> Result<Client> {
+        let conn =
+            crate::worker::connect(&config.redis, config.redis_connect_timeout.get()).await?;
+        Client::with_connection(conn, config)
+    }
+
+    /// A client over an existing connection.
+    pub fn with_connection(conn: ConnectionManager, config: &Config) -> Result<Client> {
+        Ok(Client {
+            conn,
+            keys: Keys::new(&config.namespace),
+            plans: Arc::new(Plans::compile(config)?),
+        })
+    }
+
+    /// Pushes one job to the tail of `queue` and adds its enqueue-time holds in the same step.
+    /// A hold template that cannot be rendered for these args is an error and nothing is pushed.
+    pub async fn enqueue(&mut self, queue: &str, class: &str, args: &[Value]) -> Result<Enqueued> {
+        let payload = resque_payload(class, args);
+        self.push(queue, class, Value::Array(args.to_vec()), payload)
+            .await
+    }
+
+    /// [`enqueue`](Self::enqueue) with each argument given as JSON text, kept as written (member
+    /// order, number text) minus insignificant whitespace.
+    pub async fn enqueue_json(
+        &mut self,
+        queue: &str,
+        class: &str,
+        args_json: &[String],
+    ) -> Result<Enqueued> {
+        let mut args = Vec::with_capacity(args_json.len());
+        let mut texts = Vec::with_capacity(args_json.len());
+        for (i, t) in args_json.iter().enumerate() {
+            let v: Value = serde_json::from_str(t).map_err(|e| {
+                Error::Enqueue(format!("argument {} is not JSON ({e}): {t}", i + 1))
+            })?;
+            args.push(v);
+            texts.push(minify_json(t));
+        }
+        let payload = format!(
+            "{{\"class\":{},\"args\":[{}]}}",
+            Value::from(class),
+            texts.join(",")
+        );
+        self.push(queue, class, Value::Array(args), payload).await
+    }
+
+    async fn push(
+        &mut self,
+        queue: &str,
+        class: &str,
+        args_value: Value,
+        payload: String,
+    ) -> Result<Enqueued> {
+        if queue.is_empty() || class.is_empty() {
+            return Err(Error::Enqueue("queue and class must not be empty".into()));
+        }
+        let digest = canonical::digest(class, &args_value);
+        let plan = self.plans.get(class);
+        let rendered = plan
+            .render(
+                &RenderInput {
+                    class,
+                    queue,
+                    digest: &digest,
+                    args: &args_value,
+                },
+                false,
+            )
+            .map_err(|e| Error::Enqueue(format!("Locket::BadLockKey: {e}")))?;
+        let queue_length = lock::enqueue(
+            &mut self.conn,
+            &self.keys,
+            queue,
+            &payload,
+            &digest,
+            &rendered.enqueue_holds,
+            plan.hold_ttl,
+        )
+        .await?;
+        Ok(Enqueued {
+            payload,
+            digest,
+            holds: rendered.enqueue_holds,
+            queue_length,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_payload_is_resques_format_with_exact_numbers() {
+        let args: Vec<Value> = ["12345678901234567890123", "1.0", "[\"é\"]"]
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap())
+            .collect();
+        assert_eq!(
+            resque_payload("A::B", &args),
+            r#"{"class":"A::B","args":[12345678901234567890123,1.0,["é"]]}"#
+        );
+        assert_eq!(
+            minify_json("{ \"b\" : 1,\n \"a\": \"x y\\\" z\" }"),
+            r#"{"b":1,"a":"x y\" z"}"#
+        );
+    }
+}

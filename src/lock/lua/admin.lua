@@ -1,0 +1,44 @@
+-- ADMIN releases (locking-semantics.md O-2, L-5, D-6, A-14, NEVER-5): the only way besides a
+-- holder's own token to remove a live lock member is `force`, which is counted.
+--
+-- KEYS[1]  <ns>:locket:locks
+-- ARGV[1]  locket key prefix "<ns>:locket:"
+-- ARGV[2]  operation:
+--            lock_token   release holder ARGV[4] of lock ARGV[3] (compare-and-delete)
+--            lock_force   remove every holder of lock ARGV[3]
+--            hold_digest  release one hold of name ARGV[3] by digest ARGV[4]
+--            hold_all     delete every hold of name ARGV[3]
+-- ARGV[3]  lock id or hold name
+-- ARGV[4]  token or digest (or "")
+--
+-- Returns the number of holders or holds removed. Raises nothing.
+
+local prefix, op, id = ARGV[1], ARGV[2], ARGV[3]
+local now = now_ms()
+local counter_prefix = prefix .. 'counter:'
+local lk, ik, bk = prefix .. 'lock:' .. id, prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
+if op == 'lock_token' then
+  local n = release_token(lk, ik, bk, KEYS[1], id, ARGV[4], counter_prefix)
+  count(prefix, now, 'released', '', n)
+  return n
+elseif op == 'lock_force' then
+  local members = redis.call('ZRANGE', lk, 0, -1)
+  for _, t in ipairs(members) do
+    release_token(lk, ik, bk, KEYS[1], id, t, counter_prefix)
+  end
+  reset_blocked(bk, counter_prefix)
+  fix_lock(lk, ik, KEYS[1], id)
+  count(prefix, now, 'force_released', '', #members)
+  return #members
+elseif op == 'hold_digest' then
+  local n = hold_release(prefix, id, ARGV[4], now)
+  count(prefix, now, 'holds_released', '', n)
+  return n
+elseif op == 'hold_all' then
+  local total = dep_state(prefix, id, now)
+  redis.call('DEL', prefix .. 'dep:' .. id)
+  dep_state(prefix, id, now)
+  count(prefix, now, 'holds_released', '', total)
+  return total
+end
+return 0

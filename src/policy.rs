@@ -1,0 +1,494 @@
+//! Per-class locking plans (locking-semantics.md §3, §4, §6, §8): which locks a job takes and
+//! with what limit, what happens on a conflict, which dependency holds it places and waits for.
+//!
+//! The TOML shapes live here ([`LockSetting`], [`LockEntry`], [`HoldEntry`], [`Policy`]); the
+//! configuration is compiled once at start-up into [`Plans`] with every template parsed (T-7)
+//! and every C-1 check made, so a job only renders.
+
+use crate::config::{ClassConfig, Config, ConfigError, Secs};
+use crate::lock::template::{RenderError, RenderInput, Template, DEFAULT_TEMPLATE};
+use crate::lock::LockSpec;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// What happens to a job whose lock (or dependency) is taken (§6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Back to the tail of its queue, counted (P-1).
+    #[default]
+    Requeue,
+    /// Dropped on purpose, logged and counted, not a failure (P-2).
+    Discard,
+    /// Keep the reservation and retry for up to `wait_timeout` (P-3).
+    Wait,
+    /// Put aside with exponential backoff; the janitor promotes it back (P-4).
+    Delay,
+    /// Recorded as a `Locket::LockConflict` failure (P-5).
+    Fail,
+}
+
+impl Policy {
+    /// The word the ACQUIRE script takes as a fallback (`wait` keeps the job: `none`).
+    pub fn script_word(self) -> &'static str {
+        match self {
+            Policy::Requeue => "requeue",
+            Policy::Discard => "discard",
+            Policy::Wait => "none",
+            Policy::Delay => "delay",
+            Policy::Fail => "fail",
+        }
+    }
+
+    /// The config word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Requeue => "requeue",
+            Policy::Discard => "discard",
+            Policy::Wait => "wait",
+            Policy::Delay => "delay",
+            Policy::Fail => "fail",
+        }
+    }
+}
+
+/// `lock = false | true | "template"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum LockSetting {
+    /// `false`: no execution lock; `true`: the default lock.
+    Enabled(bool),
+    /// A key template.
+    Template(String),
+}
+
+/// One entry of `locks = [...]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockEntry {
+    /// Key template.
+    pub key: String,
+    /// Most live holders, default 1.
+    #[serde(default = "one")]
+    pub limit: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// When a hold is placed (§8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldWhen {
+    /// By the ENQUEUE script, with the push (D-3); also ensured at start (D-4).
+    #[default]
+    Enqueue,
+    /// In ACQUIRE's success branch (D-9).
+    Start,
+}
+
+/// When a hold is released (D-7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseOn {
+    /// Only when the job succeeds.
+    #[default]
+    Success,
+    /// Whatever the outcome.
+    Completion,
+}
+
+/// One entry of `holds = [...]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldEntry {
+    /// Hold name template.
+    pub name: String,
+    /// `enqueue` (default) or `start`.
+    #[serde(default)]
+    pub when: HoldWhen,
+    /// `success` (default) or `completion`.
+    #[serde(default)]
+    pub release_on: ReleaseOn,
+}
+
+/// The `delay` policy's backoff (P-4).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DelaySettings {
+    /// First delay.
+    pub base: Duration,
+    /// Cap before jitter.
+    pub max: Duration,
+    /// Jitter fraction.
+    pub jitter: f64,
+    /// Delays before failing; 0 = unlimited.
+    pub max_delays: u32,
+}
+
+impl DelaySettings {
+    /// The delay before attempt `attempt` (1-based) with jitter draw `r` in `[0, jitter)`:
+    /// `min(base × 2^(attempt−1), max) × (1 + r)`. The ACQUIRE script computes the same from
+    /// the attempt number it reads in Redis; this is the reference the tests compare against.
+    pub fn delay(&self, attempt: u32, r: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(40);
+        let raw = self.base.as_secs_f64() * 2f64.powi(exp as i32);
+        let capped = raw.min(self.max.as_secs_f64());
+        Duration::from_secs_f64(capped * (1.0 + r))
+    }
+}
+
+/// One hold of a class, template parsed.
+#[derive(Debug, Clone)]
+pub struct HoldPlan {
+    /// Name template.
+    pub name: Template,
+    /// When placed.
+    pub when: HoldWhen,
+    /// When released.
+    pub release_on: ReleaseOn,
+}
+
+/// Everything locketd needs to lock, check and settle one class's jobs.
+#[derive(Debug, Clone)]
+pub struct ClassPlan {
+    /// Execution locks when the class is locked (A-5); empty = unlocked.
+    pub locks: Vec<(Template, u32)>,
+    /// Policy for execution-lock conflicts.
+    pub on_conflict: Policy,
+    /// Policy for `locked_by` conflicts.
+    pub on_dependency_conflict: Policy,
+    /// Bound of `wait`.
+    pub wait_timeout: Duration,
+    /// After a timed-out wait.
+    pub wait_then: Policy,
+    /// Backoff of `delay`.
+    pub delay: DelaySettings,
+    /// Fencing numbers (L-10).
+    pub fencing: bool,
+    /// Hold lifetime.
+    pub hold_ttl: Duration,
+    /// Holds placed.
+    pub holds: Vec<HoldPlan>,
+    /// Hold names waited for.
+    pub locked_by: Vec<Template>,
+}
+
+/// A class plan rendered for one payload.
+#[derive(Debug, Clone, Default)]
+pub struct RenderedPlan {
+    /// Execution locks (empty when unlocked).
+    pub locks: Vec<LockSpec>,
+    /// Full rendered text of each lock id, for `lockinfo.lock_id_source` (T-5).
+    pub lock_sources: Vec<String>,
+    /// `locked_by` names.
+    pub locked_by: Vec<String>,
+    /// Holds placed at enqueue (ensured at start).
+    pub enqueue_holds: Vec<String>,
+    /// Holds placed at start.
+    pub start_holds: Vec<String>,
+    /// Holds released on success only.
+    pub release_on_success: Vec<String>,
+    /// Holds released on any outcome.
+    pub release_on_completion: Vec<String>,
+}
+
+impl RenderedPlan {
+    /// The holds FINISH releases for an outcome (D-7).
+    pub fn releases(&self, success: bool) -> Vec<String> {
+        let mut out = self.release_on_completion.clone();
+        if success {
+            out.extend(self.release_on_success.iter().cloned());
+        }
+        out
+    }
+}
+
+impl ClassPlan {
+    /// Renders every template for one payload; `locked` says whether the execution locks apply
+    /// (class setting and `lock_queues`).
+    pub fn render(
+        &self,
+        input: &RenderInput<'_>,
+        locked: bool,
+    ) -> Result<RenderedPlan, RenderError> {
+        let mut out = RenderedPlan::default();
+        if locked {
+            for (t, limit) in &self.locks {
+                let r = t.render(input)?;
+                // The same id twice in one job would count its own token twice: keep one.
+                if !out.locks.iter().any(|l| l.id == r.id) {
+                    out.locks.push(LockSpec {
+                        id: r.id,
+                        limit: *limit,
+                    });
+                    out.lock_sources.push(r.source);
+                }
+            }
+        }
+        for t in &self.locked_by {
+            let id = t.render(input)?.id;
+            if !out.locked_by.contains(&id) {
+                out.locked_by.push(id);
+            }
+        }
+        for h in &self.holds {
+            let id = h.name.render(input)?.id;
+            match h.when {
+                HoldWhen::Enqueue => out.enqueue_holds.push(id.clone()),
+                HoldWhen::Start => out.start_holds.push(id.clone()),
+            }
+            match h.release_on {
+                ReleaseOn::Success => out.release_on_success.push(id),
+                ReleaseOn::Completion => out.release_on_completion.push(id),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The policy for a conflict: the dependency policy when a `locked_by` name conflicted
+    /// (§6: it wins when both kinds meet), else the lock policy.
+    pub fn policy_for(&self, dependency: bool) -> Policy {
+        if dependency {
+            self.on_dependency_conflict
+        } else {
+            self.on_conflict
+        }
+    }
+
+    /// True when the class places or waits for holds (A-5 "dependency checks").
+    pub fn has_dependencies(&self) -> bool {
+        !self.holds.is_empty() || !self.locked_by.is_empty()
+    }
+}
+
+/// Every class's plan, compiled from the configuration.
+#[derive(Debug, Clone)]
+pub struct Plans {
+    classes: HashMap<String, ClassPlan>,
+    default: ClassPlan,
+}
+
+fn invalid(setting: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting: setting.to_string(),
+        message: message.into(),
+    }
+}
+
+fn template(setting: &str, text: &str) -> Result<Template, ConfigError> {
+    Template::parse(text).map_err(|e| invalid(setting, format!("template {text:?}: {e}")))
+}
+
+fn limit(setting: &str, n: u32) -> Result<u32, ConfigError> {
+    if n < 1 {
+        return Err(invalid(setting, "limit must be at least 1"));
+    }
+    Ok(n)
+}
+
+impl Plans {
+    /// Compiles and checks (C-1) every class plan.
+    pub fn compile(config: &Config) -> Result<Plans, ConfigError> {
+        let default = compile_class(config, "locket", None)?;
+        let mut classes = HashMap::new();
+        for (name, class) in &config.classes {
+            let setting = format!("classes.{name:?}");
+            classes.insert(name.clone(), compile_class(config, &setting, Some(class))?);
+        }
+        Ok(Plans { classes, default })
+    }
+
+    /// The plan of a class (its own table, else the defaults).
+    pub fn get(&self, class: &str) -> &ClassPlan {
+        self.classes.get(class).unwrap_or(&self.default)
+    }
+}
+
+fn compile_class(
+    config: &Config,
+    setting: &str,
+    class: Option<&ClassConfig>,
+) -> Result<ClassPlan, ConfigError> {
+    let l = &config.locket;
+    let c = class.cloned().unwrap_or_default();
+    let or = |o: Option<Secs>, d: Secs| o.unwrap_or(d).get();
+    let class_limit = limit(&format!("{setting}.limit"), c.limit.unwrap_or(1))?;
+    let default_lock = || -> Result<Vec<(Template, u32)>, ConfigError> {
+        Ok(vec![(template(setting, DEFAULT_TEMPLATE)?, class_limit)])
+    };
+    let locks = match (&c.lock, &c.locks) {
+        (Some(LockSetting::Template(_)), Some(_)) => {
+            return Err(invalid(
+                &format!("{setting}.locks"),
+                "give either `lock = \"template\"` or `locks = [...]`, not both",
+            ))
+        }
+        (Some(LockSetting::Enabled(false)), _) => Vec::new(),
+        (_, Some(entries)) => {
+            if entries.is_empty() {
+                return Err(invalid(
+                    &format!("{setting}.locks"),
+                    "is empty (use `lock = false` to opt out)",
+                ));
+            }
+            let mut out = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                let s = format!("{setting}.locks[{i}]");
+                out.push((template(&s, &e.key)?, limit(&s, e.limit)?));
+            }
+            out
+        }
+        (Some(LockSetting::Template(t)), None) => {
+            vec![(template(&format!("{setting}.lock"), t)?, class_limit)]
+        }
+        (Some(LockSetting::Enabled(true)), None) => default_lock()?,
+        (None, None) if l.lock_all => default_lock()?,
+        (None, None) => Vec::new(),
+    };
+    let wait_timeout = or(c.wait_timeout, l.wait_timeout);
+    if wait_timeout > Duration::from_secs(60) {
+        return Err(invalid(
+            &format!("{setting}.wait_timeout"),
+            "must be at most 60s",
+        ));
+    }
+    let wait_then = c.wait_then.unwrap_or(l.wait_then);
+    if wait_then == Policy::Wait {
+        return Err(invalid(
+            &format!("{setting}.wait_then"),
+            "must be requeue, delay, discard or fail",
+        ));
+    }
+    let delay = DelaySettings {
+        base: or(c.delay_base, l.delay_base),
+        max: or(c.delay_max, l.delay_max),
+        jitter: c.delay_jitter.unwrap_or(l.delay_jitter),
+        max_delays: c.max_delays.unwrap_or(l.max_delays),
+    };
+    if delay.max < delay.base {
+        return Err(invalid(
+            &format!("{setting}.delay_max"),
+            "must not be below delay_base",
+        ));
+    }
+    if delay.base.is_zero() {
+        return Err(invalid(&format!("{setting}.delay_base"), "must be above 0"));
+    }
+    if !(0.0..=1.0).contains(&delay.jitter) {
+        return Err(invalid(
+            &format!("{setting}.delay_jitter"),
+            "must be between 0 and 1",
+        ));
+    }
+    let hold_ttl = or(c.hold_ttl, l.hold_ttl);
+    if hold_ttl < Duration::from_secs(1) {
+        return Err(invalid(&format!("{setting}.hold_ttl"), "is below 1s"));
+    }
+    let mut holds = Vec::new();
+    for (i, h) in c.holds.iter().enumerate() {
+        holds.push(HoldPlan {
+            name: template(&format!("{setting}.holds[{i}]"), &h.name)?,
+            when: h.when,
+            release_on: h.release_on,
+        });
+    }
+    let mut locked_by = Vec::new();
+    for (i, t) in c.locked_by.iter().enumerate() {
+        locked_by.push(template(&format!("{setting}.locked_by[{i}]"), t)?);
+    }
+    Ok(ClassPlan {
+        locks,
+        on_conflict: c.on_conflict.unwrap_or(l.on_conflict),
+        on_dependency_conflict: c.on_dependency_conflict.unwrap_or(l.on_dependency_conflict),
+        wait_timeout,
+        wait_then,
+        delay,
+        fencing: c.fencing.unwrap_or(l.fencing),
+        hold_ttl,
+        holds,
+        locked_by,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plans(text: &str) -> Result<Plans, ConfigError> {
+        Plans::compile(&Config::parse(&format!("queues = \"q\"\n{text}"), "t").unwrap())
+    }
+
+    // locking-semantics.md C-1 for the policy settings
+    #[test]
+    fn c1_bad_policy_settings_are_rejected_by_name() {
+        for (text, name) in [
+            ("[classes.A]\nlimit = 0", "limit"),
+            (
+                "[classes.A]\nlocks = [{ key = \"x\", limit = 0 }]",
+                "locks[0]",
+            ),
+            ("[classes.A]\nlock = \"{nope}\"", "classes.\"A\".lock"),
+            ("[classes.A]\nlocked_by = [\"{args[\"]", "locked_by[0]"),
+            ("[locket]\nwait_timeout = \"61s\"", "locket.wait_timeout"),
+            (
+                "[locket]\ndelay_base = \"10s\"\ndelay_max = \"5s\"",
+                "delay_max",
+            ),
+            ("[classes.A]\nwait_then = \"wait\"", "wait_then"),
+            (
+                "[classes.A]\nlock = \"x\"\nlocks = [{ key = \"y\" }]",
+                "locks",
+            ),
+            ("[classes.A]\ndelay_jitter = 2.0", "delay_jitter"),
+        ] {
+            let err = plans(text).unwrap_err().to_string();
+            assert!(err.contains(name), "{text}: {err}");
+        }
+        let err = Config::parse("queues=\"q\"\n[classes.A]\non_conflict = \"maybe\"", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("maybe") || err.contains("on_conflict"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let p = plans(
+            "[classes.A]\nlock = \"u:{args[0]}\"\nlimit = 3\non_conflict = \"discard\"\n\
+             [classes.B]\nlock = false\nlocked_by = [\"x\"]\n",
+        )
+        .unwrap();
+        let a = p.get("A");
+        assert_eq!(a.locks[0].0.source(), "u:{args[0]}");
+        assert_eq!(a.locks[0].1, 3);
+        assert_eq!(a.on_conflict, Policy::Discard);
+        assert_eq!(a.on_dependency_conflict, Policy::Delay);
+        assert!(p.get("B").locks.is_empty());
+        assert_eq!(p.get("Other").locks[0].0.source(), DEFAULT_TEMPLATE);
+        assert_eq!(p.get("Other").on_conflict, Policy::Requeue);
+        assert_eq!(p.get("Other").wait_timeout, Duration::from_secs(5));
+        let none = plans("[locket]\nlock_all = false").unwrap();
+        assert!(none.get("Other").locks.is_empty());
+    }
+
+    // locking-semantics.md P-4: min(base × 2^(attempt−1), max) × (1 + r)
+    #[test]
+    fn delay_backoff_doubles_and_is_capped_before_jitter() {
+        let d = DelaySettings {
+            base: Duration::from_secs(5),
+            max: Duration::from_secs(60),
+            jitter: 0.2,
+            max_delays: 0,
+        };
+        assert_eq!(d.delay(1, 0.0), Duration::from_secs(5));
+        assert_eq!(d.delay(2, 0.0), Duration::from_secs(10));
+        assert_eq!(d.delay(4, 0.0), Duration::from_secs(40));
+        assert_eq!(d.delay(5, 0.0), Duration::from_secs(60));
+        assert_eq!(d.delay(500, 0.0), Duration::from_secs(60));
+        assert_eq!(d.delay(5, 0.1), Duration::from_secs(66));
+    }
+}
