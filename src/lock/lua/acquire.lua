@@ -55,12 +55,13 @@
 -- Raises nothing.
 
 local inflight = KEYS[1]
-if redis.call('HGET', inflight, 'rid') ~= ARGV[1] then
+local rec = redis.call('HMGET', inflight, 'rid', 'token', 'state')
+if rec[1] ~= ARGV[1] then
   return {'missing'}
 end
 local n = (#ARGV - 12) / 2
 -- A retry after a lost reply: this attempt already started; answer as the first call did.
-if redis.call('HGET', inflight, 'token') == ARGV[2] and redis.call('HGET', inflight, 'state') == 'running' then
+if rec[2] == ARGV[2] and rec[3] == 'running' then
   local deadline = 0
   if n > 0 then
     deadline = tonumber(redis.call('ZSCORE', KEYS[7], ARGV[2]) or '0')
@@ -89,15 +90,18 @@ local start_holds = opt['start_holds'] or {}
 -- Purge and count every lock first: all or nothing (L-4). Report every conflicting one.
 local conflicts = {}
 local lock_conflict, dep_conflict = false, false
+local was_empty = {}
 for i = 1, n do
   local lk, ik, bk = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
   local id, limit = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
-  local purged = purge_expired(lk, ik, bk, now, counter_prefix)
+  local purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
   if purged > 0 then
     fix_lock(lk, ik, KEYS[6], id)
     count(prefix, now, 'expired', '', purged)
   end
-  local holders = redis.call('ZCARD', lk)
+  local holders = 0
+  if not empty then holders = redis.call('ZCARD', lk) end
+  was_empty[i] = (holders == 0)
   if holders >= limit then
     local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
     conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
@@ -236,7 +240,11 @@ for i = 1, n do
     out[#out + 1] = f
   end
   redis.call('HSET', ik, ARGV[2], cjson.encode(info))
-  fix_lock(lk, ik, KEYS[6], id)
+  if was_empty[i] then
+    fix_sole_holder(lk, ik, KEYS[6], id, deadline)
+  else
+    fix_lock(lk, ik, KEYS[6], id)
+  end
 end
 
 -- D-9 start-time holds, after the locked_by check; D-4 enqueue-time holds ensured.

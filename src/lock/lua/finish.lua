@@ -40,10 +40,11 @@
 
 local inflight = KEYS[1]
 local outcome = ARGV[3]
-local mine = redis.call('HGET', inflight, 'rid') == ARGV[1]
+local rec = redis.call('HMGET', inflight, 'rid', 'payload')
+local mine = rec[1] == ARGV[1]
 local payload = nil
 if mine then
-  payload = redis.call('HGET', inflight, 'payload')
+  payload = rec[2]
   redis.call('DEL', inflight)
 end
 

@@ -24,20 +24,24 @@ local function reset_blocked(blocked_key, counter_prefix)
 end
 
 -- L-1/A-6 step 2: drop holders whose deadline is not later than now, with their lockinfo
--- fields, and run A-14 when any were dropped. Returns the number removed.
+-- fields, and run A-14 when any were dropped. Returns the number removed, and whether the lock
+-- has no holder left. The earliest holder alone tells the common cases in one call: no key (or
+-- an empty one), or nothing expired.
 local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefix)
-  local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', now)
-  if #expired == 0 then
+  local first = redis.call('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
+  if #first == 0 then
     -- A key that lapsed on its own (L-6) lost its holders by expiry too: A-14 still applies.
-    if redis.call('EXISTS', lock_key) == 0 then
-      reset_blocked(blocked_key, counter_prefix)
-    end
-    return 0
+    reset_blocked(blocked_key, counter_prefix)
+    return 0, true
   end
+  if tonumber(first[2]) > now then
+    return 0, false
+  end
+  local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', now)
   redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', now)
   redis.call('HDEL', info_key, unpack(expired))
   reset_blocked(blocked_key, counter_prefix)
-  return #expired
+  return #expired, false
 end
 
 -- L-6/L-7: after any change, expire the lock keys 1 s after the latest deadline and score the
@@ -58,12 +62,26 @@ local function fix_lock(lock_key, info_key, locks_index, lock_id)
   redis.call('ZADD', locks_index, first[2], lock_id)
 end
 
+-- fix_lock for a lock whose only holder (with its lockinfo field) has just been added with
+-- `deadline`: the earliest and latest deadlines are that one, known without reading them.
+local function fix_sole_holder(lock_key, info_key, locks_index, lock_id, deadline)
+  redis.call('PEXPIREAT', lock_key, deadline + 1000)
+  redis.call('PEXPIREAT', info_key, deadline + 1000)
+  redis.call('ZADD', locks_index, deadline, lock_id)
+end
+
 -- L-5: compare-and-delete of one holder. Releasing a token that is not a member changes
 -- nothing but the A-14 reset.
 local function release_token(lock_key, info_key, blocked_key, locks_index, lock_id, token, counter_prefix)
   local removed = redis.call('ZREM', lock_key, token)
-  redis.call('HDEL', info_key, token)
   reset_blocked(blocked_key, counter_prefix)
+  if redis.call('EXISTS', lock_key) == 0 then
+    -- The last holder left: both keys and the index entry go (no per-field delete needed).
+    redis.call('DEL', info_key)
+    redis.call('ZREM', locks_index, lock_id)
+    return removed
+  end
+  redis.call('HDEL', info_key, token)
   fix_lock(lock_key, info_key, locks_index, lock_id)
   return removed
 end
