@@ -163,28 +163,29 @@ pub fn lock_keys<'a>(
     }
 }
 
-/// RESERVE: pop the first job whose queue is not skipped, into the slot's inflight record.
-pub async fn reserve<C: ConnectionLike + Send>(
-    conn: &mut C,
+/// RESERVE's keys and arguments.
+fn reserve_parts(
     slot: &SlotRef<'_>,
     rid: &str,
     queues: &[String],
     clear_counters_when_idle: bool,
-) -> RedisResult<Reserved> {
-    let mut inv = scripts().reserve.prepare_invoke();
-    inv.key(slot.keys.inflight(slot.slot_key))
-        .key(slot.keys.pause_all());
+) -> (Vec<String>, Vec<String>) {
+    let mut keys = vec![slot.keys.inflight(slot.slot_key), slot.keys.pause_all()];
     for q in queues {
-        inv.key(slot.keys.queue(q)).key(slot.keys.counter(q));
+        keys.push(slot.keys.queue(q));
+        keys.push(slot.keys.counter(q));
     }
-    inv.arg(rid)
-        .arg(slot.worker_id)
-        .arg(if clear_counters_when_idle { "1" } else { "0" })
-        .arg(slot.keys.locket_prefix());
-    for q in queues {
-        inv.arg(q);
-    }
-    let reply: Vec<Value> = inv.invoke_async(conn).await?;
+    let mut args = vec![
+        rid.to_string(),
+        slot.worker_id.to_string(),
+        if clear_counters_when_idle { "1" } else { "0" }.to_string(),
+        slot.keys.locket_prefix().to_string(),
+    ];
+    args.extend(queues.iter().cloned());
+    (keys, args)
+}
+
+fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
     match reply.first().map(text).as_deref() {
         Some("job") if reply.len() == 4 => Ok(Reserved::Job {
             queue: text(&reply[1]),
@@ -200,6 +201,58 @@ pub async fn reserve<C: ConnectionLike + Send>(
         Some("paused") => Ok(Reserved::Paused),
         Some("busy") => Ok(Reserved::Busy),
         _ => unexpected("reserve", &Value::Array(reply)),
+    }
+}
+
+/// RESERVE: pop the first job whose queue is not skipped, into the slot's inflight record.
+pub async fn reserve<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queues: &[String],
+    clear_counters_when_idle: bool,
+) -> RedisResult<Reserved> {
+    let (keys, args) = reserve_parts(slot, rid, queues, clear_counters_when_idle);
+    let mut inv = scripts().reserve.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    for a in &args {
+        inv.arg(a);
+    }
+    let reply: Vec<Value> = inv.invoke_async(conn).await?;
+    parse_reserved(reply)
+}
+
+/// FINISH of the slot's job and RESERVE of its next one in one round trip. Returns whether the
+/// FINISH found its reservation (as [`finish_with`]) and the reservation.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_and_reserve<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+    holds: &FinishHolds<'_>,
+    rid: &str,
+    queues: &[String],
+    clear_counters_when_idle: bool,
+) -> RedisResult<(bool, Reserved)> {
+    let (fkeys, fargs) = finish_parts(slot, req, holds);
+    let (rkeys, rargs) = reserve_parts(slot, rid, queues, clear_counters_when_idle);
+    let mut inv = scripts().finish_reserve.prepare_invoke();
+    for k in fkeys.iter().chain(&rkeys) {
+        inv.key(k);
+    }
+    inv.arg(fkeys.len()).arg(fargs.len());
+    for a in fargs.iter().chain(&rargs) {
+        inv.arg(a);
+    }
+    let reply: Vec<Value> = inv.invoke_async(conn).await?;
+    match <[Value; 2]>::try_from(reply) {
+        Ok([finished, Value::Array(reserved)]) => {
+            Ok((text(&finished) == "ok", parse_reserved(reserved)?))
+        }
+        Ok(other) => unexpected("finish_reserve", &Value::Array(other.to_vec())),
+        Err(v) => unexpected("finish_reserve", &Value::Array(v)),
     }
 }
 
@@ -577,6 +630,24 @@ pub async fn finish_with<C: ConnectionLike + Send>(
     req: &FinishRequest<'_>,
     holds: &FinishHolds<'_>,
 ) -> RedisResult<bool> {
+    let (keys, args) = finish_parts(slot, req, holds);
+    let mut inv = scripts().finish.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    for a in &args {
+        inv.arg(a);
+    }
+    let reply: String = inv.invoke_async(conn).await?;
+    Ok(reply == "ok")
+}
+
+/// FINISH's keys and arguments.
+fn finish_parts(
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+    holds: &FinishHolds<'_>,
+) -> (Vec<String>, Vec<String>) {
     let keys = slot.keys;
     let (failed_list, multi_name) = match req.backend {
         FailureBackend::Redis => (keys.failed(), String::new()),
@@ -591,38 +662,42 @@ pub async fn finish_with<C: ConnectionLike + Send>(
         Finish::Dirty(r) => ("dirty", r.as_str()),
         Finish::Requeue => ("requeue", ""),
     };
-    let mut inv = scripts().finish.prepare_invoke();
-    inv.key(keys.inflight(slot.slot_key))
-        .key(keys.worker(slot.worker_id))
-        .key(keys.stat_processed())
-        .key(keys.stat_processed_by(slot.worker_id))
-        .key(keys.stat_failed())
-        .key(keys.stat_failed_by(slot.worker_id))
-        .key(failed_list)
-        .key(keys.failed_queues())
-        .key(keys.queue(req.queue))
-        .key(keys.queues())
-        .key(keys.locks());
-    lock_keys(&mut inv, keys, req.locks.iter().map(|l| l.id.as_str()));
-    inv.arg(req.rid)
-        .arg(req.token)
-        .arg(outcome)
-        .arg(record)
-        .arg(multi_name)
-        .arg(keys.counter_prefix())
-        .arg(req.queue)
-        .arg(holds.class)
-        .arg(holds.digest)
-        .arg(if holds.release.is_empty() {
+    let mut k = vec![
+        keys.inflight(slot.slot_key),
+        keys.worker(slot.worker_id),
+        keys.stat_processed(),
+        keys.stat_processed_by(slot.worker_id),
+        keys.stat_failed(),
+        keys.stat_failed_by(slot.worker_id),
+        failed_list,
+        keys.failed_queues(),
+        keys.queue(req.queue),
+        keys.queues(),
+        keys.locks(),
+    ];
+    for l in req.locks {
+        k.push(keys.lock(&l.id));
+        k.push(keys.lockinfo(&l.id));
+        k.push(keys.blocked_lock(&l.id));
+    }
+    let mut a = vec![
+        req.rid.to_string(),
+        req.token.to_string(),
+        outcome.to_string(),
+        record.to_string(),
+        multi_name,
+        keys.counter_prefix(),
+        req.queue.to_string(),
+        holds.class.to_string(),
+        holds.digest.to_string(),
+        if holds.release.is_empty() {
             String::new()
         } else {
             serde_json::Value::from(holds.release.to_vec()).to_string()
-        });
-    for l in req.locks {
-        inv.arg(&l.id);
-    }
-    let reply: String = inv.invoke_async(conn).await?;
-    Ok(reply == "ok")
+        },
+    ];
+    a.extend(req.locks.iter().map(|l| l.id.clone()));
+    (k, a)
 }
 
 /// Returns a reservation that never started to the head of its queue. False when the

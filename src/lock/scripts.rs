@@ -44,6 +44,20 @@ pub struct Scripts {
     pub enqueue: Script,
     /// Admin releases of locks and holds (O-2).
     pub admin: Script,
+    /// FINISH of one job and RESERVE of the next, in one call.
+    pub finish_reserve: Script,
+}
+
+/// `lib.lua`, then finish.lua and reserve.lua as functions of their own KEYS and ARGV, then the
+/// dispatcher `finish_reserve.lua`.
+fn finish_reserve_source() -> String {
+    format!(
+        "{}\nlocal function finish_part(KEYS, ARGV)\n{}\nend\nlocal function reserve_part(KEYS, ARGV)\n{}\nend\n{}",
+        include_str!("lua/lib.lua"),
+        include_str!("lua/finish.lua"),
+        include_str!("lua/reserve.lua"),
+        include_str!("lua/finish_reserve.lua"),
+    )
 }
 
 /// The scripts, compiled (hashed) on first use.
@@ -64,11 +78,12 @@ pub fn scripts() -> &'static Scripts {
         purge_deps: Script::new(script!("purge_deps.lua")),
         enqueue: Script::new(script!("enqueue.lua")),
         admin: Script::new(script!("admin.lua")),
+        finish_reserve: Script::new(&finish_reserve_source()),
     })
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 14] {
+pub fn sources() -> [(&'static str, &'static str); 15] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -84,6 +99,7 @@ pub fn sources() -> [(&'static str, &'static str); 14] {
         ("purge_deps.lua", script!("purge_deps.lua")),
         ("enqueue.lua", script!("enqueue.lua")),
         ("admin.lua", script!("admin.lua")),
+        ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
     ]
 }
 

@@ -183,6 +183,9 @@ pub struct Worker {
     multi: bool,
     /// The process's idle waiter, shared by its slots.
     idle: Arc<idle::Idle>,
+    /// The last job's end, recorded by the next RESERVE's call (FINISH+RESERVE) or flushed
+    /// on its own before the loop waits or stops.
+    pending: Option<PendingFinish>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -309,6 +312,7 @@ impl Worker {
             multi,
             metrics: crate::metrics::Metrics::default(),
             idle: Arc::default(),
+            pending: None,
         };
         for k in 2..=slots {
             let peer = Worker {
@@ -327,6 +331,7 @@ impl Worker {
                 metrics: crate::metrics::Metrics::default(),
                 idle: worker.idle.clone(),
                 plans: worker.plans.clone(),
+                pending: None,
             };
             worker.peers.push(peer);
         }
@@ -523,6 +528,14 @@ impl Worker {
     }
 
     async fn work(&mut self, control: &Control, dead: &CancellationToken) -> StopReason {
+        let reason = self.work_loop(control, dead).await;
+        match self.flush_pending().await {
+            Some(r) => r,
+            None => reason,
+        }
+    }
+
+    async fn work_loop(&mut self, control: &Control, dead: &CancellationToken) -> StopReason {
         let interval = self.config.interval.get();
         let waiting = format!("Waiting for {}", self.spec.id_part());
         let mut backoff = Duration::from_millis(100);
@@ -534,6 +547,9 @@ impl Worker {
                 return StopReason::Shutdown;
             }
             if control.is_paused() {
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
                 self.title("Paused");
                 info!("paused (USR2): reserving nothing until CONT");
                 wait_unpaused(control, dead).await;
@@ -552,10 +568,37 @@ impl Worker {
                 }
             };
             let rid = random_hex(8);
+            let clear = self.config.locket.clear_counters_when_idle;
             let reserved = if queues.is_empty() {
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
                 Ok(Reserved::Nothing { skipped: vec![] })
+            } else if let Some(mut p) = self.pending.take() {
+                // The last job's FINISH and this RESERVE in one round trip.
+                let slot = self.slot();
+                let fused = lock::finish_and_reserve(
+                    &mut self.conn.clone(),
+                    &slot,
+                    &p.request(self.config.failure_backend),
+                    &p.holds(),
+                    &rid,
+                    &queues,
+                    clear,
+                )
+                .await;
+                match fused {
+                    Ok((finished, reserved)) => {
+                        self.report_finish(&p, Some(finished), p.tried);
+                        Ok(reserved)
+                    }
+                    Err(e) => {
+                        p.tried = true;
+                        self.pending = Some(p);
+                        Err(e)
+                    }
+                }
             } else {
-                let clear = self.config.locket.clear_counters_when_idle;
                 let slot = self.slot();
                 lock::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
             };
@@ -1162,45 +1205,113 @@ impl Worker {
         label: &str,
         holds: &FinishHolds<'_>,
     ) -> Option<StopReason> {
-        let req = FinishRequest {
-            rid,
-            token,
-            queue,
-            locks,
-            outcome: &outcome,
-            backend: self.config.failure_backend,
-        };
+        // Recorded with the next RESERVE (one round trip for both), or flushed on its own
+        // before the loop waits or stops.
+        if let Some(r) = self.flush_pending().await {
+            return Some(r);
+        }
+        self.pending = Some(PendingFinish {
+            rid: rid.to_string(),
+            queue: queue.to_string(),
+            token: token.to_string(),
+            locks: locks.to_vec(),
+            outcome,
+            class: class.to_string(),
+            digest: holds.digest.to_string(),
+            release: holds.release.to_vec(),
+            started,
+            label: label.to_string(),
+            tried: false,
+        });
+        None
+    }
+
+    /// Records the pending job end on its own (FINISH), retrying while Redis is away; it must
+    /// land even while shutting down. `Some` when it could not be recorded.
+    async fn flush_pending(&mut self) -> Option<StopReason> {
+        let p = self.pending.take()?;
         let slot = self.slot();
-        // FINISH must land even while we are shutting down: a fresh control that is never
-        // cancelled keeps retrying, bounded by retry()'s own deadline.
+        let req = p.request(self.config.failure_backend);
+        let holds = p.holds();
+        // A fresh control that is never cancelled keeps retrying, bounded by retry()'s own
+        // deadline.
         let never = Control::default();
         let done = retry(&mut self.conn.clone(), "finish", &never, |mut c| {
             let (slot, req, holds) = (slot.clone(), req.clone(), holds.clone());
             async move { lock::finish_with(&mut c, &slot, &req, &holds).await }
         })
         .await;
-        let elapsed = started.elapsed().as_secs_f64();
+        self.report_finish(&p, done, p.tried);
+        if done.is_none() {
+            return Some(StopReason::PresumedDead);
+        }
+        None
+    }
+
+    /// Logs and counts a job end once its FINISH ran (`Some(found its reservation)`) or gave up.
+    /// `retried`: an earlier attempt may have landed, so a missing reservation is no surprise.
+    fn report_finish(&mut self, p: &PendingFinish, done: Option<bool>, retried: bool) {
+        let (queue, class, label) = (&p.queue, &p.class, p.label.as_str());
+        let elapsed = p.started.elapsed().as_secs_f64();
         if done.is_some() {
             self.metrics.job_finished(
                 queue,
                 class,
                 crate::metrics::Outcome::from_label(label),
-                started.elapsed(),
+                p.started.elapsed(),
             );
         }
         match done {
             Some(true) => {
                 info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");
-                None
+            }
+            Some(false) if retried => {
+                info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished (recorded by an attempt whose reply was lost)");
             }
             Some(false) => {
                 error!(queue = %queue, class = %class, elapsed, outcome = label, "job finished after its reservation was recovered elsewhere; nothing recorded twice");
-                None
             }
             None => {
                 error!(queue = %queue, class = %class, "could not record the job's end; its inflight record is left for recovery");
-                Some(StopReason::PresumedDead)
             }
+        }
+    }
+}
+
+/// A job's end, waiting for its FINISH.
+#[derive(Debug)]
+struct PendingFinish {
+    rid: String,
+    queue: String,
+    token: String,
+    locks: Vec<LockSpec>,
+    outcome: Finish,
+    class: String,
+    digest: String,
+    release: Vec<String>,
+    started: Instant,
+    label: String,
+    /// A FINISH+RESERVE carrying it failed: it may have landed.
+    tried: bool,
+}
+
+impl PendingFinish {
+    fn request(&self, backend: crate::lock::FailureBackend) -> FinishRequest<'_> {
+        FinishRequest {
+            rid: &self.rid,
+            token: &self.token,
+            queue: &self.queue,
+            locks: &self.locks,
+            outcome: &self.outcome,
+            backend,
+        }
+    }
+
+    fn holds(&self) -> FinishHolds<'_> {
+        FinishHolds {
+            class: &self.class,
+            digest: &self.digest,
+            release: &self.release,
         }
     }
 }

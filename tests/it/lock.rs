@@ -2834,3 +2834,103 @@ async fn a_retried_acquire_of_a_started_attempt_is_answered_ok() {
     let other = acquire(&mut c, &slot, &res, &random_hex(16), &locks, o).await;
     assert!(matches!(other, Acquired::Conflict { .. }), "{other:?}");
 }
+
+/// A-13 then A-1 in one round trip (FINISH+RESERVE): the finished job is recorded and its lock
+/// released exactly as by FINISH alone, then the slot's next job is reserved; with nothing left
+/// the reply is `nothing` and the finish still landed; a retry of a call whose reply was lost
+/// finds the reservation gone (not recorded twice) and the slot busy with the job it reserved.
+#[tokio::test]
+async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let c = &mut conn;
+    let slot = Slot::new("h:1:a:0", "h:1:q");
+    push(c, "q", &payload("Job", json!([1]))).await;
+    push(c, "q", &payload("Job", json!([2]))).await;
+    let locks = vec![spec("job:1", 1)];
+    let first = reserve_job(c, &slot, &["q"]).await;
+    started(acquire(c, &slot, &first, "tok1", &locks, opts(30_000, 10_000, true)).await);
+    assert_eq!(zcard(c, &keys().lock("job:1")).await, 1);
+
+    let outcome = Finish::Success;
+    let req = FinishRequest {
+        rid: &first.rid,
+        token: "tok1",
+        queue: &first.queue,
+        locks: &locks,
+        outcome: &outcome,
+        backend: FailureBackend::Redis,
+    };
+    let holds = lock::FinishHolds {
+        class: "Job",
+        digest: "d",
+        release: &[],
+    };
+    let queues = vec!["q".to_string()];
+    let rid2 = random_hex(8);
+    let (finished, next) =
+        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &rid2, &queues, false)
+            .await
+            .expect("FINISH+RESERVE");
+    assert!(finished);
+    match &next {
+        Reserved::Job {
+            payload: p, rid, ..
+        } => {
+            assert_eq!(p, &payload("Job", json!([2])));
+            assert_eq!(rid, &rid2);
+        }
+        other => panic!("expected the second job, got {other:?}"),
+    }
+    assert!(!exists(c, &keys().lock("job:1")).await, "lock released");
+    assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("1"));
+    assert!(!exists(c, &keys().worker(&slot.worker_id)).await);
+    let rec = hgetall(c, &slot.inflight()).await;
+    assert_eq!(rec.get("rid"), Some(&rid2));
+    assert_eq!(rec.get("state").map(String::as_str), Some("reserved"));
+
+    // The same call again, as after a lost reply: nothing is recorded twice, the slot is busy.
+    let (finished, again) =
+        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
+            .await
+            .unwrap();
+    assert!(!finished);
+    assert!(matches!(again, Reserved::Busy), "{again:?}");
+    assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("1"));
+
+    // The second job ends and the queue is empty: `nothing`, with the finish applied.
+    let second = Res {
+        queue: "q".into(),
+        payload: payload("Job", json!([2])),
+        rid: rid2.clone(),
+    };
+    let locks2 = vec![spec("job:2", 1)];
+    started(
+        acquire(
+            c,
+            &slot,
+            &second,
+            "tok2",
+            &locks2,
+            opts(30_000, 10_000, true),
+        )
+        .await,
+    );
+    let req2 = FinishRequest {
+        rid: &rid2,
+        token: "tok2",
+        queue: "q",
+        locks: &locks2,
+        outcome: &outcome,
+        backend: FailureBackend::Redis,
+    };
+    let (finished, next) =
+        lock::finish_and_reserve(c, &slot.r(), &req2, &holds, &random_hex(8), &queues, false)
+            .await
+            .unwrap();
+    assert!(finished);
+    assert!(matches!(next, Reserved::Nothing { .. }), "{next:?}");
+    assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("2"));
+    assert!(!exists(c, &slot.inflight()).await);
+    assert!(!exists(c, &keys().lock("job:2")).await);
+}

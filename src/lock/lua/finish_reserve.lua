@@ -1,0 +1,23 @@
+-- FINISH of one job and RESERVE of the next, in one round trip (the no-conflict path then
+-- costs two round trips per job: FINISH+RESERVE, ACQUIRE+START). The two bodies are the
+-- unchanged finish.lua and reserve.lua, wrapped by src/lock/scripts.rs as
+-- finish_part(KEYS, ARGV) and reserve_part(KEYS, ARGV); FINISH runs first, so the slot's
+-- inflight record is free again when RESERVE checks it.
+--
+-- KEYS         finish.lua's keys, then reserve.lua's keys
+-- ARGV[1]      number of finish.lua's keys
+-- ARGV[2]      number of finish.lua's arguments
+-- ARGV[3..]    finish.lua's arguments, then reserve.lua's arguments
+--
+-- Returns {finish.lua's reply, reserve.lua's reply}.
+
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fk, fa, rk, ra = {}, {}, {}, {}
+for i = 1, #KEYS do
+  if i <= nk then fk[#fk + 1] = KEYS[i] else rk[#rk + 1] = KEYS[i] end
+end
+for i = 3, #ARGV do
+  if i - 2 <= na then fa[#fa + 1] = ARGV[i] else ra[#ra + 1] = ARGV[i] end
+end
+local finished = finish_part(fk, fa)
+return {finished, reserve_part(rk, ra)}
