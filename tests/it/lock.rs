@@ -2934,3 +2934,32 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     assert!(!exists(c, &slot.inflight()).await);
     assert!(!exists(c, &keys().lock("job:2")).await);
 }
+
+/// A-1 with many queues (RESERVE checks runs of empty queues with one EXISTS): priority order
+/// holds across runs, a run that is empty but for one queue is still found, and the skip rule
+/// still applies inside a run.
+#[tokio::test]
+async fn reserve_over_many_queues_keeps_priority_and_the_skip_rule() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let c = &mut conn;
+    let slot = Slot::new("h:1:a:0", "h:1:*");
+    let names: Vec<String> = (0..40).map(|i| format!("q{i:02}")).collect();
+    let queues: Vec<&str> = names.iter().map(String::as_str).collect();
+    for q in ["q39", "q20", "q05", "q17"] {
+        push(c, q, &payload("Job", json!([q]))).await;
+    }
+    // q17's only job waits on a lock: counter >= length, so it is skipped.
+    let _: () = rcmd!(c, "SET", keys().counter("q17"), 1);
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let res = reserve_job(c, &slot, &queues).await;
+        order.push(res.queue.clone());
+        let _: i64 = rcmd!(c, "DEL", slot.inflight());
+    }
+    assert_eq!(order, ["q05", "q20", "q39"]);
+    match reserve(c, &slot, &queues, false).await {
+        Reserved::Nothing { skipped } => assert_eq!(skipped, ["q17"]),
+        other => panic!("expected nothing but q17 skipped, got {other:?}"),
+    }
+}
