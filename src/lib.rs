@@ -33,6 +33,7 @@
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod builtin;
 pub mod config;
 pub mod error;
 pub mod handler;

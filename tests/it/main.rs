@@ -4,6 +4,8 @@
 //! `support` (real `redis-server` instances, the real `locketd` binary,
 //! node-resque interop, bounded waits).
 
+mod bench;
+mod builtin;
 mod compat;
 mod daemon;
 mod harness;
