@@ -751,7 +751,7 @@ fn scenario_idle(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
     println!(
         "idle: {:.1} Redis commands/s per idle worker over {secs:.0} s ({}), Redis CPU {:.2} ms/s; RSS {} (peak {})",
         per_s,
-        d.breakdown(1, 8),
+        d.breakdown_per(secs, "s", 8),
         d.cpu_s * 1e3 / secs,
         mib(idle_rss),
         mib(rss.master_kib)
@@ -764,7 +764,10 @@ fn scenario_idle(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        sleep(Duration::from_millis(50 + seed % 500))?;
+        // A uniform random moment of the poll cycle (after a pickup the worker polls at once,
+        // finds nothing and sleeps `interval`), so the median is not biased either way.
+        let cycle_ms = (opts.interval.unwrap_or(5.0) * 1000.0).max(50.0) as u64;
+        sleep(Duration::from_millis(seed % cycle_ms))?;
         let p0 = ctx.processed()?;
         let payload = format!(
             r#"{{"class":"Probe","args":[{{"enqueued_at_us":{}}},{i}]}}"#,

@@ -251,10 +251,12 @@ impl Daemon {
             into.master_kib = into.master_kib.max(k);
         }
         for child in children(self.pid) {
+            // Worker processes run the same binary in the daemon's process group; command
+            // handlers get a group of their own (and a moment of locketd's image before exec).
             let same = fs::read_link(format!("/proc/{child}/exe"))
                 .map(|p| p == self.exe)
                 .unwrap_or(false);
-            if same {
+            if same && pgid(child) == Some(self.pid) {
                 if let Some(k) = vm_field(child, "VmHWM:") {
                     let e = into.workers_kib.entry(child).or_default();
                     *e = (*e).max(k);
@@ -321,6 +323,14 @@ pub fn vm_field(pid: i32, field: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The process group of `pid` (field 5 of /proc/<pid>/stat).
+fn pgid(pid: i32) -> Option<i32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its ')' do not.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Direct children of `pid`, from every thread's `children` file.

@@ -102,14 +102,19 @@ impl Delta {
 
     /// `name calls/job (usec/call)` for the commands that cost most, largest first.
     pub fn breakdown(&self, jobs: u64, top: usize) -> String {
+        self.breakdown_per(jobs.max(1) as f64, "job", top)
+    }
+
+    /// `name calls/<unit> (usec/call)` with calls divided by `denom`, largest first.
+    pub fn breakdown_per(&self, denom: f64, unit: &str, top: usize) -> String {
         let mut v: Vec<_> = self.cmds.iter().collect();
         v.sort_by_key(|(_, (calls, _))| std::cmp::Reverse(*calls));
         v.iter()
             .take(top)
             .map(|(n, (c, u))| {
                 format!(
-                    "{n} {:.2}/job ({:.1} us/call)",
-                    *c as f64 / jobs.max(1) as f64,
+                    "{n} {:.2}/{unit} ({:.1} us/call)",
+                    *c as f64 / denom.max(1e-9),
                     *u as f64 / (*c).max(1) as f64
                 )
             })
