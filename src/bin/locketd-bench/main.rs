@@ -177,6 +177,22 @@ fn locketd_exe(opts: &Opts) -> Result<PathBuf> {
             let mut cmd = Command::new(cargo);
             cmd.args(["build", "--bin", "locketd", "--manifest-path"])
                 .arg(&manifest);
+            // `cargo run` hands this program the package's CARGO_PKG_* variables and a
+            // LD_LIBRARY_PATH; build scripts that watch them would rebuild (ring does).
+            for (k, _) in std::env::vars_os() {
+                let k = k.to_string_lossy();
+                if k.starts_with("CARGO_PKG_")
+                    || [
+                        "CARGO_MANIFEST_DIR",
+                        "CARGO_MANIFEST_PATH",
+                        "CARGO_PRIMARY_PACKAGE",
+                    ]
+                    .contains(&k.as_ref())
+                    || k == "LD_LIBRARY_PATH"
+                {
+                    cmd.env_remove(k.as_ref());
+                }
+            }
             if profile_release {
                 cmd.arg("--release");
             }
