@@ -258,8 +258,14 @@ impl Daemon {
                 .unwrap_or(false);
             if same && pgid(child) == Some(self.pid) {
                 if let Some(k) = vm_field(child, "VmHWM:") {
-                    let e = into.workers_kib.entry(child).or_default();
-                    *e = (*e).max(k);
+                    // A child seen once may be a handler between fork and exec: a worker
+                    // process counts from its second sighting on.
+                    let e = into.seen.entry(child).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(k);
+                    if e.0 >= 2 {
+                        into.workers_kib.insert(child, e.1);
+                    }
                 }
             }
         }
@@ -307,6 +313,8 @@ pub struct RssPeaks {
     pub master_kib: u64,
     /// Child processes running the locketd binary (worker processes), by pid.
     pub workers_kib: BTreeMap<i32, u64>,
+    /// Every locketd child sampled: (times seen, peak KiB).
+    seen: BTreeMap<i32, (u32, u64)>,
 }
 
 impl RssPeaks {
