@@ -83,6 +83,10 @@ struct Opts {
     /// Seconds an idle worker is watched for its Redis commands (`idle`).
     #[arg(long, default_value_t = 15.0)]
     idle_secs: f64,
+    /// Keep every CPU busy with lowest-priority (nice 19) spinning threads, so idle vCPUs do
+    /// not halt between round trips (docs/performance.md, "Idle CPUs").
+    #[arg(long)]
+    spin: bool,
 }
 
 /// One line of the summary table.
@@ -657,7 +661,11 @@ fn scenario_starvation(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<(
     // The holder: another locketd runs one Hold job (sleep 3600 s) and keeps its lock.
     ctx.flush()?;
     ctx.push("hold", std::iter::once(hold.to_string()))?;
-    let holder_cfg = ctx.config(&["hold".into()], &classes);
+    // The holder always logs at info: the harness waits for its "job started" line.
+    let holder_cfg = ctx.config(&["hold".into()], &classes).replace(
+        &format!("log_level = \"{},", ctx.opts.log_level),
+        "log_level = \"info,",
+    );
     let mut holder = ctx.start_daemon(&holder_cfg, 1)?;
     holder.wait_log("job started", Duration::from_secs(30))?;
     ctx.push("high", (0..1000).map(|_| hold.to_string()))?;
@@ -957,16 +965,22 @@ fn attempt(
 
 fn run(opts: Opts) -> Result<()> {
     procs::install_interrupt()?;
+    let _spinners = opts.spin.then(procs::Spinners::start);
     let exe = locketd_exe(&opts)?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "locketd-bench: {} with {} (load average {})",
+        "locketd-bench: {} with {} (load average {}){}",
         format!("{:?}", opts.scenario).to_lowercase(),
         exe.display(),
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" "),
+        if opts.spin {
+            "; nice-19 spinners on every CPU"
+        } else {
+            ""
+        }
     );
     let mut rows = Vec::new();
     match opts.scenario {
