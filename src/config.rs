@@ -368,6 +368,10 @@ pub struct ClassConfig {
     /// Handler command as argv (no shell): `["bin/sync", "--fast"]`.
     #[serde(default)]
     pub command: Option<Vec<String>>,
+    /// A built-in in-process handler instead of a command: `"noop"`, `"probe"` or `"sleep"`
+    /// (see `crate::builtin`).
+    #[serde(default)]
+    pub builtin: Option<String>,
     /// Longest run of one job; then it is stopped and failed with `Locket::Timeout`.
     #[serde(default, alias = "max_runtime")]
     pub timeout: Option<Secs>,
@@ -629,7 +633,23 @@ impl Config {
             if name.is_empty() {
                 return Err(invalid("classes", "a class name is empty"));
             }
-            if let Some(cmd) = &class.command {
+            if let Some(b) = &class.builtin {
+                if class.command.is_some() {
+                    return Err(invalid(
+                        &format!("{setting}.builtin"),
+                        "give either `command` or `builtin`, not both",
+                    ));
+                }
+                if crate::builtin::Builtin::from_name(b).is_none() {
+                    return Err(invalid(
+                        &format!("{setting}.builtin"),
+                        format!(
+                            "unknown builtin {b:?} (known: {})",
+                            crate::builtin::NAMES.join(", ")
+                        ),
+                    ));
+                }
+            } else if let Some(cmd) = &class.command {
                 if cmd.is_empty() || cmd[0].is_empty() {
                     return Err(invalid(
                         &format!("{setting}.command"),
@@ -735,6 +755,28 @@ mod tests {
         let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"8s\"");
         let w = c.check().unwrap();
         assert!(w.iter().any(|w| w.contains("less than 3s")), "{w:?}");
+    }
+
+    #[test]
+    fn builtin_is_checked_and_exclusive_with_command() {
+        let ok = cfg("queues = \"q\"\n[classes.Noop]\nbuiltin = \"noop\"\n");
+        let w = ok.check().unwrap();
+        assert!(!w.iter().any(|w| w.contains("Noop")), "{w:?}");
+        assert_eq!(ok.classes["Noop"].builtin.as_deref(), Some("noop"));
+        let err = cfg("queues = \"q\"\n[classes.X]\nbuiltin = \"teleport\"\n")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("classes.\"X\".builtin") && err.contains("teleport"),
+            "{err}"
+        );
+        let err =
+            cfg("queues = \"q\"\n[classes.X]\nbuiltin = \"noop\"\ncommand = [\"/bin/true\"]\n")
+                .check()
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("builtin") && err.contains("not both"), "{err}");
     }
 
     #[test]

@@ -106,11 +106,17 @@ impl Handlers {
         Handlers::default()
     }
 
-    /// The command handlers of a config's `[classes]`.
+    /// The command and builtin handlers of a config's `[classes]`.
     pub fn from_config(config: &Config) -> Handlers {
         let mut h = Handlers::new();
         for (name, class) in &config.classes {
-            if class.command.is_some() {
+            if let Some(b) = class
+                .builtin
+                .as_deref()
+                .and_then(crate::builtin::Builtin::from_name)
+            {
+                h.insert(name, b);
+            } else if class.command.is_some() {
                 h.insert(name, CommandHandler::new(class));
             }
         }

@@ -39,6 +39,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
+pub mod builtin;
 pub mod client;
 pub mod config;
 pub mod error;

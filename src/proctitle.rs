@@ -31,7 +31,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// Number of bytes reserved for process titles by [`ensure_title_space`].
 ///
@@ -124,24 +124,15 @@ pub fn set_title(title: &str) {
         Err(poisoned) => poisoned.into_inner(),
     };
     set_comm();
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    let Some((start, end)) = title_area() else {
         return;
     };
-    let Some((start, end)) = parse_arg_range(&stat) else {
-        return;
-    };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return;
-    };
-    if !range_in_writable_mapping(&maps, start, end) {
-        return;
-    }
     let bytes = title_bytes(title, end - start);
     // SAFETY: [start, end) is this process's own argv string area as reported by the
     // kernel (`arg_start`/`arg_end` of /proc/self/stat). It lies on the initial process
     // stack, which stays mapped and writable for the life of the process; we additionally
-    // checked just above that one read-write mapping of /proc/self/maps covers the whole
-    // range. `bytes.len() == end - start`, so nothing is written outside it. Nothing in
+    // checked (in title_area, once) that one read-write mapping of /proc/self/maps
+    // covers the whole range. `bytes.len() == end - start`, so nothing is written outside it. Nothing in
     // this process holds Rust references into that memory: std keeps only the raw argv
     // pointer and reads the strings on demand in std::env::args, which callers must have
     // done before the first call (documented); concurrent set_title calls are excluded by
@@ -149,6 +140,24 @@ pub fn set_title(title: &str) {
     unsafe {
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, bytes.len());
     }
+}
+
+/// The argv area `[arg_start, arg_end)`, once it was found inside one writable mapping.
+/// Neither changes for the life of the process, so the two /proc reads are done once
+/// (they cost more than the rest of a job's client-side work; docs/performance.md).
+static AREA: OnceLock<(usize, usize)> = OnceLock::new();
+
+fn title_area() -> Option<(usize, usize)> {
+    if let Some(area) = AREA.get() {
+        return Some(*area);
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (start, end) = parse_arg_range(&stat)?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    if !range_in_writable_mapping(&maps, start, end) {
+        return None;
+    }
+    Some(*AREA.get_or_init(|| (start, end)))
 }
 
 /// Builds exactly `area` bytes: `title` cut at a char boundary to at most `area - 1`

@@ -5,6 +5,8 @@
 //! node-resque interop, bounded waits).
 
 mod admin;
+mod bench;
+mod builtin;
 mod compat;
 mod daemon;
 mod harness;

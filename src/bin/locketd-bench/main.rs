@@ -1,0 +1,1045 @@
+//! `locketd-bench`: drives the real `locketd` binary against a private redis-server and prints
+//! jobs/s, Redis commands and Redis CPU per job, enqueue-to-start latency and peak RSS
+//! (issue 6; docs/performance.md explains every figure and how it is taken).
+//!
+//! ```sh
+//! cargo run --release --bin locketd-bench -- all            # every scenario, one Markdown table
+//! cargo run --release --bin locketd-bench -- noop --jobs 20000 --workers 1
+//! ```
+
+mod procs;
+mod stats;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use procs::{check_interrupt, sleep, Daemon, RedisServer, RssPeaks, ScratchDir};
+use stats::{Delta, Snapshot};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// In-process no-op handler, locks on, 1 queue.
+    Noop,
+    /// `/bin/true` command handler.
+    Command,
+    /// A high queue whose jobs all wait on one held lock, above a low queue.
+    Starvation,
+    /// 100 configured queues, jobs only in the last.
+    Queues,
+    /// Pickup latency and Redis load of an idle worker.
+    Idle,
+    /// The same noop queue drained by node-resque (Worker + JobLock, MultiWorker).
+    Peers,
+    /// Everything above, then one Markdown table against the issue's targets.
+    All,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "locketd-bench",
+    about = "Benchmarks the real locketd binary against its own redis-server"
+)]
+struct Opts {
+    /// What to run.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// Jobs per drain (default: noop 200000, command 20000, starvation 50000 low jobs,
+    /// queues 50000, peers 20000).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Passed to locketd as `--workers N` when above 1 (multi-process mode, issue 3).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Passed to locketd as `--slots K` (multi-slot mode).
+    #[arg(long)]
+    slots: Option<usize>,
+    /// locketd's `interval` in seconds (default: locketd's own default).
+    #[arg(long)]
+    interval: Option<f64>,
+    /// locketd's `log_level` (probe latency lines are kept whatever the level).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// The locketd binary (default: `locketd` next to this program, rebuilt with
+    /// `cargo build --release` first unless --no-build).
+    #[arg(long)]
+    locketd: Option<PathBuf>,
+    /// Do not run `cargo build` for the default binary.
+    #[arg(long)]
+    no_build: bool,
+    /// Upper bound for one drain, in seconds (default: 60 + jobs/250).
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Paced probe jobs per second for the latency phase (default: 25% of the drain rate).
+    #[arg(long)]
+    latency_rate: Option<f64>,
+    /// Seconds of the latency phase (0 = skip it).
+    #[arg(long, default_value_t = 2.0)]
+    latency_secs: f64,
+    /// Jobs pushed one at a time to an idle worker (`idle`).
+    #[arg(long, default_value_t = 20)]
+    pushes: usize,
+    /// Seconds an idle worker is watched for its Redis commands (`idle`).
+    #[arg(long, default_value_t = 15.0)]
+    idle_secs: f64,
+    /// Keep every CPU busy with lowest-priority (nice 19) spinning threads, so idle vCPUs do
+    /// not halt between round trips (docs/performance.md, "Idle CPUs").
+    #[arg(long)]
+    spin: bool,
+}
+
+/// One line of the summary table.
+struct Row {
+    what: String,
+    value: String,
+    target: String,
+    ok: Option<bool>,
+}
+
+fn row(
+    what: impl Into<String>,
+    value: impl Into<String>,
+    target: impl Into<String>,
+    ok: Option<bool>,
+) -> Row {
+    Row {
+        what: what.into(),
+        value: value.into(),
+        target: target.into(),
+        ok,
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!("\n| figure | locketd | target | |");
+    println!("| --- | --- | --- | --- |");
+    for r in rows {
+        let mark = match r.ok {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "",
+        };
+        println!("| {} | {} | {} | {} |", r.what, r.value, r.target, mark);
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn fmt_int(x: f64) -> String {
+    let n = x.round() as i64;
+    let s = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The locketd binary to run: `--locketd`, else `locketd` next to this program (built first).
+fn locketd_exe(opts: &Opts) -> Result<PathBuf> {
+    if let Some(p) = &opts.locketd {
+        if !p.is_file() {
+            bail!("--locketd {}: no such file", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let me = std::env::current_exe()?;
+    let dir = me
+        .parent()
+        .ok_or_else(|| anyhow!("no directory for {}", me.display()))?;
+    let exe = dir.join("locketd");
+    let profile_release = dir.file_name().is_some_and(|n| n == "release");
+    if !opts.no_build {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        if manifest.is_file() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--bin", "locketd", "--manifest-path"])
+                .arg(&manifest);
+            // `cargo run` hands this program the package's CARGO_PKG_* variables and a
+            // LD_LIBRARY_PATH; build scripts that watch them would rebuild (ring does).
+            for (k, _) in std::env::vars_os() {
+                let k = k.to_string_lossy();
+                if k.starts_with("CARGO_PKG_")
+                    || [
+                        "CARGO_MANIFEST_DIR",
+                        "CARGO_MANIFEST_PATH",
+                        "CARGO_PRIMARY_PACKAGE",
+                    ]
+                    .contains(&k.as_ref())
+                    || k == "LD_LIBRARY_PATH"
+                {
+                    cmd.env_remove(k.as_ref());
+                }
+            }
+            if profile_release {
+                cmd.arg("--release");
+            }
+            eprintln!(
+                "locketd-bench: building locketd ({})",
+                if profile_release { "release" } else { "debug" }
+            );
+            let status = cmd.status().context("running cargo build for locketd")?;
+            if !status.success() {
+                bail!("cargo build --bin locketd failed ({status})");
+            }
+        }
+    }
+    if !exe.is_file() {
+        bail!(
+            "no locketd binary at {}: build it with `cargo build --release --bin locketd`, or pass --locketd PATH",
+            exe.display()
+        );
+    }
+    if !profile_release {
+        eprintln!(
+            "locketd-bench: warning: {} is not a release build; figures are not representative",
+            exe.display()
+        );
+    }
+    Ok(exe)
+}
+
+/// One scenario's world: a scratch dir, a private Redis and the binary.
+struct Ctx {
+    opts: Opts,
+    exe: PathBuf,
+    dir: ScratchDir,
+    redis: RedisServer,
+    conn: redis::Connection,
+    seq: usize,
+}
+
+/// What one drain measured.
+struct Drain {
+    jobs: u64,
+    /// Jobs/s from the first to the last completion seen (start-up excluded).
+    rate: f64,
+    /// Spawn to first completion.
+    startup: Duration,
+    delta: Delta,
+    rss: RssPeaks,
+}
+
+impl Drain {
+    fn cmds_per_job(&self) -> f64 {
+        self.delta.total_calls() as f64 / self.jobs.max(1) as f64
+    }
+    fn scripts_per_job(&self) -> f64 {
+        self.delta.script_calls() as f64 / self.jobs.max(1) as f64
+    }
+    fn cpu_us_per_job(&self) -> f64 {
+        self.delta.cpu_s * 1e6 / self.jobs.max(1) as f64
+    }
+    fn report(&self, label: &str) {
+        println!(
+            "{label}: {} jobs at {} jobs/s (start-up {:.2} s); Redis: {:.1} commands/job incl. inside scripts, \
+             {:.2} script calls/job, CPU {:.1} us/job; peak RSS: daemon {}{}",
+            self.jobs,
+            fmt_int(self.rate),
+            self.startup.as_secs_f64(),
+            self.cmds_per_job(),
+            self.scripts_per_job(),
+            self.cpu_us_per_job(),
+            mib(self.rss.master_kib),
+            match self.rss.max_worker_kib() {
+                Some(k) => format!(", {} worker processes, largest {}", self.rss.workers_kib.len(), mib(k)),
+                None => String::new(),
+            }
+        );
+        println!("  commands: {}", self.delta.breakdown(self.jobs, 12));
+    }
+}
+
+impl Ctx {
+    fn new(opts: &Opts, exe: &Path) -> Result<Ctx> {
+        let dir = ScratchDir::new()?;
+        let redis = RedisServer::start(dir.path())?;
+        let conn = redis.conn()?;
+        Ok(Ctx {
+            opts: opts.clone(),
+            exe: exe.to_path_buf(),
+            dir,
+            redis,
+            conn,
+            seq: 0,
+        })
+    }
+
+    fn jobs(&self, default: usize) -> usize {
+        self.opts.jobs.unwrap_or(default).max(1)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        // Our own private server: nothing else lives in it.
+        redis::cmd("FLUSHALL").query::<()>(&mut self.conn)?;
+        Ok(())
+    }
+
+    fn processed(&mut self) -> Result<u64> {
+        let n: Option<u64> = redis::cmd("GET")
+            .arg("resque:stat:processed")
+            .query(&mut self.conn)?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// A config for queues and classes, with the harness's Redis, interval and log level.
+    fn config(&self, queues: &[String], classes: &str) -> String {
+        let mut c = format!(
+            "redis = \"{}\"\nqueues = {}\nlog_level = \"{},locketd::probe=info\"\n",
+            self.redis.url(),
+            serde_json::to_string(queues).unwrap_or_default(),
+            self.opts.log_level
+        );
+        if let Some(i) = self.opts.interval {
+            c.push_str(&format!("interval = {i}\n"));
+        }
+        c.push('\n');
+        c.push_str(classes);
+        c
+    }
+
+    fn daemon_args(&self, workers: usize) -> Vec<String> {
+        let mut a = Vec::new();
+        if workers > 1 {
+            a.extend(["--workers".to_string(), workers.to_string()]);
+        }
+        if let Some(k) = self.opts.slots {
+            a.extend(["--slots".to_string(), k.to_string()]);
+        }
+        a
+    }
+
+    fn start_daemon(&mut self, config: &str, workers: usize) -> Result<Daemon> {
+        self.seq += 1;
+        let args = self.daemon_args(workers);
+        Daemon::start(
+            &self.exe,
+            self.dir.path(),
+            &format!("locketd-{}", self.seq),
+            config,
+            &args,
+        )
+    }
+
+    /// Pushes payloads to `queue` as Resque does (SADD queues + RPUSH), 1,000 per pipeline.
+    fn push(&mut self, queue: &str, payloads: impl Iterator<Item = String>) -> Result<()> {
+        let key = format!("resque:queue:{queue}");
+        redis::cmd("SADD")
+            .arg("resque:queues")
+            .arg(queue)
+            .query::<()>(&mut self.conn)?;
+        let mut pipe = redis::pipe();
+        let mut n = 0;
+        for p in payloads {
+            pipe.cmd("RPUSH").arg(&key).arg(p).ignore();
+            n += 1;
+            if n % 1000 == 0 {
+                pipe.query::<()>(&mut self.conn)?;
+                pipe = redis::pipe();
+                check_interrupt()?;
+            }
+        }
+        if n % 1000 != 0 {
+            pipe.query::<()>(&mut self.conn)?;
+        }
+        Ok(())
+    }
+
+    fn push_noop(&mut self, queue: &str, class: &str, n: usize) -> Result<()> {
+        self.push(
+            queue,
+            (0..n).map(|i| format!(r#"{{"class":"{class}","args":[{i}]}}"#)),
+        )
+    }
+
+    /// Starts a daemon and waits (bounded) until `n` more jobs are processed.
+    fn drain(&mut self, config: &str, workers: usize, n: usize) -> Result<(Drain, Daemon)> {
+        let p0 = self.processed()?;
+        let s0 = stats::snapshot(&mut self.conn)?;
+        let t_spawn = Instant::now();
+        let mut daemon = self.start_daemon(config, workers)?;
+        let limit = Duration::from_secs(self.opts.timeout.unwrap_or(60 + n as u64 / 250));
+        let mut gets = 1u64;
+        let mut first: Option<(Instant, u64)> = None;
+        let mut rss = RssPeaks::default();
+        let mut last_sample = Instant::now() - Duration::from_secs(1);
+        let (t_end, p_end) = loop {
+            check_interrupt()?;
+            let p = self.processed()?;
+            gets += 1;
+            let now = Instant::now();
+            if p > p0 && first.is_none() {
+                first = Some((now, p));
+            }
+            if p - p0 >= n as u64 {
+                break (now, p);
+            }
+            if now.duration_since(last_sample) >= Duration::from_millis(200) {
+                daemon.check_alive()?;
+                daemon.peak_rss(&mut rss);
+                last_sample = now;
+            }
+            if t_spawn.elapsed() > limit {
+                bail!(
+                    "drain timed out: {} of {n} jobs processed after {limit:?} (raise --timeout)",
+                    p - p0
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let s1 = stats::snapshot(&mut self.conn)?;
+        daemon.peak_rss(&mut rss);
+        let (t_first, p_first) = first.unwrap_or((t_end, p_end));
+        let span = t_end.duration_since(t_first).as_secs_f64();
+        let rate = if span > 0.0 && p_end > p_first {
+            (p_end - p_first) as f64 / span
+        } else {
+            n as f64 / t_end.duration_since(t_spawn).as_secs_f64().max(1e-6)
+        };
+        Ok((
+            Drain {
+                jobs: n as u64,
+                rate,
+                startup: t_first.duration_since(t_spawn),
+                delta: Delta::between(&s0, &s1, &[("get", gets)]),
+                rss,
+            },
+            daemon,
+        ))
+    }
+
+    /// Pushes probe jobs at `rate`/s for `secs`, waits for them and returns the latencies
+    /// (microseconds, sorted) logged by the daemon's `probe` builtin.
+    fn paced_latency(
+        &mut self,
+        daemon: &mut Daemon,
+        queue: &str,
+        rate: f64,
+        secs: f64,
+    ) -> Result<Vec<u64>> {
+        let count = ((rate * secs).round() as usize).max(1);
+        let p0 = self.processed()?;
+        let key = format!("resque:queue:{queue}");
+        let t0 = Instant::now();
+        for i in 0..count {
+            check_interrupt()?;
+            let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let payload = format!(
+                r#"{{"class":"Probe","args":[{{"enqueued_at_us":{}}},{i}]}}"#,
+                now_us()
+            );
+            redis::cmd("RPUSH")
+                .arg(&key)
+                .arg(payload)
+                .query::<()>(&mut self.conn)?;
+        }
+        let interval = self.opts.interval.unwrap_or(5.0);
+        let deadline = Instant::now() + Duration::from_secs_f64(30.0 + 2.0 * interval);
+        while self.processed()? < p0 + count as u64 {
+            check_interrupt()?;
+            daemon.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("probe jobs were not all processed in time");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The log line may trail the stat by a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lat = probe_latencies(&daemon.log_text());
+            if lat.len() >= count || Instant::now() > deadline {
+                return Ok(lat);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Every `latency_us=N` the probe builtin logged, sorted.
+fn probe_latencies(log: &str) -> Vec<u64> {
+    let mut v: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split("latency_us=").nth(1))
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            digits.parse().ok()
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+const NOOP_CLASSES: &str =
+    "[classes.Noop]\nbuiltin = \"noop\"\n\n[classes.Probe]\nbuiltin = \"probe\"\n";
+
+/// Reference figures from the issue (docs/peer-bench.md), used when no peer ran in this run.
+const NODE_WORKER_JOBLOCK: f64 = 1_727.0;
+const RUBY_FORK: f64 = 287.0;
+
+fn noop_run(
+    opts: &Opts,
+    exe: &Path,
+    workers: usize,
+    rows: &mut Vec<Row>,
+    label: &str,
+    target_rate: f64,
+    target_text: &str,
+) -> Result<f64> {
+    let mut ctx = Ctx::new(opts, exe)?;
+    let n = ctx.jobs(200_000);
+    ctx.push_noop("bench", "Noop", n)?;
+    let config = ctx.config(&["bench".into()], NOOP_CLASSES);
+    let (d, mut daemon) = ctx.drain(&config, workers, n)?;
+    d.report(label);
+    rows.push(row(
+        format!("{label}: jobs/s"),
+        fmt_int(d.rate),
+        target_text,
+        Some(d.rate >= target_rate),
+    ));
+    rows.push(row(
+        format!("{label}: Redis commands/job (incl. in scripts)"),
+        format!("{:.1}", d.cmds_per_job()),
+        "",
+        None,
+    ));
+    rows.push(row(
+        format!("{label}: script calls/job"),
+        format!("{:.2}", d.scripts_per_job()),
+        "",
+        None,
+    ));
+    rows.push(row(
+        format!("{label}: Redis CPU/job"),
+        format!("{:.1} us", d.cpu_us_per_job()),
+        "",
+        None,
+    ));
+    rows.push(row(
+        format!("{label}: peak RSS"),
+        match d.rss.max_worker_kib() {
+            Some(k) => format!("master {}, worker max {}", mib(d.rss.master_kib), mib(k)),
+            None => format!("{} (single process)", mib(d.rss.master_kib)),
+        },
+        "< 16 MiB",
+        Some(d.rss.master_kib < 16 * 1024 && d.rss.max_worker_kib().unwrap_or(0) < 16 * 1024),
+    ));
+    if opts.latency_secs > 0.0 {
+        let rate = opts
+            .latency_rate
+            .unwrap_or((d.rate * 0.25).clamp(50.0, 5_000.0));
+        let lat = ctx.paced_latency(&mut daemon, "bench", rate, opts.latency_secs)?;
+        if lat.is_empty() {
+            println!("  latency: no probe lines in the log");
+        } else {
+            let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
+            println!(
+                "  enqueue-to-start latency at a steady {} jobs/s for {:.0} s ({} jobs): p50 {:.2} ms, p99 {:.2} ms",
+                fmt_int(rate),
+                opts.latency_secs,
+                lat.len(),
+                p50 as f64 / 1e3,
+                p99 as f64 / 1e3
+            );
+            rows.push(row(
+                format!(
+                    "{label}: enqueue-to-start p50 / p99 at {} jobs/s",
+                    fmt_int(rate)
+                ),
+                format!("{:.1} / {:.1} ms", p50 as f64 / 1e3, p99 as f64 / 1e3),
+                "",
+                None,
+            ));
+        }
+    }
+    daemon.stop(Duration::from_secs(30));
+    Ok(d.rate)
+}
+
+fn scenario_noop(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<f64> {
+    let workers = opts.workers.unwrap_or(1);
+    let label = match opts.slots {
+        Some(k) => format!("noop --workers {workers} --slots {k}"),
+        None => format!("noop --workers {workers}"),
+    };
+    let (target, text) = match (workers, opts.slots) {
+        (_, Some(_)) => (
+            40_000.0,
+            "≥ 40,000 (workers 2, slots 32; Redis CPU ≤ 15 us/job)".to_string(),
+        ),
+        (1, None) => (
+            2.0 * NODE_WORKER_JOBLOCK,
+            format!(
+                "≥ {} (2× node-resque Worker+JobLock {})",
+                fmt_int(2.0 * NODE_WORKER_JOBLOCK),
+                fmt_int(NODE_WORKER_JOBLOCK)
+            ),
+        ),
+        _ => (10_000.0, "≥ 10,000 (workers 8)".to_string()),
+    };
+    noop_run(opts, exe, workers, rows, &label, target, &text)
+}
+
+fn scenario_command(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(4);
+    let mut ctx = Ctx::new(opts, exe)?;
+    let n = ctx.jobs(20_000);
+    ctx.push_noop("bench", "True", n)?;
+    let config = ctx.config(
+        &["bench".into()],
+        "[classes.True]\ncommand = [\"/bin/true\"]\n",
+    );
+    let (d, daemon) = ctx.drain(&config, workers, n)?;
+    let label = format!("command /bin/true --workers {workers}");
+    d.report(&label);
+    daemon.stop(Duration::from_secs(30));
+    let target = 10.0 * RUBY_FORK;
+    rows.push(row(
+        format!("{label}: jobs/s"),
+        fmt_int(d.rate),
+        format!(
+            "≥ {} (10× Ruby Resque fork-per-job {})",
+            fmt_int(target),
+            fmt_int(RUBY_FORK)
+        ),
+        Some(d.rate >= target),
+    ));
+    rows.push(row(
+        format!("{label}: Redis CPU/job"),
+        format!("{:.1} us", d.cpu_us_per_job()),
+        "",
+        None,
+    ));
+    Ok(())
+}
+
+fn scenario_starvation(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(1);
+    let mut ctx = Ctx::new(opts, exe)?;
+    let n = ctx.jobs(50_000);
+    let hold = r#"{"class":"Hold","args":[3600]}"#;
+    let classes = format!("{NOOP_CLASSES}\n[classes.Hold]\nbuiltin = \"sleep\"\n");
+    let queues = vec!["high".to_string(), "low".to_string()];
+    let config = ctx.config(&queues, &classes);
+
+    // Baseline: high empty.
+    ctx.push_noop("low", "Noop", n)?;
+    let (base, daemon) = ctx.drain(&config, workers, n)?;
+    daemon.stop(Duration::from_secs(30));
+    base.report("starvation baseline (high empty)");
+
+    // The holder: another locketd runs one Hold job (sleep 3600 s) and keeps its lock.
+    ctx.flush()?;
+    ctx.push("hold", std::iter::once(hold.to_string()))?;
+    // The holder always logs at info: the harness waits for its "job started" line.
+    let holder_cfg = ctx.config(&["hold".into()], &classes).replace(
+        &format!("log_level = \"{},", ctx.opts.log_level),
+        "log_level = \"info,",
+    );
+    let mut holder = ctx.start_daemon(&holder_cfg, 1)?;
+    holder.wait_log("job started", Duration::from_secs(30))?;
+    ctx.push("high", (0..1000).map(|_| hold.to_string()))?;
+    ctx.push_noop("low", "Noop", n)?;
+    let (run, daemon) = ctx.drain(&config, workers, n)?;
+    let high_left: u64 = redis::cmd("LLEN")
+        .arg("resque:queue:high")
+        .query(&mut ctx.conn)?;
+    daemon.stop(Duration::from_secs(30));
+    holder.stop(Duration::from_secs(30));
+    run.report("starvation (high: 1,000 jobs on one held lock)");
+    let ratio = run.rate / base.rate;
+    let extra = run.delta.total_calls() as f64 - base.delta.total_calls() as f64;
+    println!(
+        "  low drains at {:.0}% of its baseline; {} extra Redis commands ({:.2} per low job) went to high; high still holds {high_left} jobs",
+        ratio * 100.0,
+        fmt_int(extra),
+        extra / n as f64
+    );
+    rows.push(row(
+        "starvation: low rate vs high empty",
+        format!(
+            "{:.0}% ({} vs {} jobs/s)",
+            ratio * 100.0,
+            fmt_int(run.rate),
+            fmt_int(base.rate)
+        ),
+        "≥ 80%",
+        Some(ratio >= 0.8),
+    ));
+    rows.push(row(
+        "starvation: Redis commands spent on high",
+        format!("{} ({:.2} per low job)", fmt_int(extra), extra / n as f64),
+        "",
+        None,
+    ));
+    Ok(())
+}
+
+fn scenario_queues(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(1);
+    let mut ctx = Ctx::new(opts, exe)?;
+    let n = ctx.jobs(50_000);
+    let all: Vec<String> = (0..100).map(|i| format!("q{i:03}")).collect();
+    let last = all[99].clone();
+
+    ctx.push_noop(&last, "Noop", n)?;
+    let config1 = ctx.config(std::slice::from_ref(&last), NOOP_CLASSES);
+    let (one, daemon) = ctx.drain(&config1, workers, n)?;
+    daemon.stop(Duration::from_secs(30));
+    one.report("queues: 1 configured queue");
+
+    ctx.flush()?;
+    ctx.push_noop(&last, "Noop", n)?;
+    let config100 = ctx.config(&all, NOOP_CLASSES);
+    let (hundred, daemon) = ctx.drain(&config100, workers, n)?;
+    daemon.stop(Duration::from_secs(30));
+    hundred.report("queues: 100 configured queues, jobs in the last");
+    let ratio = hundred.rate / one.rate;
+    println!(
+        "  100 queues run at {:.0}% of the 1-queue rate",
+        ratio * 100.0
+    );
+    rows.push(row(
+        "queues: 100 queues vs 1",
+        format!(
+            "{:.0}% ({} vs {} jobs/s)",
+            ratio * 100.0,
+            fmt_int(hundred.rate),
+            fmt_int(one.rate)
+        ),
+        "≥ 70%",
+        Some(ratio >= 0.7),
+    ));
+    rows.push(row(
+        "queues: Redis CPU/job, 100 vs 1",
+        format!(
+            "{:.1} vs {:.1} us",
+            hundred.cpu_us_per_job(),
+            one.cpu_us_per_job()
+        ),
+        "",
+        None,
+    ));
+    Ok(())
+}
+
+fn scenario_idle(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(1);
+    let mut ctx = Ctx::new(opts, exe)?;
+    let config = ctx.config(&["idle".into()], NOOP_CLASSES);
+    let mut daemon = ctx.start_daemon(&config, workers)?;
+    daemon.wait_log("worker registered", Duration::from_secs(30))?;
+    // Let start-up (janitor pass, pruning, registration) settle.
+    sleep(Duration::from_secs(1))?;
+    let s0: Snapshot = stats::snapshot(&mut ctx.conn)?;
+    let t0 = Instant::now();
+    sleep(Duration::from_secs_f64(opts.idle_secs))?;
+    let s1 = stats::snapshot(&mut ctx.conn)?;
+    let secs = t0.elapsed().as_secs_f64();
+    daemon.check_alive()?;
+    let d = Delta::between(&s0, &s1, &[]);
+    let per_s = d.total_calls() as f64 / secs / workers.max(1) as f64;
+    let mut rss = RssPeaks::default();
+    daemon.peak_rss(&mut rss);
+    let idle_rss = procs::vm_field(daemon.pid, "VmRSS:").unwrap_or(0);
+    println!(
+        "idle: {:.1} Redis commands/s per idle worker over {secs:.0} s ({}), Redis CPU {:.2} ms/s; RSS {} (peak {})",
+        per_s,
+        d.breakdown_per(secs, "s", 8),
+        d.cpu_s * 1e3 / secs,
+        mib(idle_rss),
+        mib(rss.master_kib)
+    );
+
+    // Pickup: one probe job at a time, pushed at a random moment of the poll cycle.
+    let mut lat = Vec::new();
+    let mut seed = now_us() | 1;
+    for i in 0..opts.pushes {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // A uniform random moment of the poll cycle (after a pickup the worker polls at once,
+        // finds nothing and sleeps `interval`), so the median is not biased either way.
+        let cycle_ms = (opts.interval.unwrap_or(5.0) * 1000.0).max(50.0) as u64;
+        sleep(Duration::from_millis(seed % cycle_ms))?;
+        let p0 = ctx.processed()?;
+        let payload = format!(
+            r#"{{"class":"Probe","args":[{{"enqueued_at_us":{}}},{i}]}}"#,
+            now_us()
+        );
+        redis::cmd("RPUSH")
+            .arg("resque:queue:idle")
+            .arg(payload)
+            .query::<()>(&mut ctx.conn)?;
+        let deadline =
+            Instant::now() + Duration::from_secs_f64(30.0 + 2.0 * opts.interval.unwrap_or(5.0));
+        while ctx.processed()? <= p0 {
+            check_interrupt()?;
+            daemon.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("idle: a pushed job was not picked up in time");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        lat = probe_latencies(&daemon.log_text());
+    }
+    daemon.stop(Duration::from_secs(30));
+    let p50 = percentile(&lat, 0.5) as f64 / 1e3;
+    let max = lat.last().copied().unwrap_or(0) as f64 / 1e3;
+    println!(
+        "idle: pickup latency over {} pushes: median {p50:.1} ms, p90 {:.1} ms, max {max:.1} ms (interval {})",
+        lat.len(),
+        percentile(&lat, 0.9) as f64 / 1e3,
+        opts.interval.map(|i| format!("{i} s")).unwrap_or_else(|| "default".into())
+    );
+    rows.push(row(
+        "idle: median pickup latency",
+        format!("{p50:.0} ms (max {max:.0} ms, {} pushes)", lat.len()),
+        "≤ 50 ms",
+        Some(p50 <= 50.0),
+    ));
+    rows.push(row(
+        "idle: Redis commands/s per idle worker",
+        format!("{per_s:.1}"),
+        "≤ 20",
+        Some(per_s <= 20.0),
+    ));
+    rows.push(row(
+        "idle: RSS of the idle daemon",
+        format!("{} (peak {})", mib(idle_rss), mib(rss.master_kib)),
+        "< 16 MiB",
+        Some(rss.master_kib < 16 * 1024),
+    ));
+    Ok(())
+}
+
+/// `bench/node` with node-resque installed (`npm ci` the first time).
+fn node_dir(scratch: &Path) -> Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node");
+    if !dir.join("package.json").is_file() {
+        bail!(
+            "{} is missing (the peers scenario needs the source tree)",
+            dir.display()
+        );
+    }
+    if !dir.join("node_modules/node-resque/package.json").is_file() {
+        eprintln!("locketd-bench: npm ci in {}", dir.display());
+        let mut cmd = Command::new("npm");
+        cmd.args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir);
+        let (status, _, err) =
+            procs::run_bounded(cmd, Duration::from_secs(300), scratch, "npm-ci")?;
+        if !status.success() {
+            bail!("npm ci in {} failed ({status}):\n{err}", dir.display());
+        }
+    }
+    Ok(dir)
+}
+
+fn node_drain(ctx: &mut Ctx, node: &Path, n: usize, mode: &[&str]) -> Result<(f64, Delta)> {
+    ctx.flush()?;
+    ctx.push_noop("bench", "Noop", n)?;
+    let s0 = stats::snapshot(&mut ctx.conn)?;
+    let mut cmd = Command::new("node");
+    cmd.arg(node.join("drain.js"))
+        .args(["--port", &ctx.redis.port.to_string(), "--n", &n.to_string()])
+        .args(mode)
+        .current_dir(node);
+    let limit = Duration::from_secs(ctx.opts.timeout.unwrap_or(60 + n as u64 / 100));
+    let (status, out, err) = procs::run_bounded(cmd, limit, ctx.dir.path(), "node-drain")?;
+    let s1 = stats::snapshot(&mut ctx.conn)?;
+    if !status.success() {
+        bail!("node drain.js {mode:?} failed ({status}):\n{err}");
+    }
+    let line = out.lines().last().unwrap_or("");
+    let v: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("node output: {out}"))?;
+    let rate = v["jobsPerS"]
+        .as_f64()
+        .ok_or_else(|| anyhow!("no jobsPerS in {line}"))?;
+    Ok((rate, Delta::between(&s0, &s1, &[])))
+}
+
+fn scenario_peers(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(1);
+    let mut ctx = Ctx::new(opts, exe)?;
+    let n = ctx.jobs(20_000);
+    let node = node_dir(ctx.dir.path())?;
+    ctx.push_noop("bench", "Noop", n)?;
+    let config = ctx.config(&["bench".into()], NOOP_CLASSES);
+    let (d, daemon) = ctx.drain(&config, workers, n)?;
+    daemon.stop(Duration::from_secs(30));
+    d.report(&format!("peers: locketd noop --workers {workers}"));
+    let (multi, md) = node_drain(&mut ctx, &node, n, &["--mode", "multi", "--max", "10"])?;
+    println!(
+        "peers: node-resque MultiWorker (10): {} jobs/s, Redis {:.1} commands/job, CPU {:.1} us/job",
+        fmt_int(multi),
+        md.total_calls() as f64 / n as f64,
+        md.cpu_s * 1e6 / n as f64
+    );
+    let (single, sd) = node_drain(&mut ctx, &node, n, &["--mode", "worker", "--joblock"])?;
+    println!(
+        "peers: node-resque Worker + JobLock: {} jobs/s, Redis {:.1} commands/job, CPU {:.1} us/job",
+        fmt_int(single),
+        sd.total_calls() as f64 / n as f64,
+        sd.cpu_s * 1e6 / n as f64
+    );
+    println!(
+        "peers: locketd / node-resque MultiWorker = {:.2}; locketd / node-resque Worker+JobLock = {:.2}",
+        d.rate / multi,
+        d.rate / single
+    );
+    rows.push(row(
+        format!("peers: locketd (--workers {workers}) / node-resque MultiWorker(10)"),
+        format!(
+            "{:.2} ({} vs {} jobs/s)",
+            d.rate / multi,
+            fmt_int(d.rate),
+            fmt_int(multi)
+        ),
+        "",
+        None,
+    ));
+    rows.push(row(
+        format!("peers: locketd (--workers {workers}) / node-resque Worker+JobLock"),
+        format!(
+            "{:.2} ({} vs {} jobs/s)",
+            d.rate / single,
+            fmt_int(d.rate),
+            fmt_int(single)
+        ),
+        if workers == 1 { "≥ 2.0" } else { "" },
+        (workers == 1).then_some(d.rate / single >= 2.0),
+    ));
+    Ok(())
+}
+
+/// Runs one scenario; an error becomes a table row instead of ending `all`.
+fn attempt(
+    name: &str,
+    rows: &mut Vec<Row>,
+    f: impl FnOnce(&mut Vec<Row>) -> Result<()>,
+) -> Result<()> {
+    match f(rows) {
+        Ok(()) => Ok(()),
+        Err(e) if procs::INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) => Err(e),
+        Err(e) => {
+            eprintln!("locketd-bench: {name}: {e:#}");
+            let first = format!("{e:#}");
+            let first = first.lines().next().unwrap_or("").to_string();
+            rows.push(row(name, format!("n/a: {first}"), "", None));
+            Ok(())
+        }
+    }
+}
+
+fn run(opts: Opts) -> Result<()> {
+    procs::install_interrupt()?;
+    let _spinners = opts.spin.then(procs::Spinners::start);
+    let exe = locketd_exe(&opts)?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "locketd-bench: {} with {} (load average {}){}",
+        format!("{:?}", opts.scenario).to_lowercase(),
+        exe.display(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        if opts.spin {
+            "; nice-19 spinners on every CPU"
+        } else {
+            ""
+        }
+    );
+    let mut rows = Vec::new();
+    match opts.scenario {
+        Scenario::Noop => {
+            scenario_noop(&opts, &exe, &mut rows)?;
+        }
+        Scenario::Command => scenario_command(&opts, &exe, &mut rows)?,
+        Scenario::Starvation => scenario_starvation(&opts, &exe, &mut rows)?,
+        Scenario::Queues => scenario_queues(&opts, &exe, &mut rows)?,
+        Scenario::Idle => scenario_idle(&opts, &exe, &mut rows)?,
+        Scenario::Peers => scenario_peers(&opts, &exe, &mut rows)?,
+        Scenario::All => {
+            let with = |workers: Option<usize>, slots: Option<usize>| Opts {
+                workers,
+                slots,
+                ..opts.clone()
+            };
+            attempt("noop --workers 1", &mut rows, |r| {
+                scenario_noop(&with(Some(1), None), &exe, r).map(|_| ())
+            })?;
+            attempt("noop --workers 8", &mut rows, |r| {
+                scenario_noop(&with(Some(8), None), &exe, r).map(|_| ())
+            })?;
+            attempt("noop --workers 2 --slots 32", &mut rows, |r| {
+                scenario_noop(&with(Some(2), Some(32)), &exe, r).map(|_| ())
+            })?;
+            attempt("command --workers 4", &mut rows, |r| {
+                scenario_command(&with(Some(4), None), &exe, r)
+            })?;
+            if rows.last().is_some_and(|r| r.value.starts_with("n/a")) {
+                attempt("command --workers 1", &mut rows, |r| {
+                    scenario_command(&with(Some(1), None), &exe, r)
+                })?;
+            }
+            attempt("starvation", &mut rows, |r| {
+                scenario_starvation(&with(Some(1), None), &exe, r)
+            })?;
+            attempt("queues", &mut rows, |r| {
+                scenario_queues(&with(Some(1), None), &exe, r)
+            })?;
+            attempt("idle", &mut rows, |r| {
+                scenario_idle(&with(Some(1), None), &exe, r)
+            })?;
+            attempt("peers", &mut rows, |r| {
+                scenario_peers(&with(Some(1), None), &exe, r)
+            })?;
+        }
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let opts = Opts::parse();
+    match run(opts) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("locketd-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
