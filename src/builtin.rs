@@ -114,6 +114,7 @@ mod tests {
             worker: "w".into(),
             lock_keys: vec![],
             lock_token: String::new(),
+            lock_fences: vec![],
         }
     }
 
