@@ -725,7 +725,7 @@ impl Worker {
                 warn!(queue = %queue, error = %e, "bad payload recorded as failed");
                 let f = JobFailure::new("Locket::BadPayload", e.to_string());
                 return self
-                    .finish(&rid, &queue, "", &[], &raw, Err(f), "?", started)
+                    .fail_unstarted(&rid, &queue, &raw, "?", f, started)
                     .await;
             }
         };
@@ -739,16 +739,7 @@ impl Worker {
             );
             warn!(queue = %queue, class = %job.class, "no handler for class");
             return self
-                .finish(
-                    &rid,
-                    &queue,
-                    "",
-                    &[],
-                    &job.raw,
-                    Err(f),
-                    &job.class.clone(),
-                    started,
-                )
+                .fail_unstarted(&rid, &queue, &job.raw, &job.class, f, started)
                 .await;
         };
         let digest = canonical::digest(&job.class, &job.args);
@@ -767,16 +758,7 @@ impl Worker {
                 warn!(queue = %queue, class = %job.class, error = %e, "lock key cannot be rendered; job failed");
                 let f = JobFailure::new("Locket::BadLockKey", e.to_string());
                 return self
-                    .finish(
-                        &rid,
-                        &queue,
-                        "",
-                        &[],
-                        &job.raw,
-                        Err(f),
-                        &job.class.clone(),
-                        started,
-                    )
+                    .fail_unstarted(&rid, &queue, &job.raw, &job.class, f, started)
                     .await;
             }
         };
@@ -1074,20 +1056,27 @@ impl Worker {
         stop
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn finish(
+    /// Records a reserved job that never ran (bad payload, no handler, bad lock key) as failed:
+    /// no lock, no token, nothing to release.
+    async fn fail_unstarted(
         &mut self,
         rid: &str,
         queue: &str,
-        token: &str,
-        locks: &[LockSpec],
         payload: &str,
-        result: crate::handler::HandlerResult,
         class: &str,
+        failure: JobFailure,
         started: Instant,
     ) -> Option<StopReason> {
         self.finish_job(
-            rid, queue, token, locks, payload, result, class, started, None,
+            rid,
+            queue,
+            "",
+            &[],
+            payload,
+            Err(failure),
+            class,
+            started,
+            None,
         )
         .await
     }
