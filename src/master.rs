@@ -89,7 +89,7 @@ pub struct Master {
     current: Loaded,
     generation: u64,
     slots: BTreeMap<u32, Slot>,
-    /// Per worker index: (consecutive quick deaths, last delay).
+    /// Per worker index: the last restart delay after a quick death (reset by a stable run).
     backoff: BTreeMap<u32, Duration>,
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
@@ -469,16 +469,19 @@ impl Master {
 
     fn schedule_restart(&mut self, index: u32, ran: Duration) {
         let delay = if ran >= STABLE_RUN {
+            // A worker that had been running fine starts its backoff afresh.
+            self.backoff.remove(&index);
             Duration::from_millis(100)
         } else {
             let last = self.backoff.get(&index).copied().unwrap_or_default();
-            if last.is_zero() {
+            let next = if last.is_zero() {
                 Duration::from_secs(1)
             } else {
                 (last * 2).min(MAX_RESTART_DELAY)
-            }
+            };
+            self.backoff.insert(index, next);
+            next
         };
-        self.backoff.insert(index, delay);
         let (tx, generation) = (self.events_tx.clone(), self.generation);
         info!(
             index,

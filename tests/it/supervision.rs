@@ -696,3 +696,44 @@ fn an_idle_worker_wakes_on_a_push_and_keeps_the_queue_order() {
     d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
 }
+
+/// Issue 3 "restarts with capped backoff": a worker that keeps dying right after it starts is
+/// restarted after 1 s, then 2 s, then 4 s (doubling up to 30 s), and each death is logged
+/// with its cause.
+#[test]
+fn a_worker_dying_again_and_again_is_restarted_with_growing_delays() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let mut d = Daemon::start(&redis, &cfg("q").render(), &[]);
+    let mut last = 0;
+    for _ in 0..3 {
+        let mut pid = 0;
+        wait_until(SHORT, "a new worker process", || {
+            pid = d.worker_pids().first().copied().unwrap_or(0);
+            pid != 0 && pid != last
+        });
+        // SAFETY: kill(2) of the daemon's worker process.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        last = pid;
+    }
+    wait_until(SHORT, "a fourth worker registered", || {
+        let pids = d.worker_pids();
+        pids.len() == 1 && pids[0] != last && r.workers().len() == 1
+    });
+    let log = d.log();
+    let delays: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("restarting the worker"))
+        .filter_map(|l| l.split("delay_secs=").nth(1))
+        .map(|v| v.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(delays, ["1.0", "2.0", "4.0"], "{log}");
+    assert_eq!(
+        log.matches("worker died: killed by SIGKILL (signal 9)")
+            .count(),
+        3,
+        "{log}"
+    );
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
