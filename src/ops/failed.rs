@@ -584,12 +584,8 @@ pub fn run_cli(config: &Config, args: &FailedArgs) -> anyhow::Result<std::proces
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let mut conn = match super::connect(config).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("locketd: {:#}", anyhow::Error::from(e));
-                return Ok(ExitCode::from(69));
-            }
+        let Some(mut conn) = super::connect_or_report(config).await else {
+            return Ok(ExitCode::from(69));
         };
         let keys = Keys::new(&config.namespace);
         let all_lists = lists(&mut conn, config, args.failed_queue.as_deref()).await?;

@@ -17,3 +17,14 @@ pub async fn connect(config: &Config) -> Result<ConnectionManager> {
         .min(Duration::from_secs(5));
     crate::worker::connect(&config.redis, wait).await
 }
+
+/// [`connect`] for the CLI: prints why on failure, and the caller exits 69 (EX_UNAVAILABLE).
+pub(crate) async fn connect_or_report(config: &Config) -> Option<ConnectionManager> {
+    match connect(config).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("locketd: {:#}", anyhow::Error::from(e));
+            None
+        }
+    }
+}

@@ -418,12 +418,8 @@ pub fn run_cli(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let mut conn = match super::connect(config).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("locketd: {:#}", anyhow::Error::from(e));
-                return Ok(std::process::ExitCode::from(69));
-            }
+        let Some(mut conn) = super::connect_or_report(config).await else {
+            return Ok(std::process::ExitCode::from(69));
         };
         let every = watch
             .filter(|w| w.is_finite() && *w > 0.0)
