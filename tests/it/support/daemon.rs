@@ -186,6 +186,7 @@ impl Daemon {
 
     /// A builder with `--redis <redis.url()>`, empty config, no extra args.
     pub fn builder(redis: &RedisServer) -> DaemonBuilder {
+        super::panic_echo::install();
         let dir = tempfile::Builder::new()
             .prefix("locketd-daemon-")
             .tempdir()
@@ -436,6 +437,9 @@ impl Drop for Daemon {
                 self.log_path.display(),
                 tail(&self.log(), 200)
             );
+            if let Some(msg) = super::panic_echo::message() {
+                eprintln!("--- the test failed: {msg} ---");
+            }
         }
         self.kill();
     }

@@ -12,6 +12,7 @@
 
 mod daemon;
 mod node;
+pub mod panic_echo;
 mod redis_server;
 
 pub use daemon::{Daemon, DaemonBuilder};
@@ -182,4 +183,14 @@ pub fn child_pids(pid: i32) -> Vec<i32> {
         .unwrap_or_default();
     pids.sort_unstable();
     pids
+}
+
+/// `calls=` of `cmdstat_evalsha` in an `INFO commandstats` reply: how many script calls the
+/// server ran.
+pub fn evalsha_calls(info: &str) -> i64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .expect("evalsha calls in INFO commandstats")
 }

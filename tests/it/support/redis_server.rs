@@ -45,6 +45,7 @@ impl RedisServer {
     /// defaults, so they override them (e.g.
     /// `&["--appendonly", "yes", "--appendfsync", "always"]`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        super::panic_echo::install();
         let dir = tempfile::Builder::new()
             .prefix("locketd-redis-")
             .tempdir()
@@ -305,6 +306,9 @@ impl Drop for RedisServer {
                 self.port,
                 tail(&self.log(), 30)
             );
+            if let Some(msg) = super::panic_echo::message() {
+                eprintln!("--- the test failed: {msg} ---");
+            }
         }
         self.kill_and_reap();
     }
