@@ -91,13 +91,10 @@ pub fn minify_json(text: &str) -> String {
     out
 }
 
-/// The script a client in another language loads to enqueue with holds: the shared helpers
-/// followed by ENQUEUE.
+/// The script a client in another language loads to enqueue with holds: the one the daemon
+/// runs (the shared helpers, ENQUEUE, and the write of its O-3 counts).
 pub fn enqueue_script() -> &'static str {
-    concat!(
-        include_str!("lock/lua/lib.lua"),
-        include_str!("lock/lua/enqueue.lua")
-    )
+    crate::lock::scripts::ENQUEUE_SOURCE
 }
 
 impl Client {

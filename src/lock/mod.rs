@@ -4,6 +4,7 @@
 //! Each function is one script call, so one round trip; the rules each one keeps are named on
 //! the script itself.
 
+pub mod batch;
 pub mod canonical;
 pub mod scripts;
 pub mod template;
@@ -11,7 +12,7 @@ pub mod template;
 use crate::policy::{DelaySettings, Policy};
 use crate::resque::keys::Keys;
 use redis::aio::ConnectionLike;
-use redis::{RedisResult, Value};
+use redis::{Cmd, RedisResult, Value};
 use scripts::scripts;
 use std::time::Duration;
 
@@ -163,27 +164,58 @@ pub fn lock_keys<'a>(
     }
 }
 
-/// RESERVE's keys and arguments.
-fn reserve_parts(
+/// RESERVE's keys, written into `cmd` (as [`evalsha`] fills it).
+fn reserve_keys(cmd: &mut Cmd, slot: &SlotRef<'_>) {
+    cmd.arg(slot.keys.inflight(slot.slot_key))
+        .arg(slot.keys.pause_all());
+}
+
+/// RESERVE's arguments: the queue keys are built from the names in the script.
+fn reserve_args(
+    cmd: &mut Cmd,
     slot: &SlotRef<'_>,
     rid: &str,
     queues: &[String],
     clear_counters_when_idle: bool,
-) -> (Vec<String>, Vec<String>) {
-    let mut keys = vec![slot.keys.inflight(slot.slot_key), slot.keys.pause_all()];
+) {
+    cmd.arg(rid)
+        .arg(slot.worker_id)
+        .arg(if clear_counters_when_idle { "1" } else { "0" })
+        .arg(slot.keys.locket_prefix())
+        .arg(slot.keys.queue(""));
     for q in queues {
-        keys.push(slot.keys.queue(q));
-        keys.push(slot.keys.counter(q));
+        cmd.arg(q.as_str());
     }
-    let mut args = vec![
-        rid.to_string(),
-        slot.worker_id.to_string(),
-        if clear_counters_when_idle { "1" } else { "0" }.to_string(),
-        slot.keys.locket_prefix().to_string(),
-    ];
-    args.extend(queues.iter().cloned());
-    (keys, args)
 }
+
+/// `EVALSHA <script> <numkeys> ...` with the keys and arguments `fill` writes, and, when the
+/// server does not know the script (a restart, SCRIPT FLUSH), one SCRIPT LOAD and a second
+/// try (S-1). Building the command directly spares the per-argument buffers of a
+/// `ScriptInvocation` on the job path.
+async fn evalsha<C, T>(
+    conn: &mut C,
+    script: &redis::Script,
+    numkeys: usize,
+    fill: impl FnOnce(&mut Cmd),
+) -> RedisResult<T>
+where
+    C: ConnectionLike + Send,
+    T: redis::FromRedisValue,
+{
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(numkeys);
+    fill(&mut cmd);
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// Marks the RESERVE part of a FINISH+RESERVE that raised (finish_reserve.lua).
+const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
 
 fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
     match reply.first().map(text).as_deref() {
@@ -212,20 +244,18 @@ pub async fn reserve<C: ConnectionLike + Send>(
     queues: &[String],
     clear_counters_when_idle: bool,
 ) -> RedisResult<Reserved> {
-    let (keys, args) = reserve_parts(slot, rid, queues, clear_counters_when_idle);
-    let mut inv = scripts().reserve.prepare_invoke();
-    for k in &keys {
-        inv.key(k);
-    }
-    for a in &args {
-        inv.arg(a);
-    }
-    let reply: Vec<Value> = inv.invoke_async(conn).await?;
+    let reply: Vec<Value> = evalsha(conn, &scripts().reserve, 2, |cmd| {
+        reserve_keys(cmd, slot);
+        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+    })
+    .await?;
     parse_reserved(reply)
 }
 
 /// FINISH of the slot's job and RESERVE of its next one in one round trip. Returns whether the
-/// FINISH found its reservation (as [`finish_with`]) and the reservation.
+/// FINISH found its reservation (as [`finish_with`]) and the reservation. An `Ok` means the
+/// FINISH landed, even when the RESERVE failed (the inner error): the FINISH must then not be
+/// sent again, as a second one would release the job's holds twice (D-8).
 #[allow(clippy::too_many_arguments)]
 pub async fn finish_and_reserve<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -235,21 +265,34 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
     rid: &str,
     queues: &[String],
     clear_counters_when_idle: bool,
-) -> RedisResult<(bool, Reserved)> {
+) -> RedisResult<(bool, RedisResult<Reserved>)> {
     let (fkeys, fargs) = finish_parts(slot, req, holds);
-    let (rkeys, rargs) = reserve_parts(slot, rid, queues, clear_counters_when_idle);
-    let mut inv = scripts().finish_reserve.prepare_invoke();
-    for k in fkeys.iter().chain(&rkeys) {
-        inv.key(k);
-    }
-    inv.arg(fkeys.len()).arg(fargs.len());
-    for a in fargs.iter().chain(&rargs) {
-        inv.arg(a);
-    }
-    let reply: Vec<Value> = inv.invoke_async(conn).await?;
+    let numkeys = fkeys.len() + 2;
+    let reply: Vec<Value> = evalsha(conn, &scripts().finish_reserve, numkeys, |cmd| {
+        for k in &fkeys {
+            cmd.arg(k.as_str());
+        }
+        reserve_keys(cmd, slot);
+        cmd.arg(fkeys.len()).arg(fargs.len());
+        for a in &fargs {
+            cmd.arg(a.as_str());
+        }
+        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+    })
+    .await?;
     match <[Value; 2]>::try_from(reply) {
         Ok([finished, Value::Array(reserved)]) => {
-            Ok((text(&finished) == "ok", parse_reserved(reserved)?))
+            let reserved = match reserved.as_slice() {
+                [Value::BulkString(mark), msg] if mark == RESERVE_ERROR => {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                        "RESERVE failed after its FINISH landed",
+                        text(msg),
+                    )))
+                }
+                _ => parse_reserved(reserved),
+            };
+            Ok((text(&finished) == "ok", reserved))
         }
         Ok(other) => unexpected("finish_reserve", &Value::Array(other.to_vec())),
         Err(v) => unexpected("finish_reserve", &Value::Array(v)),

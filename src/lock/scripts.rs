@@ -4,14 +4,63 @@
 use redis::Script;
 use std::sync::OnceLock;
 
+/// The end of every script: run `$entry` (a function of KEYS and ARGV), write the O-3 and stat
+/// counts it summed (`flush_counts`, lib.lua), then return its reply. A body that raises has
+/// its counts written too, as the writes it made before raising stay (Redis does not roll a
+/// script back), and its error is returned as the script's.
+macro_rules! run_and_flush {
+    ($entry:expr) => {
+        concat!(
+            "local ok, reply = pcall(",
+            $entry,
+            ", KEYS, ARGV)\nflush_counts()\n",
+            "if not ok then\n",
+            "  if type(reply) == 'table' and reply.err then reply = reply.err end\n",
+            "  return redis.error_reply(tostring(reply))\n",
+            "end\nreturn reply\n"
+        )
+    };
+}
+
+/// `lib.lua`, then the script's body as a function of KEYS and ARGV, run as
+/// [`run_and_flush`] says.
 macro_rules! script {
     ($file:literal) => {
         concat!(
             include_str!("lua/lib.lua"),
-            include_str!(concat!("lua/", $file))
+            "local function main_part(KEYS, ARGV)\n",
+            include_str!(concat!("lua/", $file)),
+            "\nend\n",
+            run_and_flush!("main_part")
         )
     };
 }
+
+/// `lib.lua`, the job-path bodies as functions of their own KEYS and ARGV (`finish_part`,
+/// `reserve_part`, `acquire_part`, and the dispatchers `finish_reserve_part` and `batch_part`
+/// over them), then `ENTRY` run as [`run_and_flush`] says, as `script!` ends every script.
+fn combined(entry: &str) -> String {
+    format!(
+        "{}\n\
+         local function finish_part(KEYS, ARGV)\n{}\nend\n\
+         local function reserve_part(KEYS, ARGV)\n{}\nend\n\
+         local function acquire_part(KEYS, ARGV)\n{}\nend\n\
+         local function finish_reserve_part(KEYS, ARGV)\n{}\nend\n\
+         local function batch_part(KEYS, ARGV)\n{}\nend\n\
+         local ENTRY = {entry}\n{}",
+        include_str!("lua/lib.lua"),
+        include_str!("lua/finish.lua"),
+        include_str!("lua/reserve.lua"),
+        include_str!("lua/acquire.lua"),
+        include_str!("lua/finish_reserve.lua"),
+        include_str!("lua/batch.lua"),
+        run_and_flush!("ENTRY"),
+    )
+}
+
+/// ENQUEUE's full text, as `locketd enqueue --print-script` gives it to clients in other
+/// languages: the same script the daemon runs, counts' flush included.
+pub const ENQUEUE_SOURCE: &str = script!("enqueue.lua");
 
 /// Every locket script, built once per process.
 #[derive(Debug)]
@@ -46,18 +95,8 @@ pub struct Scripts {
     pub admin: Script,
     /// FINISH of one job and RESERVE of the next, in one call.
     pub finish_reserve: Script,
-}
-
-/// `lib.lua`, then finish.lua and reserve.lua as functions of their own KEYS and ARGV, then the
-/// dispatcher `finish_reserve.lua`.
-fn finish_reserve_source() -> String {
-    format!(
-        "{}\nlocal function finish_part(KEYS, ARGV)\n{}\nend\nlocal function reserve_part(KEYS, ARGV)\n{}\nend\n{}",
-        include_str!("lua/lib.lua"),
-        include_str!("lua/finish.lua"),
-        include_str!("lua/reserve.lua"),
-        include_str!("lua/finish_reserve.lua"),
-    )
+    /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
+    pub batch: Script,
 }
 
 /// The scripts, compiled (hashed) on first use.
@@ -76,14 +115,15 @@ pub fn scripts() -> &'static Scripts {
         purge: Script::new(script!("purge.lua")),
         promote: Script::new(script!("promote.lua")),
         purge_deps: Script::new(script!("purge_deps.lua")),
-        enqueue: Script::new(script!("enqueue.lua")),
+        enqueue: Script::new(ENQUEUE_SOURCE),
         admin: Script::new(script!("admin.lua")),
-        finish_reserve: Script::new(&finish_reserve_source()),
+        finish_reserve: Script::new(&combined("finish_reserve_part")),
+        batch: Script::new(&combined("batch_part")),
     })
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 15] {
+pub fn sources() -> [(&'static str, &'static str); 16] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -100,6 +140,7 @@ pub fn sources() -> [(&'static str, &'static str); 15] {
         ("enqueue.lua", script!("enqueue.lua")),
         ("admin.lua", script!("admin.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
+        ("batch.lua", include_str!("lua/batch.lua")),
     ]
 }
 

@@ -353,9 +353,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn render(t: &str, args: Value) -> Result<String, RenderError> {
-        let args_text = args.to_string();
-        let args: Value = serde_json::from_str(&args_text).unwrap();
+    /// Renders `t` for class C, queue q, digest d1 and the args parsed from `args_text`.
+    fn render_json(t: &str, args_text: &str) -> Result<String, RenderError> {
+        let args: Value = serde_json::from_str(args_text).unwrap();
         Template::parse(t)
             .unwrap()
             .render(&RenderInput {
@@ -367,18 +367,12 @@ mod tests {
             .map(|r| r.id)
     }
 
+    fn render(t: &str, args: Value) -> Result<String, RenderError> {
+        render_json(t, &args.to_string())
+    }
+
     fn render_text(t: &str, args_text: &str) -> String {
-        let args: Value = serde_json::from_str(args_text).unwrap();
-        Template::parse(t)
-            .unwrap()
-            .render(&RenderInput {
-                class: "C",
-                queue: "q",
-                digest: "d1",
-                args: &args,
-            })
-            .unwrap()
-            .id
+        render_json(t, args_text).unwrap()
     }
 
     // locking-semantics.md T-1

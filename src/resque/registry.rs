@@ -104,6 +104,7 @@ pub async fn unregister<C: ConnectionLike + Send>(
         .key(k.processes())
         .key(k.slots(reg.process_id))
         .key(k.alive(reg.process_id))
+        .key(k.inflight(&format!("{}:{}", reg.process_id, reg.slot)))
         .arg(reg.worker_id)
         .arg(reg.process_id)
         .arg(reg.slot)
@@ -246,7 +247,7 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         let mut parts = id.splitn(3, ':');
         match (parts.next(), parts.next()) {
             (Some(h), Some(p)) => {
-                let prefix = format!("{h}:{p}:");
+                let prefix = format!("{h}:{}:", pid_of(p));
                 processes.iter().any(|pid| pid.starts_with(&prefix))
             }
             _ => false,
@@ -305,7 +306,10 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
             continue;
         }
         let pids = live.get_or_insert_with(host::resque_worker_pids);
-        if parts[1].parse::<u32>().is_ok_and(|p| pids.contains(&p)) {
+        if pid_of(parts[1])
+            .parse::<u32>()
+            .is_ok_and(|p| pids.contains(&p))
+        {
             continue;
         }
         prune_one(conn, keys, &id, backend, |_| {
@@ -315,6 +319,12 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         report.pruned.push(id);
     }
     Ok(report)
+}
+
+/// The process id in the pid part of a worker id: `4580` of Ruby's `host:4580:q`, and of a
+/// slot's `host:4580+2:q` (locketd's multi-slot mode and node-resque's multi-worker form).
+pub fn pid_of(part: &str) -> &str {
+    part.split('+').next().unwrap_or(part)
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ impl Idle {
 }
 
 async fn connect(url: &str, interval: Duration) -> Option<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(url).ok()?;
+    let client = super::client(url).ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(interval + Duration::from_secs(10)));

@@ -13,6 +13,7 @@ pub use janitor::{janitor_pass, recover_process, JanitorReport};
 use crate::config::{Config, OnLockLost};
 use crate::error::{Error, Result};
 use crate::handler::{Handlers, JobContext};
+use crate::lock::batch::Conn;
 use crate::lock::canonical;
 use crate::lock::template::RenderInput;
 use crate::lock::{
@@ -170,7 +171,7 @@ pub struct Worker {
     keys: Keys,
     spec: QueueSpec,
     id: Identity,
-    conn: ConnectionManager,
+    conn: Conn,
     lock_queues: Option<QueueSpec>,
     plans: std::sync::Arc<Plans>,
     title_prefix: String,
@@ -195,9 +196,20 @@ impl std::fmt::Debug for Worker {
     }
 }
 
+/// A client for `url` whose TCP connections set `TCP_NODELAY`, as Redis itself does: a small
+/// request written while an earlier one is unacknowledged (slots, batches, the heartbeat beside
+/// a job) must not wait for the ACK.
+pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info)
+}
+
 /// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
 pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
-    let client = redis::Client::open(url)?;
+    let client = client(url)?;
     let cfg = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(30)))
@@ -296,6 +308,13 @@ impl Worker {
         if multi {
             id = id.slot(&spec, 1);
         }
+        // The slots of one process share one connection; their job-path scripts go out in
+        // batches (src/lock/batch.rs).
+        let conn = if multi {
+            Conn::batched(conn)
+        } else {
+            Conn::direct(conn)
+        };
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
             title: String::new(),
@@ -459,7 +478,7 @@ impl Worker {
             .chain(peers.iter().map(|p| p.id.worker_id.clone()))
             .collect();
         let beat = tokio::spawn(run::process_heartbeat(
-            self.conn.clone(),
+            self.conn.manager().clone(),
             self.keys.clone(),
             self.id.process_id.clone(),
             worker_ids,
@@ -588,9 +607,10 @@ impl Worker {
                 )
                 .await;
                 match fused {
+                    // The FINISH landed; a RESERVE error is handled below like any other.
                     Ok((finished, reserved)) => {
                         self.report_finish(&p, Some(finished), p.tried);
-                        Ok(reserved)
+                        reserved
                     }
                     Err(e) => {
                         p.tried = true;
@@ -855,6 +875,7 @@ impl Worker {
         };
         let wait_until = Instant::now() + plan.wait_timeout;
         let mut pause = Duration::from_millis(50);
+        let mut waiting = false;
         let (acquired, sent_at) = loop {
             let sent_at = Instant::now();
             let acquired = {
@@ -878,6 +899,12 @@ impl Worker {
                     })
                 )
             {
+                if !waiting {
+                    // The job starts waiting (O-1's `wait` action); how the wait ends is
+                    // counted too, when it is settled.
+                    waiting = true;
+                    self.metrics.lock_conflict("wait");
+                }
                 let now = Instant::now();
                 if now >= wait_until {
                     if opts.on_lock_conflict == Policy::Wait {
@@ -917,7 +944,7 @@ impl Worker {
                 if opts.last_wait {
                     info!(queue = %queue, class = %job.class, digest = %&digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
                 }
-                self.log_conflict(&job.class, &queue, &digest, &action, &conflicts);
+                self.log_conflict(&job.class, &queue, &digest, &action, &conflicts, waiting);
                 if action == Settled::None {
                     // Not settled (a wait interrupted): back to the head, where it was.
                     let slot = self.slot();
@@ -939,10 +966,12 @@ impl Worker {
         ));
         info!(queue = %queue, class = %job.class, worker = %self.id.worker_id, "job started");
         self.metrics.job_started(&queue, &job.class);
+        // Its own table, else the "*" fallback (as for its handler and lock plan).
         let class_cfg = self
             .config
             .classes
             .get(&job.class)
+            .or_else(|| self.config.classes.get("*"))
             .cloned()
             .unwrap_or_default();
         let ctx = JobContext {
@@ -960,7 +989,7 @@ impl Worker {
             .on_lock_lost
             .unwrap_or(self.config.locket.on_lock_lost);
         let sup = run::Supervision {
-            conn: self.conn.clone(),
+            conn: self.conn.manager().clone(),
             keys: self.keys.clone(),
             token: token.clone(),
             locks: locks.clone(),
@@ -1090,6 +1119,7 @@ impl Worker {
         digest: &str,
         action: &Settled,
         conflicts: &[lock::Conflict],
+        counted_wait: bool,
     ) {
         let resources: Vec<String> = conflicts
             .iter()
@@ -1097,13 +1127,17 @@ impl Worker {
             .collect();
         let lock_id = conflicts.first().map(|c| c.id.as_str()).unwrap_or("");
         let digest = &digest[..12.min(digest.len())];
-        self.metrics.lock_conflict(match action {
-            Settled::None => "wait",
-            Settled::Requeued => "requeue",
-            Settled::Discarded => "discard",
-            Settled::Delayed { .. } => "delay",
-            Settled::Failed { .. } => "fail",
-        });
+        let counted = match action {
+            Settled::None if counted_wait => None,
+            Settled::None => Some("wait"),
+            Settled::Requeued => Some("requeue"),
+            Settled::Discarded => Some("discard"),
+            Settled::Delayed { .. } => Some("delay"),
+            Settled::Failed { .. } => Some("fail"),
+        };
+        if let Some(action) = counted {
+            self.metrics.lock_conflict(action);
+        }
         match action {
             Settled::Requeued | Settled::None => {
                 debug!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
@@ -1307,14 +1341,9 @@ impl PendingFinish {
 
 /// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
 /// or ten minutes pass. `None` when it gave up.
-async fn retry<T, F, Fut>(
-    conn: &mut ConnectionManager,
-    what: &str,
-    control: &Control,
-    mut f: F,
-) -> Option<T>
+async fn retry<T, F, Fut>(conn: &mut Conn, what: &str, control: &Control, mut f: F) -> Option<T>
 where
-    F: FnMut(ConnectionManager) -> Fut,
+    F: FnMut(Conn) -> Fut,
     Fut: std::future::Future<Output = redis::RedisResult<T>>,
 {
     let deadline = Instant::now() + Duration::from_secs(600);

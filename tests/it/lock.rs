@@ -153,6 +153,20 @@ async fn acquire(
     locks: &[LockSpec],
     o: Opts,
 ) -> Acquired {
+    try_acquire(conn, slot, res, token, locks, o)
+        .await
+        .expect("ACQUIRE")
+}
+
+/// [`acquire`], with the script's error returned.
+async fn try_acquire(
+    conn: &mut Conn,
+    slot: &Slot,
+    res: &Res,
+    token: &str,
+    locks: &[LockSpec],
+    o: Opts,
+) -> redis::RedisResult<Acquired> {
     let text = String::from_utf8_lossy(&res.payload).into_owned();
     let class = serde_json::from_slice::<Value>(&res.payload)
         .ok()
@@ -182,7 +196,7 @@ async fn acquire(
         working_on: &working,
         lockinfo: &info,
     };
-    lock::acquire(conn, &slot.r(), &req).await.expect("ACQUIRE")
+    lock::acquire(conn, &slot.r(), &req).await
 }
 
 #[track_caller]
@@ -193,6 +207,30 @@ fn started(a: Acquired) -> u64 {
     }
 }
 
+/// FINISH's request for `res`, started with `token` and `locks`, with the default backend.
+fn finish_request<'a>(
+    res: &'a Res,
+    token: &'a str,
+    locks: &'a [LockSpec],
+    outcome: &'a Finish,
+) -> FinishRequest<'a> {
+    FinishRequest {
+        rid: &res.rid,
+        token,
+        queue: &res.queue,
+        locks,
+        outcome,
+        backend: FailureBackend::Redis,
+    }
+}
+
+/// FINISH's holds for a job that releases none.
+const NO_HOLDS: lock::FinishHolds<'static> = lock::FinishHolds {
+    class: "Job",
+    digest: "d",
+    release: &[],
+};
+
 async fn finish(
     conn: &mut Conn,
     slot: &Slot,
@@ -201,14 +239,7 @@ async fn finish(
     locks: &[LockSpec],
     outcome: Finish,
 ) -> bool {
-    let req = FinishRequest {
-        rid: &res.rid,
-        token,
-        queue: &res.queue,
-        locks,
-        outcome: &outcome,
-        backend: FailureBackend::Redis,
-    };
+    let req = finish_request(res, token, locks, &outcome);
     lock::finish(conn, &slot.r(), &req).await.expect("FINISH")
 }
 
@@ -514,6 +545,39 @@ async fn assert_unregistered(conn: &mut Conn, worker_id: &str) {
 // 5.1 RESERVE
 // ---------------------------------------------------------------------------------------------
 
+// locking-semantics.md S-6, NEVER-2: a requeue whose push raises (the queue key holds a value
+// of another type) leaves the job in its inflight record, to be returned or recovered, instead
+// of deleting the record first and losing the payload.
+#[tokio::test]
+async fn a_requeue_that_cannot_push_keeps_the_reservation() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("acct:1", 1);
+    let _h = hold(c, "h", std::slice::from_ref(&l), 20_000).await;
+    let job = payload("J", json!([1]));
+    push(c, "q", &job).await;
+    let s1 = Slot::new("p:1:0", "testhost:11:q");
+    let r1 = reserve_job(c, &s1, &["q"]).await;
+    let _: () = rcmd!(c, "SET", k.queue("q"), "not a list");
+    let res = try_acquire(
+        c,
+        &s1,
+        &r1,
+        &random_hex(16),
+        std::slice::from_ref(&l),
+        opts(10_000, 2_000, true),
+    )
+    .await;
+    let err = res.expect_err("the requeue's push raised");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert_eq!(
+        hget_bytes(c, &s1.inflight(), "payload").await,
+        Some(job),
+        "the reservation was dropped"
+    );
+}
+
 // locking-semantics.md
 #[tokio::test]
 async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_inflight_record() {
@@ -656,6 +720,72 @@ async fn reserve_returns_busy_and_changes_nothing_while_the_slot_holds_a_reserva
     assert_eq!(hgetall(c, &slot.inflight()).await, record);
     assert_eq!(record["rid"], first.rid);
     assert_eq!(lrange(c, &k.queue("q")).await, vec![j2]);
+}
+
+// The multi-slot connection (src/lock/batch.rs): RESERVEs of six slots made at the same moment
+// go out as one batch; each slot gets its own reply, a call that fails (a queue key of the
+// wrong type) fails alone, and the O-3 counts of the batch are all written (A-1, O-3, K-2).
+#[tokio::test]
+async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let jobs: Vec<Vec<u8>> = (1..=5).map(|i| payload("J", json!([i]))).collect();
+    for j in &jobs {
+        push(c, "q", j).await;
+    }
+    let _: () = rcmd!(c, "SET", k.queue("bad"), "not a list");
+    let _: () = rcmd!(c, "CONFIG", "RESETSTAT");
+    let manager = server
+        .client()
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let conn = locketd::lock::batch::Conn::batched(manager);
+    let slots: Vec<Slot> = (1..=6)
+        .map(|i| Slot::new(format!("p:1:{i}"), format!("testhost:1+{i}:q")))
+        .collect();
+    let calls = slots.iter().enumerate().map(|(i, slot)| {
+        let mut conn = conn.clone();
+        let queue = if i == 2 { "bad" } else { "q" };
+        async move {
+            lock::reserve(
+                &mut conn,
+                &slot.r(),
+                &random_hex(8),
+                &[queue.to_string()],
+                false,
+            )
+            .await
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+
+    let mut got = Vec::new();
+    for (i, reply) in replies.into_iter().enumerate() {
+        if i == 2 {
+            let e = reply.expect_err("a RESERVE of a string key fails");
+            assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+            continue;
+        }
+        match reply.expect("RESERVE") {
+            Reserved::Job { payload, .. } => got.push(payload),
+            other => panic!("slot {i}: {other:?}"),
+        }
+    }
+    got.sort();
+    let mut want = jobs.clone();
+    want.sort();
+    assert_eq!(got, want, "each job reserved by exactly one slot");
+    for (i, slot) in slots.iter().enumerate() {
+        let record = hgetall(c, &slot.inflight()).await;
+        assert_eq!(record.is_empty(), i == 2, "slot {i}: {record:?}");
+    }
+    let reserved: i64 = rcmd!(c, "GET", format!("{NS}:locket:stat:reserved"));
+    assert_eq!(reserved, 5);
+    let info: String = rcmd!(c, "INFO", "commandstats");
+    let evalsha = crate::support::evalsha_calls(&info);
+    assert!(evalsha <= 2, "six RESERVEs took {evalsha} script calls");
 }
 
 // locking-semantics.md A-1 (resque-protocol.md pause rule)
@@ -2075,6 +2205,74 @@ async fn many_concurrent_acquirers_never_exceed_a_limit_of_three() {
 // NEVER-2 / NEVER-3: recovery of dead processes
 // ---------------------------------------------------------------------------------------------
 
+// locking-semantics.md, NEVER-2: a slot that unregisters while it still holds a
+// reservation (its worker could neither finish nor return it) leaves that reservation to the
+// janitor: the process stays listed, its lease ends with its last registered slot, and the
+// next pass puts the job back. Before, the slot and the process were dropped and the payload
+// stayed in the inflight record for good.
+#[tokio::test]
+async fn a_reservation_left_behind_at_unregister_is_recovered_by_the_janitor() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("");
+    let process = "testhost:4243:0a1b2c3d";
+    let (w1, w2) = ("testhost:4243+1:q", "testhost:4243+2:q");
+    register(c, process, 1, w1, Duration::from_secs(60)).await;
+    register(c, process, 2, w2, Duration::from_secs(60)).await;
+    let job = payload("J", json!([1]));
+    push(c, "q", &job).await;
+    let s1 = Slot::new(format!("{process}:1"), w1);
+    reserve_job(c, &s1, &["q"]).await;
+    registry::unregister(c, &reg_of(&k, process, 1, w1), None)
+        .await
+        .unwrap();
+    assert_unregistered(c, w1).await;
+    // Slot 2 is still registered: the lease stays and nothing is recovered yet.
+    assert!(exists(c, &k.alive(process)).await);
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert!(report.recovered.is_empty(), "{report:?}");
+    assert!(exists(c, &s1.inflight()).await);
+
+    registry::unregister(c, &reg_of(&k, process, 2, w2), None)
+        .await
+        .unwrap();
+    assert_unregistered(c, w2).await;
+    assert!(
+        !exists(c, &k.alive(process)).await,
+        "the lease ends with the last registered slot"
+    );
+    assert!(smembers(c, &k.processes()).await.contains(process));
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert_eq!(
+        report.recovered,
+        vec![(format!("{process}:1"), "recovered_reserved".to_string())]
+    );
+    assert_eq!(lrange(c, &k.queue("q")).await, vec![job]);
+    assert!(!exists(c, &s1.inflight()).await);
+    assert!(!smembers(c, &k.processes()).await.contains(process));
+    assert!(!exists(c, &k.slots(process)).await);
+
+    // Without a reservation left, unregistering the last slot removes everything at once.
+    let other = "testhost:4244:0a1b2c3d";
+    register(c, other, 0, "testhost:4244:q", Duration::from_secs(60)).await;
+    registry::unregister(c, &reg_of(&k, other, 0, "testhost:4244:q"), None)
+        .await
+        .unwrap();
+    assert!(!exists(c, &k.alive(other)).await);
+    assert!(!exists(c, &k.slots(other)).await);
+    assert!(!smembers(c, &k.processes()).await.contains(other));
+}
+
+fn reg_of<'a>(k: &'a Keys, process: &'a str, slot: u32, worker_id: &'a str) -> Registration<'a> {
+    Registration {
+        keys: k,
+        worker_id,
+        process_id: process,
+        slot,
+    }
+}
+
 // locking-semantics.md R-3 step 4, R-4 (reserved), NEVER-2, R-1
 #[tokio::test]
 async fn the_janitor_returns_a_dead_process_reserved_job_to_the_head_of_its_queue() {
@@ -2853,25 +3051,15 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     assert_eq!(zcard(c, &keys().lock("job:1")).await, 1);
 
     let outcome = Finish::Success;
-    let req = FinishRequest {
-        rid: &first.rid,
-        token: "tok1",
-        queue: &first.queue,
-        locks: &locks,
-        outcome: &outcome,
-        backend: FailureBackend::Redis,
-    };
-    let holds = lock::FinishHolds {
-        class: "Job",
-        digest: "d",
-        release: &[],
-    };
+    let req = finish_request(&first, "tok1", &locks, &outcome);
+    let holds = NO_HOLDS;
     let queues = vec!["q".to_string()];
     let rid2 = random_hex(8);
     let (finished, next) =
         lock::finish_and_reserve(c, &slot.r(), &req, &holds, &rid2, &queues, false)
             .await
             .expect("FINISH+RESERVE");
+    let next = next.expect("RESERVE");
     assert!(finished);
     match &next {
         Reserved::Job {
@@ -2894,6 +3082,7 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
         lock::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
             .await
             .unwrap();
+    let again = again.unwrap();
     assert!(!finished);
     assert!(matches!(again, Reserved::Busy), "{again:?}");
     assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("1"));
@@ -2916,23 +3105,67 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
         )
         .await,
     );
-    let req2 = FinishRequest {
-        rid: &rid2,
-        token: "tok2",
-        queue: "q",
-        locks: &locks2,
-        outcome: &outcome,
-        backend: FailureBackend::Redis,
-    };
+    let req2 = finish_request(&second, "tok2", &locks2, &outcome);
     let (finished, next) =
         lock::finish_and_reserve(c, &slot.r(), &req2, &holds, &random_hex(8), &queues, false)
             .await
             .unwrap();
+    let next = next.unwrap();
     assert!(finished);
     assert!(matches!(next, Reserved::Nothing { .. }), "{next:?}");
     assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("2"));
     assert!(!exists(c, &slot.inflight()).await);
     assert!(!exists(c, &keys().lock("job:2")).await);
+}
+
+/// S-6, O-3, D-8: when the RESERVE part of a FINISH+RESERVE raises (here a queue key of the
+/// wrong type), the FINISH has landed and says so: the job is recorded and its lock released
+/// with every count written, and the error comes back as the RESERVE's alone, so the worker
+/// does not send the FINISH again (a second one would release the job's holds twice).
+#[tokio::test]
+async fn a_reserve_that_raises_after_its_finish_leaves_the_finish_landed_and_counted() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let c = &mut conn;
+    let k = keys();
+    let slot = Slot::new("h:1:a:0", "h:1:q");
+    push(c, "q", &payload("Job", json!([1]))).await;
+    let locks = vec![spec("job:1", 1)];
+    let first = reserve_job(c, &slot, &["q"]).await;
+    started(acquire(c, &slot, &first, "tok1", &locks, opts(30_000, 10_000, true)).await);
+    let _: () = rcmd!(c, "SET", k.queue("bad"), "not a list");
+
+    let outcome = Finish::Success;
+    let req = finish_request(&first, "tok1", &locks, &outcome);
+    let holds = NO_HOLDS;
+    let queues = vec!["bad".to_string()];
+    let (finished, next) =
+        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
+            .await
+            .expect("the FINISH part landed");
+    assert!(finished);
+    let err = next.expect_err("the RESERVE part raised");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("1"));
+    assert_eq!(
+        get(c, &k.stat_processed_by(&slot.worker_id))
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        get(c, &format!("{NS}:locket:stat:released"))
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert!(!exists(c, &k.lock("job:1")).await, "lock released");
+    assert!(!exists(c, &slot.inflight()).await);
+
+    // RESERVE alone raises as before.
+    let res = lock::reserve(c, &slot.r(), &random_hex(8), &queues, false).await;
+    let err = res.expect_err("a queue key of the wrong type");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
 }
 
 /// A-1 with many queues (RESERVE checks runs of empty queues with one EXISTS): priority order

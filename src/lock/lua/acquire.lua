@@ -163,9 +163,12 @@ if #conflicts > 0 then
     what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
   end
   if fallback == 'requeue' then
-    redis.call('DEL', inflight)
+    -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
+    -- reserved and is returned or recovered, never lost.
     redis.call('RPUSH', KEYS[2], payload)
+    redis.call('DEL', inflight)
     redis.call('SADD', KEYS[3], queue)
+    counter_absent[KEYS[4]] = nil
     if redis.call('INCR', KEYS[4]) == 1 then
       redis.call('PEXPIRE', KEYS[4], ARGV[4])
     end
@@ -218,9 +221,12 @@ if #conflicts > 0 then
 end
 
 local deadline = now + ttl
-local info = cjson.decode(ARGV[7])
-info['acquired_at'] = now
-info['extended_at'] = now
+local deadline_s, now_s = int(deadline), int(now)
+-- The lockinfo object gets its times and per-lock fields appended as text (the object from
+-- the worker holds none of them), which spares a cjson decode and encode per lock.
+local info_head = string.sub(ARGV[7], 1, -2)
+if info_head ~= '{' then info_head = info_head .. ',' end
+info_head = info_head .. '"acquired_at":' .. now_s .. ',"extended_at":' .. now_s
 local ids = {}
 local out = {'ok', deadline}
 local fences = {}
@@ -228,18 +234,18 @@ local sources = opt['sources'] or {}
 for i = 1, n do
   local lk, ik = KEYS[4 + 3 * i], KEYS[5 + 3 * i]
   local id = ARGV[11 + 2 * i]
-  ids[#ids + 1] = id
-  redis.call('ZADD', lk, deadline, ARGV[2])
-  info['limit'] = tonumber(ARGV[12 + 2 * i])
-  info['lock_id'] = id
-  info['lock_id_source'] = sources[i] or id
+  local id_json = cjson.encode(id)
+  ids[#ids + 1] = id_json
+  redis.call('ZADD', lk, deadline_s, ARGV[2])
+  local info = info_head .. ',"limit":' .. int(tonumber(ARGV[12 + 2 * i])) .. ',"lock_id":' .. id_json
+    .. ',"lock_id_source":' .. (sources[i] and cjson.encode(sources[i]) or id_json)
   if opt['fencing'] then
     local f = redis.call('HINCRBY', prefix .. 'fence', id, 1)
-    info['fence'] = f
+    info = info .. ',"fence":' .. int(f)
     fences[#fences + 1] = f
     out[#out + 1] = f
   end
-  redis.call('HSET', ik, ARGV[2], cjson.encode(info))
+  redis.call('HSET', ik, ARGV[2], info .. '}')
   if was_empty[i] then
     fix_sole_holder(lk, ik, KEYS[6], id, deadline)
   else
@@ -267,15 +273,15 @@ count(prefix, now, 'holds_added', class, #start_holds)
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,
   'state', 'running',
-  'started_at', now,
+  'started_at', now_s,
   'token', ARGV[2],
-  'locks', (#ids == 0) and '[]' or cjson.encode(ids),
+  'locks', '[' .. table.concat(ids, ',') .. ']',
   'class', class,
   'digest', digest)
 if #holds > 0 then redis.call('HSET', inflight, 'holds', cjson.encode(holds)) end
 if #fences > 0 then redis.call('HSET', inflight, 'fences', cjson.encode(fences)) end
 redis.call('SET', KEYS[5], ARGV[6])
-redis.call('DEL', KEYS[4])
+clear_counter(KEYS[4])
 if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end
 if n > 0 then count(prefix, now, 'acquired', class) end
 count(prefix, now, 'started', class)

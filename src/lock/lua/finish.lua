@@ -42,10 +42,12 @@ local inflight = KEYS[1]
 local outcome = ARGV[3]
 local rec = redis.call('HMGET', inflight, 'rid', 'payload')
 local mine = rec[1] == ARGV[1]
-local payload = nil
-if mine then
-  payload = rec[2]
-  redis.call('DEL', inflight)
+local payload = rec[2]
+-- The reservation and Resque's "working on" record end together (done_working), once the
+-- payload is where the outcome puts it (S-6: a push that raises leaves the record in place).
+local function end_reservation()
+  redis.call('DEL', inflight, KEYS[2])
+  inflight_freed[inflight] = true
 end
 
 local prefix = locket_prefix(ARGV[6])
@@ -74,8 +76,8 @@ end
 
 if outcome == 'requeue' then
   redis.call('RPUSH', KEYS[9], payload)
+  end_reservation()
   redis.call('SADD', KEYS[10], ARGV[7])
-  redis.call('DEL', KEYS[2])
   return 'ok'
 end
 
@@ -85,11 +87,11 @@ if outcome == 'failure' or outcome == 'dirty' then
     redis.call('SADD', KEYS[8], ARGV[5])
   end
 end
+end_reservation()
 if outcome == 'failure' then
-  redis.call('INCRBY', KEYS[5], 1)
-  redis.call('INCRBY', KEYS[6], 1)
+  incr_later(KEYS[5])
+  incr_later(KEYS[6])
 end
-redis.call('DEL', KEYS[2])
-redis.call('INCRBY', KEYS[3], 1)
-redis.call('INCRBY', KEYS[4], 1)
+incr_later(KEYS[3])
+incr_later(KEYS[4])
 return 'ok'

@@ -9,7 +9,9 @@
 -- ARGV[2]      number of finish.lua's arguments
 -- ARGV[3..]    finish.lua's arguments, then reserve.lua's arguments
 --
--- Returns {finish.lua's reply, reserve.lua's reply}.
+-- Returns {finish.lua's reply, reserve.lua's reply}. When RESERVE raises, its reply is
+-- {"__locket_reserve_error__", message}: the FINISH has landed either way, and the worker must
+-- not send it again (a second FINISH would find "missing" and release the job's holds twice).
 
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fk, fa, rk, ra = {}, {}, {}, {}
@@ -20,4 +22,9 @@ for i = 3, #ARGV do
   if i - 2 <= na then fa[#fa + 1] = ARGV[i] else ra[#ra + 1] = ARGV[i] end
 end
 local finished = finish_part(fk, fa)
-return {finished, reserve_part(rk, ra)}
+local ok, reserved = pcall(reserve_part, rk, ra)
+if not ok then
+  if type(reserved) == 'table' and reserved.err then reserved = reserved.err end
+  reserved = {'__locket_reserve_error__', tostring(reserved)}
+end
+return {finished, reserved}

@@ -4,10 +4,39 @@
 -- Redis 5 needs effects replication before writing after TIME; later versions always do it.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
--- Redis server time in milliseconds (S-2: no worker clock is ever used for deadlines).
+-- Redis server time in milliseconds (S-2: no worker clock is ever used for deadlines), read
+-- once per run: a script, or a batch of them (batch.lua), runs as one atomic step.
+local cached_now = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if cached_now == nil then
+    local t = redis.call('TIME')
+    cached_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return cached_now
+end
+
+-- pause-all-workers as RESERVE read it in this run (1 paused, 0 not), nil before the first read.
+local pause_seen = nil
+
+-- What this run knows without asking again (a batch of calls is one atomic step, and nothing
+-- else writes meanwhile): lock counter keys known to be absent (read as absent, or deleted
+-- here; an INCR here forgets it), and inflight records deleted here by FINISH (a RESERVE of
+-- the same slot in the same run needs no K-2 check; its HSET forgets it).
+local counter_absent = {}
+local inflight_freed = {}
+
+-- Deletes a lock counter unless this run knows it is absent.
+local function clear_counter(key)
+  if not counter_absent[key] then
+    redis.call('DEL', key)
+    counter_absent[key] = true
+  end
+end
+
+-- A whole number as decimal text for redis.call. Redis formats a Lua number argument with
+-- "%.17g", which costs glibc's multi-precision float printing; "%d" is plain integer printing.
+local function int(n)
+  return string.format('%d', n)
 end
 
 -- A-14: a resource lost a holder, so the queues whose jobs were requeued because of it
@@ -15,7 +44,7 @@ end
 local function reset_blocked(blocked_key, counter_prefix)
   local queues = redis.call('SMEMBERS', blocked_key)
   for _, q in ipairs(queues) do
-    redis.call('DEL', counter_prefix .. q)
+    clear_counter(counter_prefix .. q)
   end
   if #queues > 0 then
     redis.call('DEL', blocked_key)
@@ -28,6 +57,10 @@ end
 -- has no holder left. The earliest holder alone tells the common cases in one call: no key (or
 -- an empty one), or nothing expired.
 local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefix)
+  -- The common case, a free lock that blocked no queue, costs one call.
+  if redis.call('EXISTS', lock_key, blocked_key) == 0 then
+    return 0, true
+  end
   local first = redis.call('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
   if #first == 0 then
     -- A key that lapsed on its own (L-6) lost its holders by expiry too: A-14 still applies.
@@ -37,8 +70,8 @@ local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefi
   if tonumber(first[2]) > now then
     return 0, false
   end
-  local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', now)
+  local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', int(now))
+  redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', int(now))
   redis.call('HDEL', info_key, unpack(expired))
   reset_blocked(blocked_key, counter_prefix)
   return #expired, false
@@ -54,7 +87,7 @@ local function fix_lock(lock_key, info_key, locks_index, lock_id)
     return
   end
   local last = redis.call('ZRANGE', lock_key, -1, -1, 'WITHSCORES')
-  local expire_at = tonumber(last[2]) + 1000
+  local expire_at = int(tonumber(last[2]) + 1000)
   redis.call('PEXPIREAT', lock_key, expire_at)
   if redis.call('EXISTS', info_key) == 1 then
     redis.call('PEXPIREAT', info_key, expire_at)
@@ -65,15 +98,22 @@ end
 -- fix_lock for a lock whose only holder (with its lockinfo field) has just been added with
 -- `deadline`: the earliest and latest deadlines are that one, known without reading them.
 local function fix_sole_holder(lock_key, info_key, locks_index, lock_id, deadline)
-  redis.call('PEXPIREAT', lock_key, deadline + 1000)
-  redis.call('PEXPIREAT', info_key, deadline + 1000)
-  redis.call('ZADD', locks_index, deadline, lock_id)
+  local expire_at = int(deadline + 1000)
+  redis.call('PEXPIREAT', lock_key, expire_at)
+  redis.call('PEXPIREAT', info_key, expire_at)
+  redis.call('ZADD', locks_index, int(deadline), lock_id)
 end
 
 -- L-5: compare-and-delete of one holder. Releasing a token that is not a member changes
 -- nothing but the A-14 reset.
 local function release_token(lock_key, info_key, blocked_key, locks_index, lock_id, token, counter_prefix)
   local removed = redis.call('ZREM', lock_key, token)
+  -- The common case, the last holder leaving a lock that blocked no queue: one EXISTS tells.
+  if redis.call('EXISTS', lock_key, blocked_key) == 0 then
+    redis.call('DEL', info_key)
+    redis.call('ZREM', locks_index, lock_id)
+    return removed
+  end
   reset_blocked(blocked_key, counter_prefix)
   if redis.call('EXISTS', lock_key) == 0 then
     -- The last holder left: both keys and the index entry go (no per-field delete needed).
@@ -113,18 +153,52 @@ end
 
 -- O-3: count an event in stat:<event> and in the current metrics:<epoch minute> bucket
 -- (`<event>` and `<event>|<class>`), inside the script that caused it. `prefix` is
--- "<ns>:locket:". The bucket gets its 8 h expiry when a field of it is created.
+-- "<ns>:locket:". Counts are summed in Lua and written once per run by flush_counts(), which
+-- src/lock/scripts.rs calls at the end of every script (and of every batch of them): a job's
+-- four events, or a batch's hundreds, cost one INCRBY and one HINCRBY per distinct field.
+local counts, counts_prefix, counts_bucket = {}, nil, nil
 local function count(prefix, now, event, class, n)
   n = n or 1
   if n == 0 then return end
-  redis.call('INCRBY', prefix .. 'stat:' .. event, n)
-  local m = prefix .. 'metrics:' .. math.floor(now / 60000)
-  if redis.call('HINCRBY', m, event, n) == n then
-    redis.call('PEXPIRE', m, 28800000)
+  if counts_prefix == nil then
+    counts_prefix = prefix
+    counts_bucket = prefix .. 'metrics:' .. int(math.floor(now / 60000))
   end
+  counts[event] = (counts[event] or 0) + n
   if class and class ~= '' then
-    redis.call('HINCRBY', m, event .. '|' .. class, n)
+    local f = event .. '|' .. class
+    counts[f] = (counts[f] or 0) + n
   end
+end
+
+-- Resque's own counters (stat:processed and the like) are summed the same way: a batch of
+-- FINISHes writes stat:processed once.
+local incrs = {}
+local function incr_later(key, n)
+  incrs[key] = (incrs[key] or 0) + (n or 1)
+end
+
+-- Writes the counts summed by count() and incr_later(). The bucket gets its 8 h expiry when one of its event
+-- fields is created (event names hold no '|'; the class fields do).
+local function flush_counts()
+  for key, n in pairs(incrs) do
+    redis.call('INCRBY', key, int(n))
+  end
+  incrs = {}
+  if counts_prefix == nil then return end
+  local m = counts_bucket
+  local fresh = false
+  for field, n in pairs(counts) do
+    local s = int(n)
+    if string.find(field, '|', 1, true) then
+      redis.call('HINCRBY', m, field, s)
+    else
+      redis.call('INCRBY', counts_prefix .. 'stat:' .. field, s)
+      if redis.call('HINCRBY', m, field, s) == n then fresh = true end
+    end
+  end
+  if fresh then redis.call('PEXPIRE', m, '28800000') end
+  counts, counts_prefix, counts_bucket = {}, nil, nil
 end
 
 -- "<ns>:locket:" from the counter prefix "<ns>:locket:counter:" the scripts already receive.

@@ -4,13 +4,15 @@
 --
 -- KEYS[1]       <ns>:locket:inflight:<slot key>
 -- KEYS[2]       <ns>:pause-all-workers
--- KEYS[2+2i-1]  <ns>:queue:<q_i>              for i = 1..n, in priority order
--- KEYS[2+2i]    <ns>:locket:counter:<q_i>
 -- ARGV[1]       rid (fresh, 16 hex chars)
 -- ARGV[2]       Resque worker id of the slot
 -- ARGV[3]       "1" to clear the counters of skipped queues when nothing was reserved
 -- ARGV[4]       locket key prefix "<ns>:locket:" (O-3 stats)
--- ARGV[4+i]     queue name q_i
+-- ARGV[5]       queue key prefix "<ns>:queue:"
+-- ARGV[5+i]     queue name q_i                for i = 1..n, in priority order
+-- The queue keys <ns>:queue:<q_i> and counters <ns>:locket:counter:<q_i> are built here from
+-- the names (S-1 allows it: no Cluster), so a RESERVE over 100 queues carries 100 names, not
+-- 300 strings.
 --
 -- Returns one of
 --   {"job", queue, payload, rid}
@@ -20,63 +22,87 @@
 -- Raises nothing.
 
 local inflight = KEYS[1]
-if is_true(redis.call('GET', KEYS[2])) then
+-- pause-all-workers is read once per run: a batch of RESERVEs sees one answer.
+if pause_seen == nil then
+  pause_seen = is_true(redis.call('GET', KEYS[2])) and 1 or 0
+end
+if pause_seen == 1 then
   return {'paused'}
 end
-if redis.call('EXISTS', inflight) == 1 then
+if not inflight_freed[inflight] and redis.call('EXISTS', inflight) == 1 then
   return {'busy'}
 end
 
-local n = #ARGV - 4
+local n = #ARGV - 5
 local prefix = ARGV[4]
+local queue_prefix = ARGV[5]
+local counter_prefix = prefix .. 'counter:'
+local qkeys = {}
+local function qkey(i)
+  local k = qkeys[i]
+  if k == nil then
+    k = queue_prefix .. ARGV[5 + i]
+    qkeys[i] = k
+  end
+  return k
+end
 local skipped = {}
 -- Redis keeps no empty list, so one EXISTS over a run of queue keys tells whether any of them
 -- holds a job: with many configured queues, runs of empty ones cost one call instead of one
 -- LLEN each. Runs are up to 16 queues long; the last 3 queues are read directly.
 local checked_until, empty_until = 0, 0
 for i = 1, n do
-  local qkey = KEYS[2 + 2 * i - 1]
   if i > checked_until and n - i >= 3 then
     local last = math.min(n, i + 15)
     local run = {}
-    for j = i, last do run[#run + 1] = KEYS[2 + 2 * j - 1] end
+    for j = i, last do run[#run + 1] = qkey(j) end
     checked_until = last
     if redis.call('EXISTS', unpack(run)) == 0 then
       empty_until = last
     end
   end
-  local len = 0
+  local payload = false
   if i > empty_until then
-    len = redis.call('LLEN', qkey)
-  end
-  if len > 0 then
-    local c = tonumber(redis.call('GET', KEYS[2 + 2 * i]) or '0') or 0
-    if c >= len then
-      skipped[#skipped + 1] = ARGV[4 + i]
-    else
-      local payload = redis.call('LPOP', qkey)
-      local now = now_ms()
-      redis.call('HSET', inflight,
-        'rid', ARGV[1],
-        'queue', ARGV[4 + i],
-        'payload', payload,
-        'reserved_at', now,
-        'state', 'reserved',
-        'resque_worker', ARGV[2])
-      count(prefix, now, 'reserved', '')
-      if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
-      return {'job', ARGV[4 + i], payload, ARGV[1]}
+    -- A-2: skip q when its counter has reached its length. With no counter (the common
+    -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
+    local ck = counter_prefix .. ARGV[5 + i]
+    local c = 0
+    if not counter_absent[ck] then
+      local v = redis.call('GET', ck)
+      if v then c = tonumber(v) or 0 else counter_absent[ck] = true end
     end
+    if c <= 0 then
+      payload = redis.call('LPOP', qkey(i))
+    else
+      local len = redis.call('LLEN', qkey(i))
+      if len > 0 then
+        if c >= len then
+          skipped[#skipped + 1] = ARGV[5 + i]
+        else
+          payload = redis.call('LPOP', qkey(i))
+        end
+      end
+    end
+  end
+  if payload then
+    local now = now_ms()
+    redis.call('HSET', inflight,
+      'rid', ARGV[1],
+      'queue', ARGV[5 + i],
+      'payload', payload,
+      'reserved_at', int(now),
+      'state', 'reserved',
+      'resque_worker', ARGV[2])
+    inflight_freed[inflight] = nil
+    count(prefix, now, 'reserved', '')
+    if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
+    return {'job', ARGV[5 + i], payload, ARGV[1]}
   end
 end
 
 if ARGV[3] == '1' then
-  for i = 1, n do
-    for _, q in ipairs(skipped) do
-      if q == ARGV[4 + i] then
-        redis.call('DEL', KEYS[2 + 2 * i])
-      end
-    end
+  for _, q in ipairs(skipped) do
+    clear_counter(counter_prefix .. q)
   end
 end
 if #skipped > 0 then count(prefix, now_ms(), 'queue_skipped', '', #skipped) end

@@ -1,0 +1,316 @@
+//! The job path's Redis connection. In the multi-slot mode, the calls of the job-path scripts
+//! (RESERVE, ACQUIRE+START, FINISH, FINISH+RESERVE) that the slots of one process make at the
+//! same moment go to Redis as one `batch.lua` call; every other command passes straight
+//! through to the shared multiplexed connection.
+//!
+//! Why: most of a job's Redis CPU is spent per script call and per `redis.call`, not on the
+//! data (docs/performance.md). A batch pays the call, the lib prefix, one `TIME`, one read of
+//! `pause-all-workers` and one write per distinct O-3 counter for all its jobs. It changes no
+//! rule: each call of a batch runs the same script body in the same order as it would alone,
+//! and the batch is one atomic step, which is stronger, not weaker.
+//!
+//! Batching is group commit without a timer: a call waits only while an earlier batch is on
+//! the wire (at most [`IN_FLIGHT`] at once); whatever arrived meanwhile leaves in the next
+//! batch. A lone call therefore goes out at once.
+
+use super::scripts::scripts;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Arg, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Most calls per batch.
+pub const MAX_BATCH: usize = 64;
+/// Batches on the wire at once.
+pub const IN_FLIGHT: usize = 2;
+
+/// Marks a call of a batch that raised (batch.lua).
+const CALL_ERROR: &[u8] = b"__locket_batch_error__";
+
+/// A Redis connection that batches the job-path scripts of the slots sharing it.
+#[derive(Clone)]
+pub struct Conn {
+    inner: ConnectionManager,
+    batcher: Option<mpsc::UnboundedSender<Call>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("batched", &self.batcher.is_some())
+            .finish()
+    }
+}
+
+/// One script call waiting for its batch: the caller's `EVALSHA` command, kept whole (one
+/// buffer) and read again when the batch is packed.
+struct Call {
+    op: &'static str,
+    cmd: Cmd,
+    numkeys: usize,
+    reply: oneshot::Sender<RedisResult<Value>>,
+}
+
+impl Call {
+    /// The keys (`true`) or the arguments (`false`) of the call.
+    fn part(&self, keys: bool) -> impl Iterator<Item = &[u8]> {
+        let (skip, take) = if keys {
+            (3, self.numkeys)
+        } else {
+            (3 + self.numkeys, usize::MAX)
+        };
+        self.cmd
+            .args_iter()
+            .skip(skip)
+            .take(take)
+            .filter_map(|a| match a {
+                Arg::Simple(b) => Some(b),
+                _ => None,
+            })
+    }
+}
+
+impl Conn {
+    /// Every command goes straight to `inner` (one slot per process).
+    pub fn direct(inner: ConnectionManager) -> Conn {
+        Conn {
+            inner,
+            batcher: None,
+        }
+    }
+
+    /// Job-path scripts are batched; needs a Tokio runtime. The batching task ends when the
+    /// last clone of the returned connection is dropped.
+    pub fn batched(inner: ConnectionManager) -> Conn {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(inner.clone(), rx));
+        Conn {
+            inner,
+            batcher: Some(tx),
+        }
+    }
+
+    /// The underlying connection, for what is never batched.
+    pub fn manager(&self) -> &ConnectionManager {
+        &self.inner
+    }
+}
+
+/// The batch.lua name of a job-path script, by its SHA1.
+fn op_of(sha: &[u8]) -> Option<&'static str> {
+    let s = scripts();
+    [
+        (&s.reserve, "reserve"),
+        (&s.acquire, "acquire"),
+        (&s.finish, "finish"),
+        (&s.finish_reserve, "finish_reserve"),
+    ]
+    .into_iter()
+    .find(|(script, _)| script.get_hash().as_bytes() == sha)
+    .map(|(_, op)| op)
+}
+
+/// `EVALSHA <sha> <numkeys> key... arg...` of a job-path script: its batch.lua name and its
+/// number of keys.
+fn split(cmd: &Cmd) -> Option<(&'static str, usize)> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        Arg::Simple(b) => Some(b),
+        _ => None,
+    });
+    if !args.next()??.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let op = op_of(args.next()??)?;
+    let numkeys: usize = std::str::from_utf8(args.next()??).ok()?.parse().ok()?;
+    let mut rest = 0;
+    for a in args {
+        a?;
+        rest += 1;
+    }
+    (rest >= numkeys).then_some((op, numkeys))
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if let Some(tx) = &self.batcher {
+            if let Some((op, numkeys)) = split(cmd) {
+                let (reply, rx) = oneshot::channel();
+                if tx
+                    .send(Call {
+                        op,
+                        cmd: cmd.clone(),
+                        numkeys,
+                        reply,
+                    })
+                    .is_ok()
+                {
+                    return Box::pin(async move {
+                        rx.await.unwrap_or_else(|_| {
+                            Err(RedisError::from((
+                                ErrorKind::Io,
+                                "batched call dropped: the connection's batching task ended",
+                            )))
+                        })
+                    });
+                }
+            }
+        }
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// Gathers calls into batches until every sender is gone.
+async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        // Waiting for a free permit is what lets calls gather.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut calls = vec![first];
+        while calls.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(c) => calls.push(c),
+                Err(_) => break,
+            }
+        }
+        let mut c = conn.clone();
+        tokio::spawn(async move {
+            send(&mut c, calls).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One batch.lua call; every call gets its own reply, or the batch's error.
+async fn send(conn: &mut ConnectionManager, calls: Vec<Call>) {
+    let numkeys: usize = calls.iter().map(|c| c.numkeys).sum();
+    let result = super::evalsha::<_, Value>(conn, &scripts().batch, numkeys, |cmd| {
+        for c in &calls {
+            for k in c.part(true) {
+                cmd.arg(k);
+            }
+        }
+        cmd.arg(calls.len());
+        for c in &calls {
+            let nargs = c.part(false).count();
+            cmd.arg(c.op).arg(c.numkeys).arg(nargs);
+        }
+        for c in &calls {
+            for a in c.part(false) {
+                cmd.arg(a);
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(Value::Array(replies)) if replies.len() == calls.len() => {
+            for (c, v) in calls.into_iter().zip(replies) {
+                let _ = c.reply.send(call_result(v));
+            }
+        }
+        Ok(other) => {
+            for c in calls {
+                let _ = c.reply.send(Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "unexpected batch reply",
+                    format!("{other:?}"),
+                ))));
+            }
+        }
+        Err(e) => {
+            let kind = e.kind();
+            let detail = e.to_string();
+            for c in calls {
+                let _ = c.reply.send(Err(RedisError::from((
+                    kind,
+                    "batched script call failed",
+                    detail.clone(),
+                ))));
+            }
+        }
+    }
+}
+
+/// A call's reply, or its error as batch.lua reported it.
+fn call_result(v: Value) -> RedisResult<Value> {
+    if let Value::Array(items) = &v {
+        if let [Value::BulkString(mark), msg] = items.as_slice() {
+            if mark == CALL_ERROR {
+                let msg = match msg {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                };
+                return Err(RedisError::from((
+                    ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                    "script error",
+                    msg,
+                )));
+            }
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evalsha(sha: &str, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
+    #[test]
+    fn job_path_scripts_are_taken_apart_and_others_pass_through() {
+        let s = scripts();
+        let cmd = evalsha(s.acquire.get_hash(), &["k1", "k2"], &["a1", "a2", "a3"]);
+        let (op, numkeys) = split(&cmd).expect("acquire is batched");
+        assert_eq!((op, numkeys), ("acquire", 2));
+        let call = Call {
+            op,
+            cmd,
+            numkeys,
+            reply: oneshot::channel().0,
+        };
+        assert_eq!(call.part(true).collect::<Vec<_>>(), [b"k1", b"k2"]);
+        assert_eq!(call.part(false).collect::<Vec<_>>(), [b"a1", b"a2", b"a3"]);
+
+        // Not on the job path: the janitor's scripts, plain commands, bad key counts.
+        assert!(split(&evalsha(s.purge.get_hash(), &["k"], &[])).is_none());
+        assert!(split(redis::cmd("GET").arg("k")).is_none());
+        assert!(split(&evalsha(s.finish.get_hash(), &["k"], &[])).is_some());
+        let mut short = redis::cmd("EVALSHA");
+        short.arg(s.finish.get_hash()).arg(3).arg("only-one-key");
+        assert!(split(&short).is_none());
+    }
+
+    #[test]
+    fn a_call_that_raised_becomes_its_own_error() {
+        let failed = Value::Array(vec![
+            Value::BulkString(CALL_ERROR.to_vec()),
+            Value::BulkString(b"WRONGTYPE Operation against a key".to_vec()),
+        ]);
+        let e = call_result(failed).expect_err("marked as failed");
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        let ok = Value::Array(vec![
+            Value::BulkString(b"job".to_vec()),
+            Value::BulkString(b"q".to_vec()),
+        ]);
+        assert_eq!(call_result(ok.clone()).expect("a reply"), ok);
+    }
+}
