@@ -563,6 +563,18 @@ impl Config {
         }
         crate::resque::patterns::QueueSpec::from_list(&self.queues.0)
             .map_err(|e| invalid("queues", e.to_string()))?;
+        // Checked here too, not only when a worker starts: a HUP must refuse a bad list
+        // rather than start workers that exit at once, over and over.
+        if !self.locket.lock_queues.0.is_empty() {
+            crate::resque::patterns::QueueSpec::from_list(&self.locket.lock_queues.0)
+                .map_err(|e| invalid("locket.lock_queues", e.to_string()))?;
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            return Err(invalid(
+                "log_level",
+                format!("{:?} is not a log filter: {e}", self.log_level),
+            ));
+        }
         if let Err(e) = redis::Client::open(self.redis.as_str()) {
             return Err(invalid("redis", format!("bad Redis URL: {e}")));
         }
@@ -608,6 +620,17 @@ impl Config {
         }
         if l.process_heartbeat.get() < Duration::from_millis(100) {
             return Err(invalid("locket.process_heartbeat", "is below 100ms"));
+        }
+        // It also paces the workers:heartbeat writes, which Resque wants at least every 60 s:
+        // a Ruby or php worker prunes a worker whose heartbeat is 300 s old.
+        if l.process_heartbeat.get() > Duration::from_secs(60) {
+            return Err(invalid(
+                "locket.process_heartbeat",
+                format!(
+                    "{} is above 60s: Resque's workers:heartbeat must be rewritten at least every minute",
+                    l.process_heartbeat
+                ),
+            ));
         }
         if l.process_ttl.get() < l.process_heartbeat.get() * 2 {
             return Err(invalid(
@@ -730,6 +753,12 @@ mod tests {
                 "locket.heartbeat_interval",
             ),
             ("[locket]\ncounter_ttl = \"10ms\"", "locket.counter_ttl"),
+            (
+                "[locket]\nprocess_heartbeat = \"90s\"\nprocess_ttl = \"300s\"",
+                "locket.process_heartbeat",
+            ),
+            ("[locket]\nlock_queues = [\"!low\"]", "locket.lock_queues"),
+            ("log_level = \"locketd=lots\"", "log_level"),
             ("[classes.\"A\"]\ncommand = []", "command"),
             ("namespace = \"\"", "namespace"),
         ];

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
 /// What a handler sees of one job.
@@ -198,6 +198,42 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Calls `f` with each line `r` gives until its end (or a read error), without the line end.
+/// A line is kept to its first [`LINE_LIMIT`] bytes: the rest is read and dropped as it comes,
+/// so a handler that writes without newlines costs bounded memory. Bytes that are not UTF-8
+/// become U+FFFD: ending the read there would close the pipe, and the handler's next write
+/// would kill it with SIGPIPE.
+async fn for_each_line<R: AsyncRead + Unpin>(r: R, mut f: impl FnMut(String)) {
+    let mut reader = BufReader::new(r);
+    let mut line: Vec<u8> = Vec::new();
+    let mut pending = false;
+    while let Ok(buf) = reader.fill_buf().await {
+        if buf.is_empty() {
+            break;
+        }
+        let newline = buf.iter().position(|&b| b == b'\n');
+        let chunk = &buf[..newline.unwrap_or(buf.len())];
+        let room = LINE_LIMIT.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        pending = true;
+        let used = newline.map_or(buf.len(), |i| i + 1);
+        reader.consume(used);
+        if newline.is_some() {
+            f(decode_line(&line));
+            line.clear();
+            pending = false;
+        }
+    }
+    if pending {
+        f(decode_line(&line));
+    }
+}
+
+fn decode_line(line: &[u8]) -> String {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    trim_line(String::from_utf8_lossy(line).into_owned())
+}
+
 fn trim_line(mut line: String) -> String {
     if line.len() > LINE_LIMIT {
         let mut cut = LINE_LIMIT;
@@ -319,25 +355,24 @@ impl CommandHandler {
         let (class, queue) = (job.class.clone(), job.queue.clone());
         let out_task = tokio::spawn(async move {
             if let Some(out) = stdout {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::info!(target: "locketd::handler", class = %class, queue = %queue, stream = "stdout", "{}", trim_line(line));
-                }
+                for_each_line(out, |line| {
+                    tracing::info!(target: "locketd::handler", class = %class, queue = %queue, stream = "stdout", "{}", line);
+                })
+                .await;
             }
         });
         let (class, queue) = (job.class.clone(), job.queue.clone());
         let err_task = tokio::spawn(async move {
             let mut tail = VecDeque::new();
             if let Some(err) = stderr {
-                let mut lines = BufReader::new(err).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let line = trim_line(line);
+                for_each_line(err, |line| {
                     tracing::warn!(target: "locketd::handler", class = %class, queue = %queue, stream = "stderr", "{}", line);
                     if tail.len() == STDERR_TAIL_LINES {
                         tail.pop_front();
                     }
                     tail.push_back(line);
-                }
+                })
+                .await;
             }
             tail
         });
@@ -399,5 +434,35 @@ impl CommandHandler {
             .with_backtrace(tail)
             .dirty())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines_of(input: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        for_each_line(input, |l| out.push(l)).await;
+        out
+    }
+
+    // A handler's output is read to its end whatever it holds: bytes that are not UTF-8 do not
+    // stop the read (the handler would get SIGPIPE), and a long line costs LINE_LIMIT bytes.
+    #[tokio::test]
+    async fn output_lines_survive_bad_bytes_and_long_lines() {
+        let long = "x".repeat(3 * LINE_LIMIT);
+        let input = format!("ok\n\u{1}\nafter\r\n{long}\nlast");
+        let mut bytes = input.into_bytes();
+        bytes.splice(3..4, [0xff, 0xfe]);
+        let lines = lines_of(&bytes).await;
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        assert_eq!(lines[0], "ok");
+        assert_eq!(lines[1], "\u{fffd}\u{fffd}");
+        assert_eq!(lines[2], "after");
+        assert_eq!(lines[3], "x".repeat(LINE_LIMIT));
+        assert_eq!(lines[4], "last");
+        assert!(lines_of(b"").await.is_empty());
+        assert_eq!(lines_of(b"\n").await, [""]);
     }
 }

@@ -300,9 +300,13 @@ impl Plans {
         Ok(Plans { classes, default })
     }
 
-    /// The plan of a class (its own table, else the defaults).
+    /// The plan of a class: its own table, else the `"*"` fallback table, else the `[locket]`
+    /// defaults. Tables do not merge: a class with a table of its own takes nothing from `"*"`.
     pub fn get(&self, class: &str) -> &ClassPlan {
-        self.classes.get(class).unwrap_or(&self.default)
+        self.classes
+            .get(class)
+            .or_else(|| self.classes.get("*"))
+            .unwrap_or(&self.default)
     }
 }
 

@@ -8,8 +8,8 @@
 //! ```
 //!
 //! Fields in that order; `payload` is the popped payload embedded verbatim, or `null` with the
-//! raw text in an extra `raw_payload` field when it is not JSON (locketd's choice; Ruby loses
-//! such jobs).
+//! raw text in an extra `raw_payload` field when it is not a JSON object (locketd's choice; Ruby
+//! loses such jobs).
 
 use crate::resque::payload::raw_json;
 use crate::resque::time;
@@ -142,6 +142,23 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&rec).unwrap();
         assert!(v["payload"].is_null());
         assert_eq!(v["raw_payload"], "{oops");
+    }
+
+    // resque-protocol.md §6: resque-web reads payload['class'], so only an object is embedded;
+    // other JSON is kept as raw text like invalid JSON.
+    #[test]
+    fn json_that_is_not_an_object_is_kept_as_raw_text() {
+        for raw in ["[1,2]", "42", "\"Job\"", "null", " [] "] {
+            let rec = JobFailure::new("Locket::BadPayload", "x").record(
+                raw,
+                "vm:1:q",
+                "q",
+                SystemTime::now(),
+            );
+            let v: serde_json::Value = serde_json::from_str(&rec).unwrap();
+            assert!(v["payload"].is_null(), "{raw}: {rec}");
+            assert_eq!(v["raw_payload"], raw, "{raw}");
+        }
     }
 
     #[test]

@@ -107,9 +107,16 @@ impl Job {
     }
 }
 
-/// The payload as a JSON value to embed verbatim, if it is valid JSON at all.
+/// The payload as a JSON object to embed verbatim, if it is one. Anything else, invalid JSON
+/// or JSON that is not an object (`[1,2]`, `42`), gives `None`: resque-web reads
+/// `payload['class']`, which raises on an array or a number (one such record breaks the whole
+/// Failed page) but shows a null as `nil`.
 pub fn raw_json(raw: &str) -> Option<Box<RawValue>> {
-    RawValue::from_string(raw.trim().to_string()).ok()
+    let text = raw.trim();
+    if !text.starts_with('{') {
+        return None;
+    }
+    RawValue::from_string(text.to_string()).ok()
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@ use crate::handler::{Handler, HandlerResult, JobContext};
 use crate::lock::{self, LockSpec};
 use crate::resque::keys::Keys;
 use crate::resque::registry;
+use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
 use redis::aio::ConnectionManager;
+use redis::RedisResult;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
@@ -62,9 +64,12 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86400 * 365)
 }
 
+/// One lock extension on the wire: when it was sent, and EXTEND's answer.
+type Extension = Fuse<BoxFuture<'static, (Instant, RedisResult<(u64, Vec<bool>)>)>>;
+
 impl Supervision {
     pub(super) async fn run(
-        mut self,
+        self,
         handler: Arc<dyn Handler>,
         ctx: JobContext,
         control: &Control,
@@ -93,13 +98,19 @@ impl Supervision {
         let mut extend_failing = false;
         let mut kills = control.kills.subscribe();
         kills.mark_unchanged();
+        // The extension in flight runs beside the other branches: a Redis that is slow to
+        // answer (up to the 30 s response timeout) must not hold up the lease end, the
+        // signals or the handler's exit (NEVER-1).
+        let mut extension: Extension = Fuse::terminated();
 
         let end = loop {
             tokio::select! {
                 r = &mut fut => return RunEnd::Finished(r),
-                _ = sleep_until(next_extend) => {
-                    let t = Instant::now();
-                    match lock::extend(&mut self.conn, &self.keys, &self.token, &self.locks, self.lock_ttl).await {
+                _ = sleep_until(next_extend), if extension.is_terminated() => {
+                    extension = self.extend();
+                }
+                (t, extended) = &mut extension => {
+                    match extended {
                         Ok((_, lost)) if lost.iter().any(|l| *l) => {
                             if let Some(end) = self.lost() { break end; }
                             lease_end = far_future();
@@ -166,9 +177,18 @@ impl Supervision {
         let mut end = end;
         stop.cancel();
         let grace_end = Instant::now() + grace;
+        let lease_counts = locked && !matches!(end, RunEnd::LockLost);
         loop {
             tokio::select! {
                 biased;
+                // NEVER-1: a lease that runs out while the job is stopping ends the grace.
+                _ = sleep_until(lease_end), if lease_counts => {
+                    warn!("the job lock's lease ran out while the job was stopping; killing it");
+                    if let RunEnd::Terminated { killed } = &mut end {
+                        *killed = true;
+                    }
+                    break;
+                }
                 _ = sleep_until(grace_end) => {
                     if !grace.is_zero() {
                         warn!(grace = grace.as_secs_f64(), "handler did not stop in time; killing it");
@@ -188,17 +208,47 @@ impl Supervision {
                     debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
                     break;
                 }
-                _ = sleep_until(next_extend), if locked && !matches!(end, RunEnd::LockLost) => {
-                    let t = Instant::now();
-                    next_extend = match lock::extend(&mut self.conn, &self.keys, &self.token, &self.locks, self.lock_ttl).await {
-                        Ok(_) => t + self.heartbeat_interval,
-                        Err(_) => t + Duration::from_secs(1),
-                    };
+                _ = sleep_until(next_extend), if lease_counts && extension.is_terminated() => {
+                    extension = self.extend();
+                }
+                (t, extended) = &mut extension => {
+                    match extended {
+                        Ok((_, lost)) if lost.iter().any(|l| *l) => {
+                            warn!("job lock lost while the job was stopping; killing it");
+                            if let RunEnd::Terminated { killed } = &mut end {
+                                *killed = true;
+                            }
+                            break;
+                        }
+                        Ok(_) => {
+                            lease_end = local_deadline(t, self.lock_ttl);
+                            next_extend = t + self.heartbeat_interval;
+                        }
+                        Err(_) => next_extend = Instant::now() + Duration::from_secs(1),
+                    }
                 }
             }
         }
         drop(fut);
         end
+    }
+
+    /// Sends one EXTEND of the job's locks, to be polled beside everything else.
+    fn extend(&self) -> Extension {
+        let (mut conn, keys, token, locks, ttl) = (
+            self.conn.clone(),
+            self.keys.clone(),
+            self.token.clone(),
+            self.locks.clone(),
+            self.lock_ttl,
+        );
+        async move {
+            let t = Instant::now();
+            let r = lock::extend(&mut conn, &keys, &token, &locks, ttl).await;
+            (t, r)
+        }
+        .boxed()
+        .fuse()
     }
 
     /// what a lost lock means for this class. `None` means keep running (`continue`).

@@ -775,8 +775,9 @@ exec sleep 30
 
 /// E-1, A-4, checklist 9/21/24: payloads that cannot run are recorded as failures (raw text
 /// kept), never dropped, and the daemon goes on with the next job: malformed JSON, no class,
-/// non-array args, oversized payload → `Locket::BadPayload`; a command that cannot be started
-/// → `Locket::HandlerError`; an unknown class (no `*` fallback) → `NameError` naming it.
+/// non-array args, oversized payload, JSON that is not an object → `Locket::BadPayload`; a
+/// command that cannot be started → `Locket::HandlerError`; an unknown class (no `*` fallback)
+/// → `NameError` naming it.
 #[test]
 fn bad_jobs_are_recorded_as_failures_and_the_daemon_runs_the_next_job() {
     let redis = RedisServer::start();
@@ -820,6 +821,7 @@ fn bad_jobs_are_recorded_as_failures_and_the_daemon_runs_the_next_job() {
             "NameError",
             r#"{"class":"Nope::Missing","args":[6]}"#.to_string(),
         ),
+        ("Locket::BadPayload", "[1,2]".to_string()),
     ];
     for (i, (_, payload)) in bad.iter().enumerate() {
         r.push("in", payload);
@@ -845,10 +847,11 @@ fn bad_jobs_are_recorded_as_failures_and_the_daemon_runs_the_next_job() {
         );
         assert!(!f["error"].as_str().unwrap_or("").is_empty(), "{f}");
         match serde_json::from_str::<Value>(payload) {
-            // Valid JSON is kept as the payload itself.
-            Ok(v) => assert_eq!(f["payload"], v, "{f}"),
-            // Invalid JSON: payload null, raw text kept.
-            Err(_) => {
+            // A JSON object is kept as the payload itself.
+            Ok(v) if v.is_object() => assert_eq!(f["payload"], v, "{f}"),
+            // Invalid JSON, or JSON resque-web cannot read `class` from: payload null, raw
+            // text kept.
+            _ => {
                 assert!(f["payload"].is_null(), "{f}");
                 assert_eq!(f["raw_payload"], payload.as_str(), "{f}");
             }
@@ -1311,6 +1314,117 @@ echo done >> {runs}
     assert!(d.is_running());
     assert_eq!(d.terminate(SHORT).code(), Some(0));
     eprintln!("handler stopped {stopped_after:?} after the lock was deleted");
+}
+
+/// A handler may print anything: a line of bytes that are not UTF-8 is logged with U+FFFD and
+/// the rest of its output is still read, so it runs to its end and succeeds. Before, the
+/// reader stopped at that line and closed the pipe, and the handler's next write killed it with
+/// SIGPIPE (recorded as Resque::DirtyExit).
+#[test]
+fn a_handler_printing_bytes_that_are_not_utf8_runs_to_its_end() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let script = write_script(
+        work.path(),
+        "binary.sh",
+        "printf '\\377\\376\\n'\nfor i in $(seq 1 200); do echo \"line $i\"; done\necho done >&2\n",
+    );
+    let config = cfg("q").class("Binary", &script, "").render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    r.push("q", r#"{"class":"Binary","args":[]}"#);
+    wait_until(SHORT, "the job ended", || {
+        r.processed() == 1 || !r.failures().is_empty()
+    });
+    assert!(r.failures().is_empty(), "{:?}", r.failures());
+    d.wait_for_log("line 200", SHORT);
+    assert!(
+        d.log().contains('\u{fffd}'),
+        "the bad bytes were not logged"
+    );
+    assert_eq!(d.terminate(SHORT).code(), Some(0));
+}
+
+/// README's `[classes."*"]` is the fallback for every class without a table of its own, for
+/// its lock settings and limits as well as its handler: a job of an unlisted class runs with
+/// "*"'s `timeout` and `lock = false`. A class with its own table takes nothing from "*".
+#[test]
+fn the_star_table_is_the_whole_fallback_for_unlisted_classes() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let slow = write_script(work.path(), "slow.sh", "sleep 4\n");
+    let quick = write_script(work.path(), "quick.sh", "exit 0\n");
+    let config = cfg("q")
+        .class("*", &slow, "timeout = \"1s\"\nlock = false")
+        .class("Own", &quick, "")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    let acquired = format!("{NS}:locket:stat:acquired");
+    r.push("q", r#"{"class":"Anything","args":[1]}"#);
+    wait_until(SHORT, "the unlisted class timed out", || {
+        !r.failures().is_empty()
+    });
+    assert_eq!(r.failures()[0]["exception"], "Locket::Timeout");
+    assert!(
+        !r.exists(&acquired),
+        "a lock was taken despite lock = false"
+    );
+
+    r.push("q", r#"{"class":"Own","args":[1]}"#);
+    wait_until(SHORT, "the listed class ran", || r.processed() == 2);
+    assert_eq!(r.failures().len(), 1);
+    assert_eq!(r.int(&acquired), 1, "Own keeps the default lock");
+    assert_eq!(d.terminate(SHORT).code(), Some(0));
+}
+
+/// NEVER-1, L-9, A-10: a lock extension that Redis does not answer must not hold up the job's
+/// lease. `CLIENT PAUSE 8000 WRITE` holds the EXTEND script (and every write) for 8 s; the
+/// local deadline (lock_ttl 2 s) passes meanwhile, so the handler, which ignores SIGTERM, is
+/// killed after kill_grace (1 s), while Redis is still paused, and the job is recorded as
+/// `Locket::LockLost` once Redis answers again. Before, the worker waited for the extension's
+/// answer and only then looked at the deadline: the job outlived its lock by the whole pause.
+#[test]
+fn a_stalled_lock_extension_does_not_outlast_the_lease() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let pid_file = work.path().join("handler.pid");
+    let mut reaper = Reaper::default();
+    reaper.watch(&pid_file);
+    let script = write_script(
+        work.path(),
+        "stubborn.sh",
+        &format!("trap '' TERM\necho $$ > {}\nsleep 30\n", pid_file.display()),
+    );
+    // A long process lease, so that a worker which cannot renew it for the pause does not
+    // presume itself dead (that too would stop the job, for another reason).
+    let config = cfg("q")
+        .locket("process_ttl", "\"30s\"")
+        .class("Stubborn", &script, "")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    r.push("q", r#"{"class":"Stubborn","args":[1]}"#);
+    let handler = wait_pid(&pid_file, SHORT);
+    let paused = Instant::now();
+    let _: () = r.cmd(&["CLIENT", "PAUSE", "8000", "WRITE"]);
+    // lock_ttl (2 s) + kill_grace (1 s) at most, well inside the 8 s pause.
+    wait_until(Duration::from_secs(20), "the handler was killed", || {
+        !pid_alive(handler)
+    });
+    let killed_after = paused.elapsed();
+    assert!(
+        killed_after < Duration::from_millis(7000),
+        "the handler outlived its lease by the pause: killed {killed_after:?} after it began"
+    );
+    wait_until(Duration::from_secs(20), "LockLost recorded", || {
+        !r.failures().is_empty()
+    });
+    assert_eq!(r.failures()[0]["exception"], "Locket::LockLost");
+    assert_eq!(d.terminate(SHORT).code(), Some(0));
 }
 
 /// A-11 with the per-class `on_lock_lost = "requeue"`: the stopped job goes back to its queue
