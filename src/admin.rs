@@ -200,9 +200,10 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
         .build()
         .context("building the async runtime")?;
     rt.block_on(async {
-        let conn = crate::worker::connect(&config.redis, config.redis_connect_timeout.get())
-            .await
-            .map_err(anyhow::Error::from)?;
+        // As `status` and `failed`: at most 5 s, and exit 69 (EX_UNAVAILABLE) saying why.
+        let Some(conn) = crate::ops::connect_or_report(config).await else {
+            return Ok(ExitCode::from(69));
+        };
         let keys = Keys::new(&config.namespace);
         let mut a = Admin { conn, keys };
         match cmd {
@@ -305,10 +306,23 @@ impl Admin {
             force,
         }) = &a.action
         {
+            // The table shows 8 characters of a token: a unique prefix names it.
+            let token = match token.as_deref() {
+                Some(t) if !*force => {
+                    let all: Vec<String> = redis::cmd("ZRANGE")
+                        .arg(self.keys.lock(lock_id))
+                        .arg(0)
+                        .arg(-1)
+                        .query_async(&mut self.conn)
+                        .await?;
+                    complete_prefix(t, all, "token")?
+                }
+                other => other.unwrap_or("").to_string(),
+            };
             let what = if *force {
                 AdminRelease::LockForce(lock_id)
             } else {
-                AdminRelease::LockToken(lock_id, token.as_deref().unwrap_or(""))
+                AdminRelease::LockToken(lock_id, &token)
             };
             let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
             if *force {
@@ -466,10 +480,21 @@ impl Admin {
 
     async fn holds(&mut self, a: &HoldsArgs) -> anyhow::Result<ExitCode> {
         if let Some(HoldsAction::Release { name, digest, all }) = &a.action {
+            // The table shows 12 characters of a digest: a unique prefix names it.
+            let digest = match digest.as_deref() {
+                Some(d) if !*all => {
+                    let all: Vec<String> = redis::cmd("HKEYS")
+                        .arg(self.keys.dep(name))
+                        .query_async(&mut self.conn)
+                        .await?;
+                    complete_prefix(d, all, "digest")?
+                }
+                other => other.unwrap_or("").to_string(),
+            };
             let what = if *all {
                 AdminRelease::HoldAll(name)
             } else {
-                AdminRelease::HoldDigest(name, digest.as_deref().unwrap_or(""))
+                AdminRelease::HoldDigest(name, &digest)
             };
             let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
             tracing::warn!(hold = %name, released = n, "hold released by an operator");
@@ -648,5 +673,39 @@ impl Admin {
             table(&["EVENT", "TOTAL", &last], &rows);
         }
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// The one value of `all` that `given` starts with (the tables show prefixes of tokens and
+/// digests), `given` itself when it is one of them or matches none (the release then finds
+/// nothing), or an error when the prefix is ambiguous.
+fn complete_prefix(given: &str, all: Vec<String>, what: &str) -> anyhow::Result<String> {
+    if given.is_empty() || all.iter().any(|v| v == given) {
+        return Ok(given.to_string());
+    }
+    let mut matches = all.into_iter().filter(|v| v.starts_with(given));
+    match (matches.next(), matches.next()) {
+        (Some(one), None) => Ok(one),
+        (None, _) => Ok(given.to_string()),
+        (Some(_), Some(_)) => {
+            anyhow::bail!("{what} prefix {given:?} matches more than one; give more of it")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_prefix;
+
+    #[test]
+    fn a_unique_prefix_names_its_value() {
+        let all = || vec!["abc123".to_string(), "abd456".to_string()];
+        assert_eq!(complete_prefix("abc", all(), "digest").unwrap(), "abc123");
+        assert_eq!(
+            complete_prefix("abd456", all(), "digest").unwrap(),
+            "abd456"
+        );
+        assert_eq!(complete_prefix("zz", all(), "digest").unwrap(), "zz");
+        assert!(complete_prefix("ab", all(), "digest").is_err());
     }
 }

@@ -213,6 +213,22 @@ pub enum FailedError {
     Changed(u64),
 }
 
+/// Records `start..end` of the list, as bytes: a record another client wrote need not be
+/// UTF-8, and must not break the command reading it.
+async fn records<C: ConnectionLike + Send>(
+    conn: &mut C,
+    list: &FailedList,
+    start: u64,
+    end: u64,
+) -> redis::RedisResult<Vec<Vec<u8>>> {
+    redis::cmd("LRANGE")
+        .arg(&list.key)
+        .arg(start)
+        .arg(end - 1)
+        .query_async(conn)
+        .await
+}
+
 /// Newest first, at most `limit` records (0 = all).
 pub async fn list<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -225,32 +241,40 @@ pub async fn list<C: ConnectionLike + Send>(
     let mut end = len; // exclusive
     while (out.len() as u64) < want && end > 0 {
         let start = end.saturating_sub(200);
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(&list.key)
-            .arg(start)
-            .arg(end - 1)
-            .query_async(conn)
-            .await?;
-        for (i, text) in items.iter().enumerate().rev() {
+        let items = records(conn, list, start, end).await?;
+        for (i, raw) in items.iter().enumerate().rev() {
             if out.len() as u64 >= want {
                 break;
             }
-            out.push(summary(list, start + i as u64, text));
+            out.push(summary(
+                list,
+                start + i as u64,
+                &String::from_utf8_lossy(raw),
+            ));
         }
         end = start;
     }
     Ok((len, out))
 }
 
-/// The record at `index`, verbatim.
+/// The record at `index`, verbatim (its bytes: it need not be UTF-8).
 pub async fn show<C: ConnectionLike + Send>(
     conn: &mut C,
     list: &FailedList,
     index: u64,
-) -> Result<String, FailedError> {
-    let text: Option<String> = redis::cmd("LINDEX")
+) -> Result<Vec<u8>, FailedError> {
+    // Redis takes indexes up to i64::MAX; a larger one names no record either.
+    let Ok(at) = i64::try_from(index) else {
+        let len: u64 = redis::cmd("LLEN").arg(&list.key).query_async(conn).await?;
+        return Err(FailedError::NoSuchIndex {
+            index,
+            list: list.name.clone(),
+            len,
+        });
+    };
+    let text: Option<Vec<u8>> = redis::cmd("LINDEX")
         .arg(&list.key)
-        .arg(index)
+        .arg(at)
         .query_async(conn)
         .await?;
     match text {
@@ -304,7 +328,11 @@ pub async fn retry_one<C: ConnectionLike + Send>(
     list: &FailedList,
     index: u64,
 ) -> Result<Retried, FailedError> {
-    let text = show(conn, list, index).await?;
+    let raw = show(conn, list, index).await?;
+    let text = String::from_utf8(raw).map_err(|_| FailedError::NotRetryable {
+        index,
+        why: "the record is not UTF-8".to_string(),
+    })?;
     retry_text(conn, keys, list, index, &text).await
 }
 
@@ -332,10 +360,14 @@ async fn retry_text<C: ConnectionLike + Send>(
     let class = payload
         .str("class")
         .ok_or_else(|| bad("payload.class is not a string"))?;
-    let args = payload
-        .get("args")
-        .filter(|a| a.get().trim_start().starts_with('['))
-        .ok_or_else(|| bad("payload.args is not an array"))?;
+    // Ruby requeues with `*item['payload']['args']`: no args (or null) is no arguments.
+    let no_args = RawValue::from_string("[]".to_string()).map_err(|e| bad(&e.to_string()))?;
+    let args: &RawValue = match payload.get("args") {
+        None => &no_args,
+        Some(a) if a.get().trim() == "null" => &no_args,
+        Some(a) if a.get().trim_start().starts_with('[') => a,
+        Some(_) => return Err(bad("payload.args is not an array")),
+    };
     #[derive(Serialize)]
     struct Job<'a> {
         class: &'a str,
@@ -395,15 +427,10 @@ pub async fn retry_matching<C: ConnectionLike + Send>(
     let mut start = 0u64;
     while start < len {
         let end = (start + 200).min(len);
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(&list.key)
-            .arg(start)
-            .arg(end - 1)
-            .query_async(conn)
-            .await?;
-        for (i, text) in items.iter().enumerate() {
+        let items = records(conn, list, start, end).await?;
+        for (i, raw) in items.iter().enumerate() {
             let index = start + i as u64;
-            let s = summary(list, index, text);
+            let s = summary(list, index, &String::from_utf8_lossy(raw));
             if filter
                 .class
                 .as_ref()
@@ -415,6 +442,13 @@ pub async fn retry_matching<C: ConnectionLike + Send>(
             {
                 continue;
             }
+            let Ok(text) = std::str::from_utf8(raw) else {
+                skipped.push(FailedError::NotRetryable {
+                    index,
+                    why: "the record is not UTF-8".to_string(),
+                });
+                continue;
+            };
             match retry_text(conn, keys, list, index, text).await {
                 Ok(r) => done.push(r),
                 Err(FailedError::Redis(e)) => return Err(FailedError::Redis(e)),
@@ -431,7 +465,7 @@ pub async fn remove<C: ConnectionLike + Send>(
     conn: &mut C,
     list: &FailedList,
     index: u64,
-) -> Result<String, FailedError> {
+) -> Result<Vec<u8>, FailedError> {
     let text = show(conn, list, index).await?;
     let sentinel = format!("locketd-remove-{}", crate::worker::random_hex(16));
     let done: i64 = redis::Script::new(REMOVE_LUA)
@@ -467,7 +501,7 @@ pub async fn lists<C: ConnectionLike + Send>(
     conn: &mut C,
     config: &Config,
     queue: Option<&str>,
-) -> Result<Vec<FailedList>, FailedError> {
+) -> redis::RedisResult<Vec<FailedList>> {
     let keys = Keys::new(&config.namespace);
     match (config.failure_backend, queue) {
         (FailureBackend::Redis, _) => Ok(vec![FailedList::main(&keys)]),
@@ -488,6 +522,26 @@ pub async fn lists<C: ConnectionLike + Send>(
                 .collect())
         }
     }
+}
+
+/// How many failure records the configured backend's lists hold in all (the first `max_lists`
+/// lists of `failed_queues` with `redis_multi_queue`), read in one pipeline: what `status` and
+/// `/metrics` report.
+pub async fn listed_total<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+    max_lists: usize,
+) -> redis::RedisResult<u64> {
+    let all = lists(conn, config, None).await?;
+    if all.is_empty() {
+        return Ok(0);
+    }
+    let mut pipe = redis::pipe();
+    for l in all.iter().take(max_lists) {
+        pipe.llen(&l.key);
+    }
+    let lens: Vec<u64> = pipe.query_async(conn).await?;
+    Ok(lens.iter().sum())
 }
 
 /// Renders `list` output.
@@ -583,6 +637,14 @@ pub fn run_cli(config: &Config, args: &FailedArgs) -> anyhow::Result<std::proces
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if let (Some(q), FailureBackend::Redis) = (&args.failed_queue, config.failure_backend) {
+        // Acting on the main list instead would be a surprise (`clear` would wipe it).
+        eprintln!(
+            "locketd: --failed-queue {q} needs failure_backend = \"redis_multi_queue\"; \
+             with the redis backend every failure is in the one `failed` list (drop the flag)"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     rt.block_on(async {
         let Some(mut conn) = super::connect_or_report(config).await else {
             return Ok(ExitCode::from(69));
@@ -622,11 +684,14 @@ pub fn run_cli(config: &Config, args: &FailedArgs) -> anyhow::Result<std::proces
                     println!("no failure lists (failed_queues is empty)");
                 }
             }
+            // Verbatim: re-encoding would sort the keys and could round big numbers.
             FailedAction::Show { index } => match show(&mut conn, &one()?, *index).await {
-                Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-                    Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
-                    Err(_) => println!("{text}"),
-                },
+                Ok(raw) => {
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&raw)?;
+                    out.write_all(b"\n")?;
+                }
                 Err(e) => return fail(e),
             },
             FailedAction::Retry { index: Some(i), .. } => {

@@ -17,7 +17,6 @@
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::lock::FailureBackend;
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
 use crate::resque::time;
@@ -196,24 +195,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         }
     }
 
-    let failures_listed = match config.failure_backend {
-        FailureBackend::Redis => redis::cmd("LLEN").arg(k.failed()).query_async(conn).await?,
-        FailureBackend::RedisMultiQueue => {
-            let lists: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(k.failed_queues())
-                .query_async(conn)
-                .await?;
-            let mut total = 0u64;
-            for l in lists {
-                let n: u64 = redis::cmd("LLEN")
-                    .arg(format!("{}:{l}", k.ns()))
-                    .query_async(conn)
-                    .await?;
-                total += n;
-            }
-            total
-        }
-    };
+    let failures_listed = super::failed::listed_total(conn, config, usize::MAX).await?;
     let locks_held: u64 = redis::cmd("ZCOUNT")
         .arg(k.locks())
         .arg(format!("({}", now.saturating_mul(1000)))
@@ -248,7 +230,8 @@ fn worker_status(
     let host = parts.next().unwrap_or("").to_string();
     let pid = parts.next().unwrap_or("").to_string();
     let queues = parts.next().unwrap_or("").to_string();
-    let prefix = format!("{host}:{pid}:");
+    // A slot id `host:pid+k:queues` belongs to the process `host:pid:<incarnation>`.
+    let prefix = format!("{host}:{}:", crate::resque::registry::pid_of(&pid));
     let kind = if processes.iter().any(|p| p.starts_with(&prefix)) {
         "locketd"
     } else {
@@ -470,6 +453,11 @@ mod tests {
             (w.kind, w.host.as_str(), w.pid.as_str()),
             ("locketd", "vm", "10")
         );
+        // A slot of the multi-slot mode is the same process's.
+        let w = worker_status("vm:10+2:high,low", None, None, None, &procs, 0);
+        assert_eq!(w.kind, "locketd");
+        let w = worker_status("vm:101+2:high,low", None, None, None, &procs, 0);
+        assert_eq!(w.kind, "resque");
         let w = worker_status(
             "other:7:a:b",
             Some(r#"{"queue":"a:b","run_at":"2026-11-21T12:00:00Z","payload":{"class":"X","args":[]}}"#.into()),

@@ -93,13 +93,15 @@ fn enqueue_pushes_resques_format_and_places_holds() {
     assert_eq!(hold.len(), 1);
     assert_eq!(hold.keys().next().unwrap(), out["digest"].as_str().unwrap());
 
-    // `locketd holds` lists it; `holds release --digest` removes one count.
+    // `locketd holds` lists it; `holds release --digest` with the 12 characters the table
+    // shows removes one count.
     let holds = json_out(&cli(&redis, &config, &["holds", "--json"]));
     assert_eq!(holds[0]["name"], "order:12345678901234567890");
     assert_eq!(holds[0]["count"], 1);
     let text = ok(&cli(&redis, &config, &["holds"]));
     assert!(text.contains("order:12345678901234567890"), "{text}");
-    let digest = out["digest"].as_str().unwrap();
+    let digest = &out["digest"].as_str().unwrap()[..12];
+    assert!(text.contains(digest), "{text}");
     ok(&cli(
         &redis,
         &config,
@@ -164,6 +166,8 @@ fn the_printed_enqueue_script_is_callable_by_other_clients() {
     let hold: HashMap<String, String> =
         r.cmd(&["HGETALL", &format!("{NS}:locket:dep:from-python")]);
     assert!(hold["d1"].starts_with("1:"), "{hold:?}");
+    // O-3: its event is counted, as when locketd enqueues.
+    assert_eq!(r.int(&format!("{NS}:locket:stat:holds_added")), 1);
 }
 
 /// O-2, A-11, NEVER-5: `locketd locks` shows the live holder of a running job (class, queue,

@@ -165,6 +165,41 @@ fn status_exits_69_when_redis_is_away() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(69), "{out:?}");
+    // The admin commands answer the same way.
+    for cmd in [&["locks"][..], &["counters"], &["holds"], &["stats"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .arg("--config")
+            .arg(&conf)
+            .args(["--redis", &url, "--queues", "q"])
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(69), "{cmd:?}: {out:?}");
+    }
+}
+
+/// A negative or non-numeric --interval / --term-timeout (or INTERVAL) is a usage error naming
+/// the option, not a value quietly ignored.
+#[test]
+fn bad_interval_and_term_timeout_are_usage_errors() {
+    for (args, env) in [
+        (&["--interval=-1"][..], None),
+        (&["--term-timeout", "NaN"], None),
+        (&[], Some(("INTERVAL", "soon"))),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_locketd"));
+        cmd.args(["--queues", "q"]).args(args).arg("check-config");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--interval") || err.contains("--term-timeout"),
+            "{err}"
+        );
+    }
 }
 
 fn failure(class: &str, args: &str, queue: &str, extra: &str) -> String {
@@ -213,8 +248,7 @@ fn failed_list_show_retry_remove_clear_follow_resque() {
 
     // show: the record itself.
     let out = stdout_ok(&locketd(&redis, &["failed", "show", "1"]));
-    let shown: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(shown, serde_json::from_str::<Value>(&recs[1]).unwrap());
+    assert_eq!(out.trim_end(), recs[1], "not verbatim");
     let out = locketd(&redis, &["failed", "show", "7"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no failure at index 7"));
@@ -253,6 +287,16 @@ fn failed_list_show_retry_remove_clear_follow_resque() {
     let after = failed_list(&mut r, &key);
     assert_eq!(after, [before[0].clone(), before[2].clone()]);
 
+    // --failed-queue names a <Q>_failed list, which the default backend does not use: refused,
+    // rather than acting on (and with `clear` wiping) the main list.
+    let out = locketd(&redis, &["failed", "--failed-queue", "low", "clear"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("redis_multi_queue"),
+        "{out:?}"
+    );
+    assert!(r.exists(&key), "the main list was cleared");
+
     // clear: DEL.
     stdout_ok(&locketd(&redis, &["failed", "clear"]));
     assert!(!r.exists(&key));
@@ -270,6 +314,77 @@ fn failed_retry_of_a_record_that_cannot_be_requeued_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be retried"));
     assert_eq!(failed_list(&mut r, &key), [rec]);
     assert!(!r.exists(&format!("{NS}:queue:q")));
+}
+
+/// Records written by other clients need not be UTF-8: one such record does not break `list`
+/// or `retry --all` (it is reported as not retryable), `show` prints its bytes, `remove`
+/// removes it, and a huge index is "no failure at index", not a Redis error.
+#[test]
+fn a_failure_record_that_is_not_utf8_breaks_no_command() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let key = format!("{NS}:failed");
+    let good = failure("Good", "[1]", "q", "");
+    let mut bad = failure("Bad", "[2]", "q", "").into_bytes();
+    let at = bad.len() - 2;
+    bad.splice(at..at, [0xff, 0xfe]);
+    let _: i64 = r.cmd(&["RPUSH", &key, &good]);
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&key)
+        .arg(&bad)
+        .query(&mut r.0)
+        .unwrap();
+
+    let text = stdout_ok(&locketd(&redis, &["failed", "list"]));
+    assert!(text.contains("[1]") && text.contains("[0]"), "{text}");
+    let out = locketd(&redis, &["failed", "show", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout[..out.stdout.len() - 1], bad[..]);
+    let out = locketd(&redis, &["failed", "show", "18446744073709551615"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no failure at index"));
+
+    let out = locketd(&redis, &["failed", "retry", "--all"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not UTF-8"),
+        "{out:?}"
+    );
+    assert_eq!(
+        r.llen(&format!("{NS}:queue:q")),
+        1,
+        "the good record was retried"
+    );
+
+    stdout_ok(&locketd(&redis, &["failed", "remove", "1"]));
+    assert_eq!(r.llen(&key), 1);
+}
+
+/// As Ruby's requeue (`*item['payload']['args']`), a payload without `args` (or with
+/// `"args":null`) is retried with no arguments; args that are not an array are refused.
+#[test]
+fn failed_retry_of_a_payload_without_args_pushes_empty_args() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let key = format!("{NS}:failed");
+    for payload in [
+        r#"{"class":"NoArgs"}"#,
+        r#"{"class":"NullArgs","args":null}"#,
+    ] {
+        let rec = format!(
+            r#"{{"failed_at":"2026/11/21 12:18:24 UTC","payload":{payload},"exception":"E","error":"x","backtrace":[],"worker":"vm:1:q","queue":"q"}}"#
+        );
+        let _: i64 = r.cmd(&["RPUSH", &key, &rec]);
+    }
+    stdout_ok(&locketd(&redis, &["failed", "retry", "0"]));
+    stdout_ok(&locketd(&redis, &["failed", "retry", "1"]));
+    let queued: Vec<String> = r.cmd(&["LRANGE", &format!("{NS}:queue:q"), "0", "-1"]);
+    assert_eq!(
+        queued,
+        [
+            r#"{"class":"NoArgs","args":[]}"#,
+            r#"{"class":"NullArgs","args":[]}"#
+        ]
+    );
 }
 
 #[test]
