@@ -17,6 +17,7 @@ const EXIT_UNAVAILABLE: u8 = 69;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "locketd",
+    bin_name = "locketd",
     version,
     about = "Resque-compatible job worker with locket job locks"
 )]
@@ -34,7 +35,7 @@ struct Cli {
     #[arg(long, env = "QUEUES", value_name = "LIST")]
     queues: Option<String>,
     /// Seconds to sleep when no job was found (Resque's INTERVAL); 0 drains and exits.
-    #[arg(long, env = "INTERVAL", value_name = "SECS")]
+    #[arg(long, env = "INTERVAL", value_name = "SECS", value_parser = seconds)]
     interval: Option<f64>,
     /// Log format.
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -49,7 +50,7 @@ struct Cli {
     #[arg(long)]
     graceful_term: bool,
     /// Seconds between the polite stop and SIGKILL of a running handler on TERM/INT.
-    #[arg(long, env = "RESQUE_TERM_TIMEOUT", value_name = "SECS")]
+    #[arg(long, env = "RESQUE_TERM_TIMEOUT", value_name = "SECS", value_parser = seconds)]
     term_timeout: Option<f64>,
     /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9187).
     #[arg(long, value_name = "ADDR")]
@@ -119,9 +120,7 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
         );
     }
     if let Some(i) = cli.interval {
-        if i.is_finite() && i >= 0.0 {
-            cfg.interval = locketd::config::Secs(std::time::Duration::from_secs_f64(i));
-        }
+        cfg.interval = locketd::config::Secs(std::time::Duration::from_secs_f64(i));
     }
     if let Some(f) = cli.log_format {
         cfg.log_format = f;
@@ -136,12 +135,25 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
         cfg.graceful_term = true;
     }
     if let Some(t) = cli.term_timeout {
-        if t.is_finite() && t >= 0.0 {
-            cfg.term_timeout = locketd::config::Secs(std::time::Duration::from_secs_f64(t));
-        }
+        cfg.term_timeout = locketd::config::Secs(std::time::Duration::from_secs_f64(t));
     }
     if let Some(m) = &cli.metrics {
         cfg.metrics = Some(m.clone());
+    }
+}
+
+/// A number of seconds for `--interval` and `--term-timeout` (and their environment
+/// variables): finite, 0 or more, and at most a year. Anything else is a usage error, not a
+/// value quietly ignored.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && (0.0..=31_536_000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s:?} must be from 0 to 31536000 seconds"))
     }
 }
 
@@ -384,6 +396,7 @@ async fn run_master(
         locketd::master::Master::new(args, loader, loaded).context("starting the master")?;
     Ok(match master.run().await.context("running the master")? {
         locketd::master::MasterExit::SidecarsFailed => ExitCode::from(EXIT_CONFIG),
+        locketd::master::MasterExit::RedisUnavailable => ExitCode::from(EXIT_UNAVAILABLE),
         _ => ExitCode::SUCCESS,
     })
 }

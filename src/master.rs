@@ -36,6 +36,9 @@ use tracing::{debug, error, info, warn};
 
 /// The environment variable that makes the binary a worker.
 pub const ROLE_ENV: &str = "LOCKETD_ROLE";
+/// Set to "1" for a worker started while the master is paused (USR2, not yet CONT): it starts
+/// paused, as the workers it joins or replaces are.
+pub const PAUSED_ENV: &str = "LOCKETD_PAUSED";
 /// The largest config text a worker reads from stdin.
 pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -65,6 +68,9 @@ pub enum MasterExit {
     Drained,
     /// The side-cars (`/metrics`) could not start: the workers were stopped (exit 78).
     SidecarsFailed,
+    /// Redis did not answer the side-cars' connection at start: the workers were stopped
+    /// (exit 69, so that systemd restarts the service; 78 would say the config is bad).
+    RedisUnavailable,
 }
 
 struct Slot {
@@ -74,6 +80,9 @@ struct Slot {
     started: Instant,
     /// Told to stop (HUP replacement or shutdown): not restarted.
     retiring: bool,
+    /// The config it was started with: its namespace and Redis are where its slots live, even
+    /// after a HUP moved the master to others.
+    config: Arc<Config>,
 }
 
 enum Event {
@@ -95,6 +104,8 @@ pub struct Master {
     events: mpsc::UnboundedReceiver<Event>,
     conn: Option<ConnectionManager>,
     stopping: Option<i32>,
+    /// USR2 was forwarded and no CONT since: workers started now start paused.
+    paused: bool,
     /// A worker exited 0 by itself with `interval = 0`: no restarts, exit once all are gone.
     drained: bool,
     host: String,
@@ -106,6 +117,12 @@ pub struct Master {
     healthy: Arc<AtomicBool>,
     /// Worker processes running and not retiring.
     running: Arc<AtomicU64>,
+    /// Slots per worker process in the running config (for the `STATUS=` line).
+    slots_per_worker: Arc<AtomicU64>,
+    /// The side-cars (`/metrics`, sd_notify), once started: a HUP reloads them too.
+    sidecars: Option<Sidecars>,
+    /// Recoveries of dead workers still running: the master waits for them before it exits.
+    recoveries: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Master {
@@ -125,12 +142,16 @@ impl Master {
             events,
             conn: None,
             stopping: None,
+            paused: false,
             drained: false,
             host: crate::host::hostname(),
             aggregate: Arc::new(Mutex::new(Aggregate::default())),
             stop_token: CancellationToken::new(),
             healthy: Arc::new(AtomicBool::new(false)),
             running: Arc::new(AtomicU64::new(0)),
+            slots_per_worker: Arc::new(AtomicU64::new(1)),
+            sidecars: None,
+            recoveries: Vec::new(),
         })
     }
 
@@ -153,9 +174,14 @@ impl Master {
         );
         self.wait_registered(Duration::from_secs(30)).await;
         self.update_health();
-        let sidecars = match self.start_sidecars().await {
-            Ok(s) => s,
+        self.sidecars = match self.start_sidecars().await {
+            Ok(s) => Some(s),
             Err(e) => {
+                let exit = if matches!(e, crate::Error::Config(_)) {
+                    MasterExit::SidecarsFailed
+                } else {
+                    MasterExit::RedisUnavailable
+                };
                 error!("{:#}", anyhow::Error::from(e));
                 for s in self.slots.values() {
                     signal(s.pid, SIGQUIT);
@@ -169,11 +195,15 @@ impl Master {
                         self.on_exit(pid, status).await;
                     }
                 }
-                return Ok(MasterExit::SidecarsFailed);
+                self.finish_recoveries().await;
+                return Ok(exit);
             }
         };
         let exit = self.supervise(&mut signals).await;
-        sidecars.stop().await;
+        self.finish_recoveries().await;
+        if let Some(sidecars) = self.sidecars.take() {
+            sidecars.stop().await;
+        }
         exit
     }
 
@@ -232,14 +262,19 @@ impl Master {
         let agg = self.aggregate.clone();
         let healthy = self.healthy.clone();
         let running = self.running.clone();
-        let slots = u64::from(self.current.config.slots.max(1));
+        let slots_per_worker = self.slots_per_worker.clone();
+        slots_per_worker.store(
+            u64::from(self.current.config.slots.max(1)),
+            Ordering::Relaxed,
+        );
         service::start(
             &self.current.config,
             self.aggregate.clone(),
             move || {
                 let m = agg.lock().unwrap_or_else(|p| p.into_inner()).merged();
                 let failed: u64 = m.jobs.iter().map(|j| j.failed + j.killed).sum();
-                let slots = running.load(Ordering::Relaxed) * slots;
+                let slots =
+                    running.load(Ordering::Relaxed) * slots_per_worker.load(Ordering::Relaxed);
                 format!(
                     "{} busy, {} idle; {} jobs done, {failed} failed",
                     m.busy,
@@ -316,11 +351,21 @@ impl Master {
     async fn on_signal(&mut self, sig: i32) -> Option<Duration> {
         let cfg = &self.current.config;
         match sig {
+            SIGHUP if self.stopping.is_some() => {
+                // New workers now would take new jobs, and get no stop signal.
+                warn!("HUP while stopping: ignored");
+                None
+            }
             SIGHUP => {
                 self.reload().await;
                 None
             }
             SIGUSR1 | SIGUSR2 | SIGCONT => {
+                if sig == SIGUSR2 {
+                    self.paused = true;
+                } else if sig == SIGCONT {
+                    self.paused = false;
+                }
                 info!(signal = sig, "forwarding to every worker");
                 for s in self.slots.values() {
                     signal(s.pid, sig);
@@ -358,6 +403,16 @@ impl Master {
                 error!(error = %e, "HUP: the new config is refused; the running config stays");
             }
             Ok(loaded) => {
+                // The side-cars take the new config first: a metrics address that cannot be
+                // bound, or a Redis that does not answer, refuses the whole config.
+                if let Some(sidecars) = self.sidecars.as_mut() {
+                    if let Err(e) = sidecars.reload(&loaded.config).await {
+                        error!(error = %e, "HUP: the new config is refused; the running config stays");
+                        return;
+                    }
+                }
+                self.slots_per_worker
+                    .store(u64::from(loaded.config.slots.max(1)), Ordering::Relaxed);
                 info!(
                     workers = loaded.config.workers,
                     "HUP: config reloaded; replacing workers gracefully"
@@ -394,6 +449,7 @@ impl Master {
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.args(&self.args)
             .env(ROLE_ENV, "worker")
+            .env(PAUSED_ENV, if self.paused { "1" } else { "0" })
             .env("LOCKETD_WORKER_INDEX", index.to_string())
             // The master alone talks to systemd.
             .env_remove("NOTIFY_SOCKET")
@@ -457,6 +513,7 @@ impl Master {
         self.slots.insert(
             pid,
             Slot {
+                config: Arc::new(self.current.config.clone()),
                 index,
                 generation: self.generation,
                 pid,
@@ -520,7 +577,7 @@ impl Master {
         if !clean {
             // Its handler (re-parented to us) dies before its locks are released.
             kill_orphans(&self.worker_pids()).await;
-            self.recover(pid, format!("died ({why})")).await;
+            self.recover(pid, &slot.config, format!("died ({why})"));
         }
         if self.stopping.is_none()
             && !self.drained
@@ -536,12 +593,18 @@ impl Master {
     /// R-4 for a worker we know is dead: delete its lease and recover its slots now, instead
     /// of waiting `process_ttl` for the janitor. Retried in the background while Redis is
     /// away (bounded: about two minutes), after which the janitor's lease rule takes over.
-    async fn recover(&mut self, pid: u32, why: String) {
-        let cfg = self.current.config.clone();
+    /// It runs against the namespace and Redis the worker was started with.
+    fn recover(&mut self, pid: u32, config: &Arc<Config>, why: String) {
+        let cfg = Config::clone(config);
         let keys = Keys::new(&cfg.namespace);
         let prefix = format!("{}:{pid}:", self.host);
-        let mut conn = self.conn.clone();
-        tokio::spawn(async move {
+        let mut conn = if cfg.redis == self.current.config.redis {
+            self.conn.clone()
+        } else {
+            None
+        };
+        self.recoveries.retain(|t| !t.is_finished());
+        self.recoveries.push(tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
             for attempt in 0..40 {
                 if conn.is_none() {
@@ -570,7 +633,24 @@ impl Master {
                 pid,
                 "could not recover the dead worker; the janitor will once its lease lapses"
             );
-        });
+        }));
+    }
+
+    /// Waits (at most 30 s) for the recoveries still running: a worker killed at the stop
+    /// deadline, or one that crashed during a stop, is recovered before the master exits
+    /// instead of being left to a janitor that may never come.
+    async fn finish_recoveries(&mut self) {
+        let pending: Vec<_> = self.recoveries.drain(..).collect();
+        if pending.is_empty() {
+            return;
+        }
+        let all = futures::future::join_all(pending);
+        if tokio::time::timeout(Duration::from_secs(30), all)
+            .await
+            .is_err()
+        {
+            warn!("recoveries of dead workers did not finish in 30 s; the janitor will do them");
+        }
     }
 }
 

@@ -148,12 +148,15 @@ pub async fn supervise<H, F, S>(
     let mut stopped = false;
     loop {
         tokio::select! {
-            _ = done.cancelled() => return,
+            // A stop is announced before anything else, and even when the daemon is done at
+            // once (no worker was running): the service manager must see STOPPING=1.
+            biased;
             _ = stopping.cancelled(), if !stopped => {
                 stopped = true;
                 notifier.stopping();
                 notifier.status("stopping: waiting for running jobs");
             }
+            _ = done.cancelled() => return,
             _ = status_tick.tick(), if !stopped => {
                 let now = status();
                 if now != last {
@@ -162,7 +165,14 @@ pub async fn supervise<H, F, S>(
                 }
             }
             _ = dog_tick.tick(), if notifier.watchdog_interval().is_some() => {
-                if healthy().await {
+                // A health check against an unreachable Redis takes up to 2 s; a stop does not
+                // wait for it.
+                let ok = tokio::select! {
+                    ok = healthy() => ok,
+                    _ = stopping.cancelled(), if !stopped => continue,
+                    _ = done.cancelled() => continue,
+                };
+                if ok {
                     notifier.watchdog();
                 } else {
                     warn!("health check failed: withholding the watchdog ping");
@@ -220,5 +230,51 @@ mod tests {
             assert_eq!(&buf[..len], b"STATUS=idle");
         }
         assert!(!Notifier::default().send("READY=1").unwrap());
+    }
+
+    // A daemon with no running job is done the moment it is told to stop: STOPPING=1 must
+    // still go out, even while a health check hangs on an unreachable Redis.
+    #[tokio::test]
+    async fn a_stop_and_done_at_once_still_announce_stopping() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let rx = UnixDatagram::bind(&path).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = Notifier {
+            target: Some(path.display().to_string()),
+            watchdog: Some(Duration::from_millis(20)),
+        };
+        let (stopping, done) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(supervise(
+            n,
+            stopping.clone(),
+            done.clone(),
+            // A health check that never answers.
+            futures::future::pending::<bool>,
+            || "idle".to_string(),
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stopping.cancel();
+        done.cancel();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .expect("supervise returns once done")
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(len) = rx.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..len]).into_owned();
+            let last = m == "STOPPING=1";
+            seen.push(m);
+            if last {
+                break;
+            }
+        }
+        assert_eq!(seen.first().map(|m| &m[..7]), Some("READY=1"), "{seen:?}");
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("STOPPING=1"),
+            "{seen:?}"
+        );
     }
 }

@@ -1,6 +1,5 @@
-//! The daemon's service side-cars, kept apart from the worker loop so whichever process faces
-//! systemd and Prometheus (today the single worker process; with `--workers N`, the master)
-//! starts them with one call:
+//! The daemon's service side-cars, kept apart from the worker loop: the master, the process that
+//! faces systemd and Prometheus, starts them with one call and reloads them on HUP:
 //!
 //! - sd_notify ([`crate::notify`]): `READY=1` at start, `STATUS=` lines, `WATCHDOG=1` from a
 //!   health loop (Redis answers `PING` and `workers_alive()`), `STOPPING=1` when `stopping`
@@ -9,20 +8,62 @@
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::metrics::{http, Aggregate};
+use crate::metrics::http::{self, SharedSource, Source};
+use crate::metrics::Aggregate;
 use crate::notify::{self, Notifier};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// Running side-cars; [`Sidecars::stop`] ends them.
+/// Running side-cars; [`Sidecars::reload`] applies a new config, [`Sidecars::stop`] ends them.
 #[derive(Debug)]
 pub struct Sidecars {
     done: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
-    /// The address `/metrics` is served on, when it is.
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The metrics endpoint, if any: cut off at stop, moved by a reload.
+    metrics: Option<Endpoint>,
+    /// The config and Redis connection `/metrics` and the health check use.
+    source: SharedSource,
+    aggregate: Arc<Mutex<Aggregate>>,
+    /// The notify side-car: given a moment at stop to say STOPPING=1.
+    notify: JoinHandle<()>,
+}
+
+/// `/metrics` served on `addr`, bound from the `metrics` setting `listen`.
+#[derive(Debug)]
+struct Endpoint {
+    listen: String,
+    addr: std::net::SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Endpoint {
+    async fn start(
+        listen: &str,
+        aggregate: &Arc<Mutex<Aggregate>>,
+        source: &SharedSource,
+    ) -> std::io::Result<Endpoint> {
+        let (task, addr) = http::serve(listen, aggregate.clone(), source.clone()).await?;
+        Ok(Endpoint {
+            listen: listen.to_string(),
+            addr,
+            task,
+        })
+    }
+
+    /// Stops serving; the listening socket is closed when this returns.
+    async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// The error a `metrics` address that cannot be bound gives, at start and on HUP.
+fn cannot_listen(addr: &str, e: &std::io::Error) -> crate::Error {
+    crate::Error::Config(crate::config::ConfigError::Invalid {
+        setting: "metrics".into(),
+        message: format!("cannot listen on {addr}: {e}"),
+    })
 }
 
 /// Starts the side-cars. Call it once Redis answered and the workers are registered: it sends
@@ -40,29 +81,27 @@ where
     W: Fn() -> bool + Send + Sync + 'static,
 {
     let conn = crate::worker::connect(&config.redis, config.redis_connect_timeout.get()).await?;
+    let source: SharedSource = Arc::new(RwLock::new(Arc::new(Source {
+        conn,
+        config: config.clone(),
+    })));
     let done = CancellationToken::new();
-    let mut tasks = Vec::new();
-    let mut metrics_addr = None;
-    if let Some(addr) = &config.metrics {
-        let (task, local) = http::serve(addr, aggregate, conn.clone(), config.clone())
-            .await
-            .map_err(|e| {
-                crate::Error::Config(crate::config::ConfigError::Invalid {
-                    setting: "metrics".into(),
-                    message: format!("cannot listen on {addr}: {e}"),
-                })
-            })?;
-        metrics_addr = Some(local);
-        tasks.push(task);
-    }
-    let health_conn = conn.clone();
+    let metrics = match &config.metrics {
+        Some(listen) => Some(
+            Endpoint::start(listen, &aggregate, &source)
+                .await
+                .map_err(|e| cannot_listen(listen, &e))?,
+        ),
+        None => None,
+    };
+    let health_source = source.clone();
     let alive = Arc::new(workers_alive);
-    tasks.push(tokio::spawn(notify::supervise(
+    let notify = tokio::spawn(notify::supervise(
         Notifier::from_env(),
         stopping,
         done.clone(),
         move || {
-            let mut c = health_conn.clone();
+            let mut c = read_source(&health_source).conn.clone();
             let alive = alive.clone();
             async move {
                 let ping = tokio::time::timeout(
@@ -74,21 +113,111 @@ where
             }
         },
         status,
-    )));
+    ));
     Ok(Sidecars {
         done,
-        tasks,
-        metrics_addr,
+        metrics,
+        source,
+        aggregate,
+        notify,
     })
 }
 
+fn read_source(source: &SharedSource) -> Arc<Source> {
+    source.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 impl Sidecars {
+    /// The address `/metrics` is served on, when it is.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr)
+    }
+
+    /// Applies a config reloaded on HUP, or refuses it (and changes nothing) when its Redis
+    /// does not answer or its `metrics` address cannot be bound: the caller then keeps the
+    /// running config, as for any bad config. On success `/metrics` and the health check read
+    /// Redis as the new config says (its queues, namespace, server), and the endpoint has
+    /// moved, started or stopped when the `metrics` setting changed.
+    pub async fn reload(&mut self, config: &Config) -> Result<()> {
+        let old = read_source(&self.source);
+        let conn = if config.redis == old.config.redis {
+            old.conn.clone()
+        } else {
+            // Bounded: the master handles no signal or exit meanwhile.
+            let wait = config
+                .redis_connect_timeout
+                .get()
+                .min(Duration::from_secs(5));
+            crate::worker::connect(&config.redis, wait).await?
+        };
+        if config.metrics != self.metrics.as_ref().map(|m| m.listen.clone()) {
+            self.move_endpoint(config.metrics.as_deref()).await?;
+        }
+        *self.source.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Source {
+            conn,
+            config: config.clone(),
+        });
+        Ok(())
+    }
+
+    /// Serves `/metrics` on `listen` instead (nowhere for `None`). The new address is bound
+    /// while the old one still serves; when that fails, it may be because the old socket holds
+    /// the port (`0.0.0.0:9100` after `127.0.0.1:9100`), so the old endpoint is stopped and the
+    /// bind tried once more. If that fails too, the old address is bound again and the error
+    /// returned.
+    async fn move_endpoint(&mut self, listen: Option<&str>) -> Result<()> {
+        let Some(listen) = listen else {
+            if let Some(old) = self.metrics.take() {
+                old.stop().await;
+                tracing::info!("no metrics setting any more: /metrics is no longer served");
+            }
+            return Ok(());
+        };
+        match Endpoint::start(listen, &self.aggregate, &self.source).await {
+            Ok(new) => {
+                if let Some(old) = self.metrics.replace(new) {
+                    old.stop().await;
+                }
+                return Ok(());
+            }
+            Err(e) if self.metrics.is_none() => return Err(cannot_listen(listen, &e)),
+            Err(_) => {}
+        }
+        let old = self.metrics.take().expect("an endpoint, checked above");
+        let old_listen = old.listen.clone();
+        old.stop().await;
+        match Endpoint::start(listen, &self.aggregate, &self.source).await {
+            Ok(new) => {
+                self.metrics = Some(new);
+                Ok(())
+            }
+            Err(e) => {
+                match Endpoint::start(&old_listen, &self.aggregate, &self.source).await {
+                    Ok(back) => self.metrics = Some(back),
+                    Err(e2) => tracing::error!(
+                        error = %e2,
+                        "cannot serve /metrics on {old_listen} again: no metrics endpoint until a HUP brings one"
+                    ),
+                }
+                Err(cannot_listen(listen, &e))
+            }
+        }
+    }
+
     /// Stops every side-car and waits for them.
     pub async fn stop(self) {
         self.done.cancel();
-        for t in self.tasks {
-            t.abort();
-            let _ = t.await;
+        // The notify side-car finishes what it has to say (STOPPING=1) before it is cut off.
+        let mut notify = self.notify;
+        if tokio::time::timeout(Duration::from_secs(1), &mut notify)
+            .await
+            .is_err()
+        {
+            notify.abort();
+            let _ = notify.await;
+        }
+        if let Some(m) = self.metrics {
+            m.stop().await;
         }
     }
 }

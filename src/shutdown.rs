@@ -13,6 +13,10 @@ use tracing::{info, warn};
 /// Installs the handlers and returns the control they drive. Must be called inside a runtime.
 pub fn install(graceful_term: bool) -> std::io::Result<Control> {
     let control = Control::default();
+    if std::env::var(crate::master::PAUSED_ENV).is_ok_and(|v| v == "1") {
+        info!("starting paused: the master is paused (USR2); CONT resumes");
+        control.set_paused(true);
+    }
     let mut signals = Signals::new([SIGQUIT, SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGHUP])?;
     let c = control.clone();
     tokio::spawn(async move {

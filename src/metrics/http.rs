@@ -8,7 +8,6 @@
 
 use super::{Aggregate, Snapshot, CONFLICT_ACTIONS};
 use crate::config::Config;
-use crate::lock::FailureBackend;
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
 use prometheus_client::collector::Collector;
@@ -17,7 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use redis::aio::ConnectionManager;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -91,25 +90,7 @@ async fn read_redis_inner(
     } else {
         pipe.query_async(conn).await?
     };
-    let failed_key_len = match config.failure_backend {
-        FailureBackend::Redis => redis::cmd("LLEN").arg(k.failed()).query_async(conn).await?,
-        FailureBackend::RedisMultiQueue => {
-            let lists: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(k.failed_queues())
-                .query_async(conn)
-                .await?;
-            let mut pipe = redis::pipe();
-            for l in lists.iter().take(MAX_QUEUES) {
-                pipe.llen(format!("{}:{l}", k.ns()));
-            }
-            let lens: Vec<u64> = if lists.is_empty() {
-                Vec::new()
-            } else {
-                pipe.query_async(conn).await?
-            };
-            lens.iter().sum()
-        }
-    };
+    let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
     let (locks_held, processed, failed, workers_registered): (u64, Option<u64>, Option<u64>, u64) =
         redis::pipe()
             .cmd("ZCOUNT")
@@ -377,18 +358,30 @@ pub fn render(jobs: Snapshot, redis: RedisGauges) -> String {
     out
 }
 
+/// What `/metrics` reads Redis with and for: the running config and a connection to its Redis.
+/// The master replaces it on HUP ([`crate::service::Sidecars::reload`]), so the gauges follow
+/// the new queues, namespace and server without a restart.
+#[derive(Debug)]
+pub struct Source {
+    /// A connection to `config.redis`.
+    pub conn: ConnectionManager,
+    /// The config the daemon runs with.
+    pub config: Config,
+}
+
+/// The [`Source`] the endpoint reads at each scrape, shared with whoever replaces it.
+pub type SharedSource = Arc<RwLock<Arc<Source>>>;
+
 /// Binds `addr` (so a bad address fails at start) and serves `/metrics` until the task is
-/// dropped. Each scrape merges `aggregate` and reads Redis through `conn`.
+/// dropped. Each scrape merges `aggregate` and reads Redis as `source` says at that moment.
 pub async fn serve(
     addr: &str,
     aggregate: Arc<Mutex<Aggregate>>,
-    conn: ConnectionManager,
-    config: Config,
+    source: SharedSource,
 ) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let listener = TcpListener::bind(addr).await?;
     let local: SocketAddr = listener.local_addr()?;
     info!(addr = %local, "serving metrics on /metrics");
-    let config = Arc::new(config);
     let task = tokio::spawn(async move {
         loop {
             let (mut sock, _) = match listener.accept().await {
@@ -399,7 +392,7 @@ pub async fn serve(
                     continue;
                 }
             };
-            let (agg, mut conn, config) = (aggregate.clone(), conn.clone(), config.clone());
+            let (agg, source) = (aggregate.clone(), source.clone());
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(10), async {
                     let mut buf = Vec::with_capacity(1024);
@@ -419,7 +412,8 @@ pub async fn serve(
                         ("405 Method Not Allowed", "text/plain", "GET only\n".to_string())
                     } else if path == "/metrics" {
                         let snap = agg.lock().unwrap_or_else(|p| p.into_inner()).merged();
-                        let redis = read_redis(&mut conn, &config).await;
+                        let src = source.read().unwrap_or_else(|p| p.into_inner()).clone();
+                        let redis = read_redis(&mut src.conn.clone(), &src.config).await;
                         (
                             "200 OK",
                             "text/plain; version=0.0.4; charset=utf-8",

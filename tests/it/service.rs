@@ -314,6 +314,76 @@ fn metrics_flag_is_checked_and_overrides_the_file() {
     assert!(R::new(&redis).workers().is_empty());
 }
 
+/// The body of `GET /metrics` on `addr`, or `None` when nothing serves there.
+fn scrape(addr: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(SHORT)).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    Some(resp.split_once("\r\n\r\n")?.1.to_string())
+}
+
+fn queue_gauge(body: &str, queue: &str) -> Option<f64> {
+    sample(body, &format!("locketd_queue_length{{queue=\"{queue}\"}}"))
+}
+
+// A HUP reloads the side-cars with the config: /metrics reads the new queues at once (same
+// address, same socket), moves to a new address (the old one closes), and a config whose
+// address cannot be bound is refused as a whole: workers and endpoint stay as they were.
+#[test]
+fn hup_moves_metrics_with_the_config_and_refuses_an_address_it_cannot_bind() {
+    let redis = RedisServer::start();
+    let config =
+        |queues: &str, listen: &str| cfg(queues).top(&format!("metrics = \"{listen}\"")).render();
+    let d = Daemon::start(&redis, &config("a", "127.0.0.1:0"), &[]);
+    let first = metrics_addr(&d);
+    let body = scrape(&first).expect("metrics served");
+    assert_eq!(queue_gauge(&body, "a"), Some(0.0), "{body}");
+    assert_eq!(queue_gauge(&body, "b"), None, "{body}");
+
+    std::fs::write(d.config_path(), config("b", "127.0.0.1:0")).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(SHORT, "the same endpoint reports queue b, not a", || {
+        scrape(&first)
+            .is_some_and(|b| queue_gauge(&b, "b") == Some(0.0) && queue_gauge(&b, "a").is_none())
+    });
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let second = format!("127.0.0.1:{port}");
+    std::fs::write(d.config_path(), config("b", &second)).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(SHORT, "metrics served on the new address", || {
+        scrape(&second).is_some_and(|b| queue_gauge(&b, "b") == Some(0.0))
+    });
+    wait_until(SHORT, "the old address closed", || {
+        TcpStream::connect(&first).is_err()
+    });
+
+    let workers = d.worker_pids();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    std::fs::write(d.config_path(), config("c", &taken_addr)).unwrap();
+    d.signal(libc::SIGHUP);
+    d.wait_for_log("HUP: the new config is refused", SHORT);
+    let log = d.log();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("HUP: the new config is refused"))
+        .unwrap();
+    assert!(refused.contains("cannot listen on"), "{refused}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.worker_pids(), workers, "the workers were replaced");
+    let body = scrape(&second).expect("the endpoint stayed");
+    assert_eq!(queue_gauge(&body, "b"), Some(0.0), "{body}");
+    assert_eq!(queue_gauge(&body, "c"), None, "{body}");
+    drop(taken);
+}
+
 /// Kills the process group of a child on drop.
 struct Group(std::process::Child);
 impl Drop for Group {
@@ -449,5 +519,32 @@ fn metrics_count_lock_conflicts_and_queue_skips() {
     assert_eq!(sample(&body, "locketd_locks_held"), Some(1.0), "{body}");
     assert!(sample(&body, r#"locketd_queue_lock_counter{queue="q"}"#).unwrap() >= 1.0);
     second.terminate(SHORT);
+
+    // P-3: a job of a wait class counts `wait` when it starts waiting, and then how its wait
+    // ended (here discarded after wait_timeout).
+    let mut third = Daemon::builder(&redis)
+        .config(
+            &cfg("w")
+                .top("metrics = \"127.0.0.1:0\"")
+                .class(
+                    "Sync",
+                    &slow,
+                    "on_conflict = \"wait\"\nwait_timeout = \"300ms\"\nwait_then = \"discard\"",
+                )
+                .render(),
+        )
+        .start();
+    let addr = metrics_addr(&third);
+    r.push("w", r#"{"class":"Sync","args":[1]}"#);
+    wait_until(SHORT, "the wait and its end are counted", || {
+        body = http_get(&addr, "/metrics").1;
+        sample(&body, r#"locketd_lock_conflicts_total{action="discard"}"#) == Some(1.0)
+    });
+    assert_eq!(
+        sample(&body, r#"locketd_lock_conflicts_total{action="wait"}"#),
+        Some(1.0),
+        "{body}"
+    );
+    third.terminate(SHORT);
     holder.kill();
 }

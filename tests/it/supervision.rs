@@ -221,6 +221,14 @@ fn usr2_pauses_every_worker_and_cont_resumes() {
     wait_until(SHORT, "both titles say Paused", || {
         d.worker_pids().iter().all(|p| cmdline(*p) == paused)
     });
+    // A worker that dies while the master is paused is replaced by a paused one.
+    let before = d.worker_pids();
+    // SAFETY: kill(2) of one of the daemon's worker processes.
+    unsafe { libc::kill(before[0], libc::SIGKILL) };
+    wait_until(SHORT, "the replacement runs, paused", || {
+        let now = d.worker_pids();
+        now.len() == 2 && !now.contains(&before[0]) && now.iter().all(|p| cmdline(*p) == paused)
+    });
     r.push("q", r#"{"class":"Quick","args":[]}"#);
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(
@@ -240,6 +248,53 @@ fn usr2_pauses_every_worker_and_cont_resumes() {
     });
     d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// A worker that does not stop by the stop deadline is SIGKILLed, and the master recovers its
+/// job (R-4) before it exits, rather than leaving it to a janitor that may never come. A HUP
+/// during the stop is ignored: new workers then would take new jobs and get no stop signal.
+#[test]
+fn a_worker_killed_at_the_stop_deadline_is_recovered_before_the_master_exits() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let started = work.path().join("started");
+    let long = write_script(
+        work.path(),
+        "long.sh",
+        &format!("echo ok > {}\nsleep 60\n", started.display()),
+    );
+    let config = cfg("q")
+        .top("term_timeout = \"1s\"")
+        .class("Long", &long, "")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_workers(&mut r, &d, 1);
+    let worker = d.worker_pid();
+    r.push("q", r#"{"class":"Long","args":[]}"#);
+    // The handler itself must have started: a worker frozen between RESERVE and ACQUIRE
+    // holds a job that never ran, which R-4 requeues rather than fails.
+    wait_until(SHORT, "the job runs", || read_lossy(&started) == "ok\n");
+    // A worker that cannot stop: frozen, it ignores the TERM the master forwards.
+    // SAFETY: kill(2) of the daemon's worker process.
+    unsafe { libc::kill(worker, libc::SIGSTOP) };
+    d.signal(libc::SIGTERM);
+    d.wait_for_log("stopping: forwarding to every worker", SHORT);
+    d.signal(libc::SIGHUP);
+    d.wait_for_log("HUP while stopping: ignored", SHORT);
+    assert_eq!(d.worker_pids(), vec![worker], "a HUP started workers");
+    // term_timeout (1 s) + 15 s, then SIGKILL and the recovery.
+    let status = d
+        .wait_exit(Duration::from_secs(40))
+        .expect("the master exits");
+    assert_eq!(status.code(), Some(0), "{}", d.log());
+    assert!(r.keys(&format!("{NS}:locket:inflight:*")).is_empty());
+    let failures = r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert!(r.workers().is_empty(), "{:?}", r.workers());
+    let processes: Vec<String> = r.cmd(&["SMEMBERS", &format!("{NS}:locket:processes")]);
+    assert!(processes.is_empty(), "{processes:?}");
 }
 
 /// R-8 with several workers: QUIT stops every worker; each unregisters and the master exits 0.
@@ -456,6 +511,19 @@ fn settled(r: &mut R) -> bool {
 /// times, not once per retry.
 #[test]
 fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
+    outage_run(&["workers = 2"], 8);
+}
+
+/// The same outage with two processes of four slots, whose job-path scripts go out in
+/// batches: a batch that fails fails each of its calls, and each slot retries its own.
+#[test]
+fn a_redis_outage_under_batched_slots_loses_and_repeats_nothing() {
+    outage_run(&["workers = 2", "slots = 4"], 16);
+}
+
+/// Runs 300 tagged jobs through a 10 s Redis outage with the given top-level config lines;
+/// at most `max_noisy` warning/error lines may be logged for it.
+fn outage_run(top: &[&str], max_noisy: usize) {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut r = R::new(&redis);
     let work = workdir();
@@ -464,8 +532,11 @@ fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
     let n = 300;
     push_tagged(&mut r, n, 50, 40);
     // Production-like leases: a 10 s outage is shorter than both, so nothing is presumed dead.
-    let config = cfg("q")
-        .top("workers = 2")
+    let mut config = cfg("q");
+    for line in top {
+        config = config.top(line);
+    }
+    let config = config
         .locket("lock_ttl", "\"35s\"")
         .locket("heartbeat_interval", "\"5s\"")
         .locket("process_heartbeat", "\"1s\"")
@@ -503,7 +574,7 @@ fn a_ten_second_redis_outage_loses_and_repeats_nothing() {
         noisy.join("\n")
     );
     assert!(
-        noisy.len() <= 8,
+        noisy.len() <= max_noisy,
         "{} warning/error lines for one 10 s outage:\n{log}",
         noisy.len()
     );
@@ -643,8 +714,15 @@ fn slots_run_jobs_concurrently_as_separate_resque_workers() {
     // A SIGKILL of the process recovers every slot, and a replacement registers four new ones.
     r.push("q", &tagged(100, "x", 999));
     r.push("q", &tagged(101, "y", 999));
+    // Both acquired (state `running`): a slot killed between RESERVE and ACQUIRE holds a job
+    // that never ran, which R-4 requeues instead of recording a failure.
     wait_until(SHORT, "two long jobs running", || {
-        r.keys(&format!("{NS}:locket:inflight:*")).len() == 2
+        let keys = r.keys(&format!("{NS}:locket:inflight:*"));
+        keys.len() == 2
+            && keys.iter().all(|k| {
+                let s: Option<String> = r.cmd(&["HGET", k, "state"]);
+                s.as_deref() == Some("running")
+            })
     });
     // SAFETY: kill(2) of the daemon's worker process.
     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -662,6 +740,123 @@ fn slots_run_jobs_concurrently_as_separate_resque_workers() {
     for id in &ids {
         assert_unregistered(&mut r, id);
     }
+}
+
+/// resque-protocol.md §13 item 18 with slots: a locketd worker that starts on the same host and
+/// queues prunes by Resque's host-local rule, and must read a slot id `host:pid+k:queues` as
+/// pid `pid`: the slot workers of a running multi-slot process stay registered, and the job
+/// one of them runs is not recorded as failed.
+#[test]
+fn a_starting_worker_leaves_a_running_multi_slot_process_registered() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let slow = write_script(work.path(), "slow.sh", "sleep 2\n");
+    let config = cfg("q").class("Slow", &slow, "").render();
+    let a = Daemon::start(&redis, &config, &["--slots", "2"]);
+    let pid = a.worker_pid();
+    let host = crate::daemon::hostname();
+    let slots: BTreeSet<String> = (1..=2).map(|k| format!("{host}:{pid}+{k}:q")).collect();
+    wait_until(SHORT, "two slot workers registered", || {
+        r.workers().into_iter().collect::<BTreeSet<_>>() == slots
+    });
+    r.push("q", r#"{"class":"Slow","args":[]}"#);
+    wait_until(SHORT, "the job running", || {
+        slots.iter().any(|w| r.exists(&format!("{NS}:worker:{w}")))
+    });
+    // The pruning mutex the first process took lasts 60 s: lift it, as time would.
+    let pruning = format!("{NS}:pruning_dead_workers_in_progress");
+    let _: i64 = r.cmd(&["DEL", &pruning]);
+    let b = Daemon::start(&redis, &config, &[]);
+    let own = format!("{host}:{}:q", b.worker_pid());
+    wait_until(SHORT, "the second process registered", || {
+        r.workers().contains(&own)
+    });
+    let holder: Option<String> = r.cmd(&["GET", &pruning]);
+    assert_eq!(
+        holder.as_deref(),
+        Some(own.as_str()),
+        "the new worker pruned"
+    );
+    let workers: BTreeSet<String> = r.workers().into_iter().collect();
+    assert!(
+        workers.is_superset(&slots),
+        "slot workers pruned: {workers:?}"
+    );
+    wait_until(SHORT, "the job finished", || r.processed() == 1);
+    assert!(r.failures().is_empty(), "{:?}", r.failures());
+}
+
+/// The multi-slot mode batches the job-path scripts of a process's slots (src/lock/batch.rs):
+/// two processes of eight slots on 900 jobs over 12 keys, so batches mix starts, conflicts
+/// (requeues) and finishes. Every job runs exactly once, no two jobs of a key overlap
+/// (NEVER-1), and the counts each script summed and wrote once per batch add up: Resque's
+/// processed total and per-slot totals, and the locket O-3 totals (`started`, `acquired`,
+/// `released`; every reservation either started or was requeued).
+#[test]
+fn batched_slots_run_each_job_once_and_keep_every_count() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let script = tagging_handler(dir);
+    let n = 900;
+    push_tagged(&mut r, n, 12, 15);
+    let config = cfg("q")
+        .top("workers = 2")
+        .top("slots = 8")
+        .class("Tag", &script, "")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_until(Duration::from_secs(120), "every job ran", || {
+        r.processed() == i64::from(n) && settled(&mut r)
+    });
+    let runs = parse_runs(&read_lossy(&dir.join("runs")));
+    let (completed, failed) = assert_each_tag_once(&mut r, &runs, n);
+    assert_eq!((completed, failed), (n as usize, 0));
+    let workers = r.workers();
+    assert_eq!(
+        workers.len(),
+        16,
+        "two processes of eight slots: {workers:?}"
+    );
+    let per_slot: i64 = workers
+        .iter()
+        .map(|w| r.int(&format!("{NS}:stat:processed:{w}")))
+        .sum();
+    assert_eq!(per_slot, i64::from(n), "per-slot processed totals");
+    assert_eq!(r.int(&format!("{NS}:stat:failed")), 0);
+    let stat = |r: &mut R, event: &str| r.int(&format!("{NS}:locket:stat:{event}"));
+    assert_eq!(stat(&mut r, "started"), i64::from(n));
+    assert_eq!(stat(&mut r, "acquired"), i64::from(n));
+    assert_eq!(stat(&mut r, "released"), i64::from(n));
+    let requeued = stat(&mut r, "requeued");
+    assert_eq!(stat(&mut r, "reserved"), i64::from(n) + requeued);
+    assert_eq!(stat(&mut r, "conflict"), requeued);
+    // The per-minute buckets hold the same totals, per event and per event and class.
+    let mut bucket_started = 0;
+    let mut bucket_class = 0;
+    for b in r.keys(&format!("{NS}:locket:metrics:*")) {
+        let h: HashMap<String, i64> = r.cmd(&["HGETALL", &b]);
+        bucket_started += h.get("started").copied().unwrap_or(0);
+        bucket_class += h.get("started|Tag").copied().unwrap_or(0);
+        let ttl: i64 = r.cmd(&["PTTL", &b]);
+        assert!(ttl > 0, "bucket {b} has no expiry");
+    }
+    assert_eq!((bucket_started, bucket_class), (i64::from(n), i64::from(n)));
+    assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
+    // Batches did form: one at a time, the job path alone costs two script calls per job and
+    // two per requeue (ACQUIRE, then a plain RESERVE); heartbeats add a few more.
+    let info: String = r.cmd(&["INFO", "commandstats"]);
+    let evalsha = crate::support::evalsha_calls(&info);
+    eprintln!("batched slots: {n} jobs, {requeued} requeued, {evalsha} script calls");
+    let one_at_a_time = 2 * (i64::from(n) + requeued);
+    assert!(
+        evalsha * 10 < one_at_a_time * 9,
+        "{evalsha} script calls for {n} jobs and {requeued} requeues: no batching"
+    );
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
 }
 
 /// An idle worker blocks on its first empty queue instead of sleeping `interval`: a job pushed
