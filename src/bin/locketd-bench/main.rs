@@ -256,16 +256,21 @@ impl Drain {
     fn cpu_us_per_job(&self) -> f64 {
         self.delta.cpu_s * 1e6 / self.jobs.max(1) as f64
     }
+    /// locketd's own CPU (master and workers, start-up included) per job.
+    fn daemon_cpu_us_per_job(&self) -> f64 {
+        self.rss.cpu_secs() * 1e6 / self.jobs.max(1) as f64
+    }
     fn report(&self, label: &str) {
         println!(
             "{label}: {} jobs at {} jobs/s (start-up {:.2} s); Redis: {:.1} commands/job incl. inside scripts, \
-             {:.2} script calls/job, CPU {:.1} us/job; peak RSS: daemon {}{}",
+             {:.2} script calls/job, CPU {:.1} us/job; locketd CPU {:.1} us/job; peak RSS: daemon {}{}",
             self.jobs,
             fmt_int(self.rate),
             self.startup.as_secs_f64(),
             self.cmds_per_job(),
             self.scripts_per_job(),
             self.cpu_us_per_job(),
+            self.daemon_cpu_us_per_job(),
             mib(self.rss.master_kib),
             match self.rss.max_worker_kib() {
                 Some(k) => format!(", {} worker processes, largest {}", self.rss.workers_kib.len(), mib(k)),
@@ -542,6 +547,12 @@ fn noop_run(
     rows.push(row(
         format!("{label}: Redis CPU/job"),
         format!("{:.1} us", d.cpu_us_per_job()),
+        "",
+        None,
+    ));
+    rows.push(row(
+        format!("{label}: locketd CPU/job (master + workers)"),
+        format!("{:.1} us", d.daemon_cpu_us_per_job()),
         "",
         None,
     ));

@@ -250,6 +250,9 @@ impl Daemon {
         if let Some(k) = vm_field(self.pid, "VmHWM:") {
             into.master_kib = into.master_kib.max(k);
         }
+        if let Some(t) = cpu_ticks(self.pid) {
+            into.cpu_ticks.insert(self.pid, t);
+        }
         for child in children(self.pid) {
             // The master's worker processes run the same binary, each leading its own process
             // group; command handlers are the workers' children, not the master's.
@@ -265,6 +268,9 @@ impl Daemon {
                     e.1 = e.1.max(k);
                     if e.0 >= 2 {
                         into.workers_kib.insert(child, e.1);
+                        if let Some(t) = cpu_ticks(child) {
+                            into.cpu_ticks.insert(child, t);
+                        }
                     }
                 }
             }
@@ -324,6 +330,9 @@ pub struct RssPeaks {
     pub workers_kib: BTreeMap<i32, u64>,
     /// Every locketd child sampled: (times seen, peak KiB).
     seen: BTreeMap<i32, (u32, u64)>,
+    /// CPU time (user + system, clock ticks) at the latest sample, of the daemon and of each
+    /// worker process, by pid.
+    cpu_ticks: BTreeMap<i32, u64>,
 }
 
 impl RssPeaks {
@@ -331,6 +340,24 @@ impl RssPeaks {
     pub fn max_worker_kib(&self) -> Option<u64> {
         self.workers_kib.values().copied().max()
     }
+
+    /// CPU seconds the daemon and its worker processes had used by the latest sample (start-up
+    /// included).
+    pub fn cpu_secs(&self) -> f64 {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        self.cpu_ticks.values().sum::<u64>() as f64 / hz
+    }
+}
+
+/// utime + stime of `pid` (fields 14 and 15 of /proc/<pid>/stat), in clock ticks.
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = s[s.rfind(')')? + 1..].split_whitespace();
+    // After the command name: state is field 3, so utime (14) is the 12th field from here.
+    let utime: u64 = rest.nth(11)?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some(utime + stime)
 }
 
 /// A `Vm*:` field of /proc/<pid>/status, in KiB.
