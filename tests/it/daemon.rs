@@ -450,16 +450,23 @@ fn a_saturated_high_queue_does_not_starve_the_low_queue() {
     let mut r = R::new(&redis);
     let work = workdir();
     let runs = work.path().join("runs.log");
+    // The holder keeps its lock until the test writes this file (at most 60 s), not for a
+    // fixed time that a slow machine could outlast while low drains.
+    let release = work.path().join("release");
     let hold = write_script(
         work.path(),
         "hold.sh",
         &format!(
             r#"tag=$(sed -n 's/.*"tag":\([0-9][0-9]*\).*/\1/p')
 echo "hold-start $tag" >> {runs}
-if [ "$tag" = 0 ]; then sleep 6; fi
+if [ "$tag" = 0 ]; then
+  i=0
+  while [ ! -e {release} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+fi
 echo "hold-end $tag" >> {runs}
 "#,
-            runs = runs.display()
+            runs = runs.display(),
+            release = release.display()
         ),
     );
     let quick = write_script(
@@ -473,7 +480,7 @@ echo "hold-end $tag" >> {runs}
     );
     let classes = |c: Cfg| c.class("Hold", &hold, "").class("Quick", &quick, "");
 
-    // Process A takes the holder job and keeps its lock for 6 s.
+    // Process A takes the holder job and keeps its lock until released.
     let mut a = Daemon::start(&redis, &classes(cfg("high")).render(), &[]);
     let wa = wait_registered(&mut r, &a);
     r.push("high", r#"{"class":"Hold","args":["k"],"tag":0}"#);
@@ -539,6 +546,7 @@ echo "hold-end $tag" >> {runs}
     );
 
     // Once the holder ends, every high job runs exactly once.
+    fs::write(&release, "").unwrap();
     wait_until(Duration::from_secs(30), "every high job ran", || {
         count(&read_lossy(&runs), "hold-end") == 21 && r.processed() == 51
     });
@@ -883,8 +891,9 @@ fn bad_jobs_are_recorded_as_failures_and_the_daemon_runs_the_next_job() {
 // 5. Graceful stop
 // ---------------------------------------------------------------------------------------------
 
-/// Runs a 1 s job, sends `sig` while it runs, and checks R-8 / checklist 25: the job finishes
-/// successfully, nothing new is reserved, the worker unregisters and exits 0.
+/// Runs a job that ends when the test says so, sends `sig` while it runs, and checks R-8 /
+/// checklist 25: the job finishes successfully, nothing new is reserved, the worker unregisters
+/// and exits 0.
 fn stop_signal_lets_the_running_job_finish(sig: i32, graceful_term: bool) {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
@@ -893,13 +902,17 @@ fn stop_signal_lets_the_running_job_finish(sig: i32, graceful_term: bool) {
     let mut reaper = Reaper::default();
     reaper.watch(&pid_file);
     let done = work.path().join("done");
+    let go = work.path().join("go");
+    // It runs until `go` exists (at most 60 s), so the signal surely lands while it runs.
     let script = write_script(
         work.path(),
         "second.sh",
         &format!(
-            "echo $$ > {}\nsleep 1\necho \"done $LOCKETD_ARGS\" >> {}\n",
+            "echo $$ > {}\ni=0\nwhile [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n\
+             echo \"done $LOCKETD_ARGS\" >> {}\n",
             pid_file.display(),
-            done.display()
+            done.display(),
+            go = go.display()
         ),
     );
     let config = cfg("q")
@@ -912,6 +925,9 @@ fn stop_signal_lets_the_running_job_finish(sig: i32, graceful_term: bool) {
     let handler = wait_pid(&pid_file, SHORT);
     r.push("q", r#"{"class":"Job","args":[2]}"#);
     d.signal(sig);
+    // The worker has taken the signal (it logs this just before it stops reserving).
+    d.wait_for_log("reserving nothing new", SHORT);
+    fs::write(&go, "").unwrap();
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
     assert_eq!(read_lossy(&done), "done [1]\n");
     assert_eq!(r.processed(), 1);
@@ -1284,10 +1300,10 @@ echo done >> {runs}
     let _: i64 = r.cmd(&["DEL", &lock_key]);
     let deleted = Instant::now();
 
-    // heartbeat_interval (0.5 s) + kill_grace (1 s), plus scheduling slack.
-    let bound = Duration::from_millis(1500) + Duration::from_secs(3);
+    // About heartbeat_interval (0.5 s) + kill_grace (1 s); the bound only catches a handler
+    // that is never stopped (it would run 30 s), with room for a slow machine.
     wait_until(
-        bound,
+        SHORT,
         "the handler was stopped and LockLost recorded",
         || !pid_alive(handler) && !r.failures().is_empty(),
     );
@@ -1381,10 +1397,10 @@ fn the_star_table_is_the_whole_fallback_for_unlisted_classes() {
 }
 
 /// NEVER-1, L-9, A-10: a lock extension that Redis does not answer must not hold up the job's
-/// lease. `CLIENT PAUSE 8000 WRITE` holds the EXTEND script (and every write) for 8 s; the
+/// lease. `CLIENT PAUSE 30000 WRITE` holds the EXTEND script (and every write) for 30 s; the
 /// local deadline (lock_ttl 2 s) passes meanwhile, so the handler, which ignores SIGTERM, is
 /// killed after kill_grace (1 s), while Redis is still paused, and the job is recorded as
-/// `Locket::LockLost` once Redis answers again. Before, the worker waited for the extension's
+/// `Locket::LockLost` once Redis answers again (the test unpauses it then). Before, the worker waited for the extension's
 /// answer and only then looked at the deadline: the job outlived its lock by the whole pause.
 #[test]
 fn a_stalled_lock_extension_does_not_outlast_the_lease() {
@@ -1397,7 +1413,7 @@ fn a_stalled_lock_extension_does_not_outlast_the_lease() {
     let script = write_script(
         work.path(),
         "stubborn.sh",
-        &format!("trap '' TERM\necho $$ > {}\nsleep 30\n", pid_file.display()),
+        &format!("trap '' TERM\necho $$ > {}\nsleep 60\n", pid_file.display()),
     );
     // A long process lease, so that a worker which cannot renew it for the pause does not
     // presume itself dead (that too would stop the job, for another reason).
@@ -1410,16 +1426,17 @@ fn a_stalled_lock_extension_does_not_outlast_the_lease() {
     r.push("q", r#"{"class":"Stubborn","args":[1]}"#);
     let handler = wait_pid(&pid_file, SHORT);
     let paused = Instant::now();
-    let _: () = r.cmd(&["CLIENT", "PAUSE", "8000", "WRITE"]);
-    // lock_ttl (2 s) + kill_grace (1 s) at most, well inside the 8 s pause.
-    wait_until(Duration::from_secs(20), "the handler was killed", || {
+    let _: () = r.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    // lock_ttl (2 s) + kill_grace (1 s) at most, well inside the 30 s pause.
+    wait_until(Duration::from_secs(25), "the handler was killed", || {
         !pid_alive(handler)
     });
     let killed_after = paused.elapsed();
     assert!(
-        killed_after < Duration::from_millis(7000),
+        killed_after < Duration::from_secs(20),
         "the handler outlived its lease by the pause: killed {killed_after:?} after it began"
     );
+    let _: () = r.cmd(&["CLIENT", "UNPAUSE"]);
     wait_until(Duration::from_secs(20), "LockLost recorded", || {
         !r.failures().is_empty()
     });

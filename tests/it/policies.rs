@@ -484,9 +484,11 @@ async fn p4_due_delayed_jobs_are_promoted_to_the_tail_exactly_once() {
     let c = &mut server.conn().await;
     let k = keys();
     let _h = started(c, "h", "hq", "L", 1).await;
+    // Due 2 s after each is delayed: ample time for the "nothing due yet" check below even on
+    // a stalled machine.
     let d = DelaySettings {
-        base: Duration::from_millis(200),
-        max: Duration::from_millis(200),
+        base: Duration::from_secs(2),
+        max: Duration::from_secs(2),
         jitter: 0.0,
         max_delays: 0,
     };
@@ -525,7 +527,7 @@ async fn p4_due_delayed_jobs_are_promoted_to_the_tail_exactly_once() {
         0,
         "nothing due yet"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let mut c2 = server.conn().await;
     let k2 = k.clone();
     let (a, b) = tokio::join!(
