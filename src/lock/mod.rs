@@ -664,6 +664,9 @@ pub struct FinishHolds<'a> {
     pub digest: &'a str,
     /// Hold names to release (chosen from the outcome and each hold's `release_on`).
     pub release: &'a [String],
+    /// This FINISH is sent again after an attempt whose reply never came. If its reservation
+    /// is gone, that attempt most likely landed, so the holds are not released a second time.
+    pub resent: bool,
 }
 
 /// FINISH with hold releases (A-13 step 3).
@@ -738,6 +741,7 @@ fn finish_parts(
         } else {
             serde_json::Value::from(holds.release.to_vec()).to_string()
         },
+        if holds.resent { "1" } else { "" }.to_string(),
     ];
     a.extend(req.locks.iter().map(|l| l.id.clone()));
     (k, a)

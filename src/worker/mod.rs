@@ -1027,6 +1027,7 @@ impl Worker {
                                 class: &job.class,
                                 digest: &digest,
                                 release: &release,
+                                resent: false,
                             },
                         )
                         .await;
@@ -1174,6 +1175,7 @@ impl Worker {
             class,
             digest: holds.map(|(d, _)| d).unwrap_or(""),
             release: &release,
+            resent: false,
         };
         if let Err(f) = &result {
             if f.exception == crate::handler::RESCHEDULE {
@@ -1259,8 +1261,15 @@ impl Worker {
         // A fresh control that is never cancelled keeps retrying, bounded by retry()'s own
         // deadline.
         let never = Control::default();
+        // Every attempt after the first is a resend: the one before may have landed.
+        let mut resent = holds.resent;
         let done = retry(&mut self.conn.clone(), "finish", &never, |mut c| {
-            let (slot, req, holds) = (slot.clone(), req.clone(), holds.clone());
+            let (slot, req) = (slot.clone(), req.clone());
+            let holds = FinishHolds {
+                resent,
+                ..holds.clone()
+            };
+            resent = true;
             async move { lock::finish_with(&mut c, &slot, &req, &holds).await }
         })
         .await;
@@ -1335,6 +1344,7 @@ impl PendingFinish {
             class: &self.class,
             digest: &self.digest,
             release: &self.release,
+            resent: self.tried,
         }
     }
 }

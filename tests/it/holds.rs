@@ -335,6 +335,39 @@ async fn d7_failure_keeps_the_hold_and_completion_holds_go_on_any_outcome() {
     assert!(hold_fields(c, "h").await.is_empty());
 }
 
+// locking-semantics.md D-6, NEVER-6: a FINISH sent again because its first attempt's reply was
+// lost releases the job's holds once, not twice: with two identical holders (one counted hold
+// of 2), a second release would let a dependent start while the other holder still runs.
+#[tokio::test]
+async fn d6_a_resent_finish_does_not_release_holds_twice() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let names = vec!["h".to_string()];
+    enqueue(c, "a", "A", json!([1]), &["h"], Duration::from_secs(60)).await;
+    enqueue(c, "a", "A", json!([1]), &["h"], Duration::from_secs(60)).await;
+    let count = |f: HashMap<String, (i64, u64)>| f.values().next().map(|v| v.0);
+    assert_eq!(count(hold_fields(c, "h").await), Some(2));
+    let a = start_a(c, "s1", &names).await;
+    assert!(a.finish(c, &[], Finish::Success, &names).await);
+    assert_eq!(count(hold_fields(c, "h").await), Some(1));
+    // The same FINISH again, as the worker re-sends it after a lost reply: the reservation is
+    // gone and the hold of the second holder stays.
+    assert!(
+        !a.finish_as(c, &[], Finish::Success, &names, true).await,
+        "a resent FINISH finds its reservation gone"
+    );
+    assert_eq!(
+        count(hold_fields(c, "h").await),
+        Some(1),
+        "the resend released a second hold"
+    );
+    assert_eq!(stat(c, "holds_released").await, 1);
+    // A first FINISH that finds its reservation recovered elsewhere (the job did run to its
+    // end) still releases as its outcome says.
+    assert!(!a.finish(c, &[], Finish::Success, &names).await);
+    assert!(hold_fields(c, "h").await.is_empty());
+}
+
 // locking-semantics.md D-4: a job pushed by a client that knows nothing of holds still blocks
 // its dependents while it runs.
 #[tokio::test]

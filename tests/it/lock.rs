@@ -229,6 +229,7 @@ const NO_HOLDS: lock::FinishHolds<'static> = lock::FinishHolds {
     class: "Job",
     digest: "d",
     release: &[],
+    resent: false,
 };
 
 async fn finish(

@@ -120,6 +120,19 @@ impl Job {
         outcome: Finish,
         release: &[String],
     ) -> bool {
+        self.finish_as(c, locks, outcome, release, false).await
+    }
+
+    /// [`finish`](Self::finish), sent again after an attempt whose reply was lost when
+    /// `resent`.
+    pub async fn finish_as(
+        &self,
+        c: &mut Conn,
+        locks: &[LockSpec],
+        outcome: Finish,
+        release: &[String],
+        resent: bool,
+    ) -> bool {
         let req = FinishRequest {
             rid: &self.rid,
             token: &self.token,
@@ -132,6 +145,7 @@ impl Job {
             class: &self.class,
             digest: &self.digest,
             release,
+            resent,
         };
         lock::finish_with(c, &self.slot(), &req, &holds)
             .await

@@ -31,11 +31,17 @@
 -- ARGV[9]      payload digest (whose holds are released)
 -- ARGV[10]     JSON array of hold names to release (D-6, D-7: chosen by the supervisor from
 --              the outcome and each hold's release_on), or ""
--- ARGV[10+i]   lock id i
+-- ARGV[11]     "1" when this FINISH is sent again after an attempt whose reply never came
+--              (that attempt may have landed), else ""
+-- ARGV[11+i]   lock id i
 --
 -- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
 -- token is released (and holds are released as the outcome says) and nothing is recorded a
--- second time.
+-- second time. A FINISH sent again that finds its reservation gone releases no holds: most
+-- likely its first attempt landed and released them already, and a second release would let
+-- a dependent start while another holder still runs (D-6). In the rare other case, a janitor
+-- recovered the job during the outage and recorded it as failed; its holds then stay, as a
+-- failed job's do, until a retry or their TTL.
 -- Raises nothing.
 
 local inflight = KEYS[1]
@@ -55,13 +61,13 @@ local class = ARGV[8]
 local now = now_ms()
 if ARGV[2] ~= '' then
   local released = 0
-  for i = 1, #ARGV - 10 do
+  for i = 1, #ARGV - 11 do
     released = released + release_token(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i],
-      KEYS[11], ARGV[10 + i], ARGV[2], ARGV[6])
+      KEYS[11], ARGV[11 + i], ARGV[2], ARGV[6])
   end
   count(prefix, now, 'released', class, released)
 end
-if ARGV[10] ~= '' then
+if ARGV[10] ~= '' and (mine or ARGV[11] ~= '1') then
   local released = 0
   for _, name in ipairs(cjson.decode(ARGV[10])) do
     released = released + hold_release(prefix, name, ARGV[9], now)
