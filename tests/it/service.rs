@@ -355,6 +355,7 @@ fn hup_moves_metrics_with_the_config_and_refuses_an_address_it_cannot_bind() {
         .unwrap()
         .port();
     let second = format!("127.0.0.1:{port}");
+    let before = d.worker_pids();
     std::fs::write(d.config_path(), config("b", &second)).unwrap();
     d.signal(libc::SIGHUP);
     wait_until(SHORT, "metrics served on the new address", || {
@@ -364,7 +365,13 @@ fn hup_moves_metrics_with_the_config_and_refuses_an_address_it_cannot_bind() {
         TcpStream::connect(&first).is_err()
     });
 
-    let workers = d.worker_pids();
+    // A good HUP replaces the workers: wait until only the new one is left, or the set read
+    // below could still hold an old worker that exits later.
+    let mut workers = Vec::new();
+    wait_until(SHORT, "the old worker replaced", || {
+        workers = d.worker_pids();
+        workers.len() == 1 && !before.contains(&workers[0])
+    });
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_addr = taken.local_addr().unwrap().to_string();
     std::fs::write(d.config_path(), config("c", &taken_addr)).unwrap();
