@@ -209,4 +209,24 @@ mod tests {
             r#"{"b":1,"a":"x y\" z"}"#
         );
     }
+
+    // resque-protocol.md: Ruby's Resque::Job.destroy(queue, klass, *args) finds a job by its
+    // encoded payload, in the member order Ruby wrote it; args built or parsed in Rust keep
+    // theirs too (serde_json's preserve_order), while the digest stays order-free (T-2).
+    #[test]
+    fn object_args_keep_their_member_order_and_the_digest_ignores_it() {
+        let built = serde_json::json!({"zeta": 1, "alpha": {"y": 2, "b": 3}});
+        let parsed: Value = serde_json::from_str(r#"{"zeta":1,"alpha":{"y":2,"b":3}}"#).unwrap();
+        for v in [&built, &parsed] {
+            assert_eq!(
+                resque_payload("A", std::slice::from_ref(v)),
+                r#"{"class":"A","args":[{"zeta":1,"alpha":{"y":2,"b":3}}]}"#
+            );
+        }
+        let sorted: Value = serde_json::from_str(r#"{"alpha":{"b":3,"y":2},"zeta":1}"#).unwrap();
+        assert_eq!(
+            canonical::digest("A", &Value::Array(vec![built])),
+            canonical::digest("A", &Value::Array(vec![sorted]))
+        );
+    }
 }
