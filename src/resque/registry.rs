@@ -85,11 +85,10 @@ pub async fn heartbeat<C: ConnectionLike + Send>(
 }
 
 /// Removes the slot's Resque registration and, with its last slot, the process (checklist 16,
-/// `in_flight_failure` is pushed first if `worker:<id>` is still set.
+/// A reservation the slot still holds keeps the slot listed for the janitor.
 pub async fn unregister<C: ConnectionLike + Send>(
     conn: &mut C,
     reg: &Registration<'_>,
-    in_flight_failure: Option<&str>,
 ) -> RedisResult<()> {
     let k = reg.keys;
     let _: String = scripts()
@@ -100,7 +99,6 @@ pub async fn unregister<C: ConnectionLike + Send>(
         .key(k.heartbeat())
         .key(k.stat_processed_by(reg.worker_id))
         .key(k.stat_failed_by(reg.worker_id))
-        .key(k.failed())
         .key(k.processes())
         .key(k.slots(reg.process_id))
         .key(k.alive(reg.process_id))
@@ -108,7 +106,6 @@ pub async fn unregister<C: ConnectionLike + Send>(
         .arg(reg.worker_id)
         .arg(reg.process_id)
         .arg(reg.slot)
-        .arg(in_flight_failure.unwrap_or(""))
         .invoke_async(conn)
         .await?;
     Ok(())

@@ -534,7 +534,7 @@ impl Worker {
                 process_id: &self.id.process_id,
                 slot: self.id.slot,
             };
-            match registry::unregister(&mut self.conn.clone(), &reg, None).await {
+            match registry::unregister(&mut self.conn.clone(), &reg).await {
                 Ok(()) => return,
                 Err(e) => {
                     self.redis_error("unregister", &e);

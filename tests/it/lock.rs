@@ -2225,7 +2225,7 @@ async fn a_reservation_left_behind_at_unregister_is_recovered_by_the_janitor() {
     push(c, "q", &job).await;
     let s1 = Slot::new(format!("{process}:1"), w1);
     reserve_job(c, &s1, &["q"]).await;
-    registry::unregister(c, &reg_of(&k, process, 1, w1), None)
+    registry::unregister(c, &reg_of(&k, process, 1, w1))
         .await
         .unwrap();
     assert_unregistered(c, w1).await;
@@ -2235,7 +2235,7 @@ async fn a_reservation_left_behind_at_unregister_is_recovered_by_the_janitor() {
     assert!(report.recovered.is_empty(), "{report:?}");
     assert!(exists(c, &s1.inflight()).await);
 
-    registry::unregister(c, &reg_of(&k, process, 2, w2), None)
+    registry::unregister(c, &reg_of(&k, process, 2, w2))
         .await
         .unwrap();
     assert_unregistered(c, w2).await;
@@ -2257,7 +2257,7 @@ async fn a_reservation_left_behind_at_unregister_is_recovered_by_the_janitor() {
     // Without a reservation left, unregistering the last slot removes everything at once.
     let other = "testhost:4244:0a1b2c3d";
     register(c, other, 0, "testhost:4244:q", Duration::from_secs(60)).await;
-    registry::unregister(c, &reg_of(&k, other, 0, "testhost:4244:q"), None)
+    registry::unregister(c, &reg_of(&k, other, 0, "testhost:4244:q"))
         .await
         .unwrap();
     assert!(!exists(c, &k.alive(other)).await);

@@ -1,7 +1,7 @@
 -- UNREGISTER (resque-protocol.md §4 unregister_worker, checklist 16; locking-semantics.md R-8).
 -- Removes one slot's Resque registration and, with the last registered slot, the process's
--- liveness. A failure record for a job still marked as in progress is pushed first, as Resque
--- does.
+-- liveness. A job still in progress is not recorded here: its inflight record stays, and the
+-- janitor records or requeues it by R-4, as for any dead process.
 --
 -- A slot that still holds a reservation (its worker could neither finish nor return it, e.g.
 -- Redis failed it until the retries gave up) stays in slots:<process> and the process stays in
@@ -14,32 +14,26 @@
 -- KEYS[4]  <ns>:workers:heartbeat
 -- KEYS[5]  <ns>:stat:processed:<resque worker id>
 -- KEYS[6]  <ns>:stat:failed:<resque worker id>
--- KEYS[7]  <ns>:failed
--- KEYS[8]  <ns>:locket:processes
--- KEYS[9]  <ns>:locket:slots:<process id>
--- KEYS[10] <ns>:locket:alive:<process id>
--- KEYS[11] <ns>:locket:inflight:<process id>:<slot>
+-- KEYS[7]  <ns>:locket:processes
+-- KEYS[8]  <ns>:locket:slots:<process id>
+-- KEYS[9]  <ns>:locket:alive:<process id>
+-- KEYS[10] <ns>:locket:inflight:<process id>:<slot>
 -- ARGV[1]  Resque worker id
 -- ARGV[2]  process id
 -- ARGV[3]  slot number
--- ARGV[4]  failure record JSON to push if KEYS[2] is still set, or ""
 --
 -- Returns "ok". Raises nothing.
 
-local working = redis.call('GET', KEYS[2])
-if working and working ~= '' and ARGV[4] ~= '' then
-  redis.call('RPUSH', KEYS[7], ARGV[4])
-end
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[5], KEYS[6])
 redis.call('HDEL', KEYS[4], ARGV[1])
-if redis.call('EXISTS', KEYS[11]) == 0 then
-  redis.call('HDEL', KEYS[9], ARGV[3])
+if redis.call('EXISTS', KEYS[10]) == 0 then
+  redis.call('HDEL', KEYS[8], ARGV[3])
 end
-local slots = redis.call('HGETALL', KEYS[9])
+local slots = redis.call('HGETALL', KEYS[8])
 if #slots == 0 then
-  redis.call('DEL', KEYS[9], KEYS[10])
-  redis.call('SREM', KEYS[8], ARGV[2])
+  redis.call('DEL', KEYS[8], KEYS[9])
+  redis.call('SREM', KEYS[7], ARGV[2])
   return 'ok'
 end
 -- Slots left: registered ones (still working or stopping), or reservations left behind.
@@ -48,5 +42,5 @@ for i = 2, #slots, 2 do
     return 'ok'
   end
 end
-redis.call('DEL', KEYS[10])
+redis.call('DEL', KEYS[9])
 return 'ok'
