@@ -788,7 +788,6 @@ impl Worker {
         } else {
             random_hex(16)
         };
-        let working_on = failure::working_on(&job.raw, &queue, SystemTime::now());
         let lockinfo = serde_json::json!({
             "process": self.id.process_id,
             "slot": self.id.slot,
@@ -809,7 +808,7 @@ impl Worker {
             lock_ttl: lt.lock_ttl.get(),
             counter_ttl: lt.counter_ttl.get(),
             requeue_on_conflict: true,
-            working_on: &working_on,
+            working_on: "",
             lockinfo: &lockinfo,
         };
         if control.stopping() {
@@ -878,6 +877,13 @@ impl Worker {
         let mut waiting = false;
         let (acquired, sent_at) = loop {
             let sent_at = Instant::now();
+            // Resque's run_at is when the job starts: taken per attempt, so that a lock wait
+            // before it is not shown as time spent working.
+            let working_on = failure::working_on(&job.raw, &queue, SystemTime::now());
+            let req = AcquireRequest {
+                working_on: &working_on,
+                ..req.clone()
+            };
             let acquired = {
                 let slot = self.slot();
                 let o = (!plain).then_some(&opts);

@@ -273,6 +273,55 @@ fn story_one_after_another_waits_instead_of_dropping() {
     }
 }
 
+/// resque-protocol.md checklist 15 with P-3: a job that waited for its lock shows resque-web,
+/// in its "working on" record, the time it started running, not the time it was reserved and
+/// began to wait (here about 2 s earlier).
+#[test]
+fn a_job_that_waited_for_its_lock_shows_when_it_started() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = handler(work.path(), "slow.sh", &log, "sleep 2");
+    let config = cfg("q")
+        .class(
+            "Slow",
+            &h,
+            "lock = \"s:{args[0]}\"\non_conflict = \"wait\"\nwait_timeout = \"30s\"",
+        )
+        .render();
+    let mut ds = start_daemons(&redis, &mut r, &config, 2);
+    r.push("q", r#"{"class":"Slow","args":[1,"a"]}"#);
+    wait_until(LONG, "the first job started", || runs(&log).len() == 1);
+    r.push("q", r#"{"class":"Slow","args":[1,"b"]}"#);
+    wait_until(LONG, "the second job started", || runs(&log).len() == 2);
+    let first_end = runs(&log)[0]
+        .end
+        .expect("the first ended before the second started");
+    let mut record: Option<Value> = None;
+    wait_until(LONG, "the second job's working-on record", || {
+        record = r
+            .keys(&format!("{NS}:worker:*"))
+            .iter()
+            .filter_map(|k| r.cmd::<Option<String>>(&["GET", k]))
+            .filter_map(|v| serde_json::from_str::<Value>(&v).ok())
+            .find(|v| v["payload"]["args"][1] == "b");
+        record.is_some()
+    });
+    let run_at = record.unwrap()["run_at"].as_str().unwrap().to_string();
+    // Whole seconds (Resque's format): the second the first job ended, or later.
+    let free_at =
+        locketd::resque::time::run_at(UNIX_EPOCH + Duration::from_nanos(first_end as u64));
+    assert!(
+        run_at >= free_at,
+        "run_at {run_at} is before the lock was free ({free_at})"
+    );
+    wait_until(LONG, "both ran", || ended(&log) == 2);
+    for d in &mut ds {
+        assert_eq!(d.terminate(LONG).code(), Some(0));
+    }
+}
+
 /// Story 2 bounded, P-3: a wait that times out applies `wait_then` (here `discard`), counted as
 /// `wait_timeout`; the slot waited at least `wait_timeout`.
 #[test]
