@@ -1173,7 +1173,9 @@ fn bad_configs_exit_78_naming_the_setting_and_the_reference_config_checks() {
 }
 
 /// README "Command line": a Redis that does not answer within `redis_connect_timeout` at start
-/// makes the daemon exit 69 (EX_UNAVAILABLE) after retrying, not at the first refusal.
+/// makes the daemon exit 69 (EX_UNAVAILABLE, which the systemd unit's `Restart=on-failure`
+/// retries; 78 would be final) after retrying, not at the first refusal, and without starting
+/// a worker meanwhile.
 #[test]
 fn an_unreachable_redis_makes_the_daemon_exit_69() {
     let mut redis = RedisServer::start();
@@ -1196,6 +1198,7 @@ fn an_unreachable_redis_makes_the_daemon_exit_69() {
         "{}",
         d.log()
     );
+    assert!(!d.log().contains("worker started"), "{}", d.log());
 }
 
 /// A daemon started while Redis is still coming up waits for it and then works.

@@ -382,6 +382,123 @@ fn hup_reloads_a_good_config_gracefully_and_refuses_a_bad_one() {
     });
 }
 
+/// A HUP that moves the daemon to another namespace leaves the old workers' jobs where they
+/// live: an old worker, still running its job after the QUIT the HUP sent it, that then dies
+/// is recovered in the old namespace (its job recorded once as `Resque::DirtyExit` in the old
+/// `failed` list, its in-flight record, lock and registration gone), not looked for in the new
+/// one, where nothing would ever find it (no worker of the old namespace is left to run its
+/// janitor). The new workers serve the new namespace.
+#[test]
+fn a_worker_dying_after_a_namespace_changing_hup_is_recovered_in_its_old_namespace() {
+    let (old, new) = ("locket-old", "locket-new");
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let mut reaper = Reaper::default();
+    reaper.watch(&dir.join("pid"));
+    let started = dir.join("started");
+    let long = write_script(
+        dir,
+        "long.sh",
+        &format!(
+            "echo $$ > {d}/pid\necho ok > {d}/started\nexec sleep 60\n",
+            d = dir.display()
+        ),
+    );
+    // A shutdown_timeout longer than the test: the old worker, told to QUIT, never stops its
+    // job itself.
+    let config = |ns: &str| {
+        cfg("q")
+            .top(&format!("namespace = \"{ns}\""))
+            .locket("shutdown_timeout", "\"60s\"")
+            .class("Long", &long, "")
+            .render()
+    };
+    let workers_in =
+        |r: &mut R, ns: &str| -> Vec<String> { r.cmd(&["SMEMBERS", &format!("{ns}:workers")]) };
+    let mut d = Daemon::start(&redis, &config(old), &[]);
+    let mut victim = String::new();
+    wait_until(SHORT, "a worker registered in the old namespace", || {
+        let pids = d.worker_pids();
+        victim = workers_in(&mut r, old).pop().unwrap_or_default();
+        pids.len() == 1 && victim.contains(&format!(":{}:", pids[0]))
+    });
+    let victim_pid = pid_of(&victim);
+    let _: i64 = r.cmd(&["SADD", &format!("{old}:queues"), "q"]);
+    let _: i64 = r.cmd(&[
+        "RPUSH",
+        &format!("{old}:queue:q"),
+        r#"{"class":"Long","args":[]}"#,
+    ]);
+    // The handler itself: a worker between RESERVE and ACQUIRE holds a job that never ran,
+    // which R-4 requeues rather than fails.
+    wait_until(SHORT, "the job runs", || read_lossy(&started) == "ok\n");
+    let handler: i32 = read_lossy(&dir.join("pid")).trim().parse().unwrap();
+
+    fs::write(d.config_path(), config(new)).unwrap();
+    d.signal(libc::SIGHUP);
+    d.wait_for_log("HUP: config reloaded; replacing workers gracefully", SHORT);
+    d.wait_for_log("shutting down: waiting for the running job", SHORT);
+    wait_until(
+        SHORT,
+        "a new worker registered in the new namespace",
+        || {
+            let ids = workers_in(&mut r, new);
+            ids.len() == 1 && pid_of(&ids[0]) != victim_pid
+        },
+    );
+    assert!(
+        pid_alive(handler),
+        "the old worker's job stopped after QUIT"
+    );
+    assert_eq!(workers_in(&mut r, old), vec![victim.clone()]);
+
+    // SAFETY: kill(2) of the daemon's old worker process.
+    unsafe { libc::kill(victim_pid, libc::SIGKILL) };
+    let failed = format!("{old}:failed");
+    wait_until(
+        SHORT,
+        "a DirtyExit in the old namespace's failed list",
+        || r.llen(&failed) == 1,
+    );
+    wait_until(
+        SHORT,
+        "the old worker's in-flight record and registration gone",
+        || {
+            r.keys(&format!("{old}:locket:inflight:*")).is_empty()
+                && workers_in(&mut r, old).is_empty()
+        },
+    );
+    let raw: Vec<String> = r.cmd(&["LRANGE", &failed, "0", "-1"]);
+    let f: serde_json::Value = serde_json::from_str(&raw[0]).unwrap();
+    assert_eq!(f["exception"], "Resque::DirtyExit", "{f}");
+    assert_eq!(f["worker"], victim.as_str(), "{f}");
+    assert_eq!(f["payload"]["class"], "Long", "{f}");
+    assert!(
+        f["error"]
+            .as_str()
+            .unwrap()
+            .contains("died (killed by SIGKILL (signal 9))"),
+        "{f}"
+    );
+    assert!(!pid_alive(handler), "the dead worker's handler still runs");
+    assert!(r.keys(&format!("{old}:locket:lock:*")).is_empty());
+    assert!(!r.exists(&format!("{old}:worker:{victim}")));
+    let processes: Vec<String> = r.cmd(&["SMEMBERS", &format!("{old}:locket:processes")]);
+    assert!(processes.is_empty(), "{processes:?}");
+    assert_eq!(r.llen(&format!("{new}:failed")), 0);
+    assert!(r.keys(&format!("{new}:locket:inflight:*")).is_empty());
+    // The retiring worker is not replaced: the new namespace's worker is the only one.
+    let ids = workers_in(&mut r, new);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(d.worker_pids(), vec![pid_of(&ids[0])]);
+
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0), "{}", d.log());
+    assert!(workers_in(&mut r, new).is_empty());
+}
+
 /// S-7: a Redis with an evicting `maxmemory-policy` is refused at start (exit 78) unless
 /// `allow_evicting_redis` is set.
 #[test]
