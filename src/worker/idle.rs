@@ -7,12 +7,15 @@
 //!
 //! Jobs pushed to other (lower) queues are found at the next pass, at most `interval` later,
 //! as Resque's polling would. The other slots of the process wait on the waiter's wake-up.
-//! A server without BLMOVE (Redis < 6.2) or one that refuses it falls back to sleeping.
+//! A server without BLMOVE (Redis < 6.2) or one whose ACL denies it falls back to sleeping.
+//! Any other error (OOM on a full Redis, MISCONF, LOADING, READONLY after a failover, a dropped
+//! connection) waits out the interval and tries again on a new connection: never a tight loop.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify};
-use tracing::debug;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 /// Shared by the slots of one worker process.
 #[derive(Debug, Default)]
@@ -21,8 +24,11 @@ pub(super) struct Idle {
     blocker: Mutex<Option<redis::aio::MultiplexedConnection>>,
     /// Wakes the slots waiting beside the blocker.
     wake: Notify,
-    /// BLMOVE failed with an error that will not go away.
+    /// BLMOVE is refused for good (an unknown command before Redis 6.2, or an ACL that denies
+    /// it): idle slots sleep instead.
     unsupported: AtomicBool,
+    /// The last BLMOVE failed (logged once until one succeeds).
+    failing: AtomicBool,
 }
 
 impl Idle {
@@ -37,30 +43,33 @@ impl Idle {
         F: std::future::Future<Output = ()>,
     {
         tokio::pin!(stop);
+        let until = Instant::now() + interval;
         let Some(key) = queue_key.filter(|_| !self.unsupported.load(Ordering::Relaxed)) else {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = &mut stop => {}
-            }
+            sleep_until_or(until, &mut stop).await;
             return;
         };
+        // Registered before the lock is tried, so a wake-up sent between a failed try_lock
+        // and the wait below is not missed.
+        let woken = self.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
         let Ok(mut guard) = self.blocker.try_lock() else {
             // Another slot blocks for the process: wait for its wake-up.
             tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(interval) => {}
+                _ = woken => {}
+                _ = tokio::time::sleep_until(until) => {}
                 _ = &mut stop => {}
             }
             return;
         };
         if guard.is_none() {
-            *guard = connect(url, interval).await;
+            tokio::select! {
+                c = connect(url, interval) => *guard = c,
+                _ = &mut stop => return,
+            }
         }
         let Some(conn) = guard.as_mut() else {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = &mut stop => {}
-            }
+            sleep_until_or(until, &mut stop).await;
             return;
         };
         // BLMOVE's timeout is in seconds (a double since Redis 6.0); 0 would block forever.
@@ -68,23 +77,68 @@ impl Idle {
         let mut cmd = redis::cmd("BLMOVE");
         cmd.arg(key).arg(key).arg("RIGHT").arg("RIGHT").arg(secs);
         let blmove = cmd.query_async::<Option<redis::Value>>(conn);
-        tokio::select! {
+        let failed = tokio::select! {
             r = blmove => match r {
-                Ok(Some(_)) => self.wake.notify_waiters(),
-                Ok(None) => {}
+                Ok(found) => {
+                    if self.failing.swap(false, Ordering::Relaxed) {
+                        info!("BLMOVE answers again; idle slots wake on pushes");
+                    }
+                    if found.is_some() {
+                        self.wake.notify_waiters();
+                    }
+                    false
+                }
                 Err(e) => {
-                    if matches!(e.kind(), redis::ErrorKind::Server(_)) {
-                        debug!(error = %e, "BLMOVE refused; idle slots poll every interval");
+                    if refused_for_good(&e) {
+                        warn!(error = %e, "BLMOVE refused; idle slots poll every interval");
                         self.unsupported.store(true, Ordering::Relaxed);
+                    } else if !self.failing.swap(true, Ordering::Relaxed) {
+                        // OOM, MISCONF, LOADING, READONLY after a failover, a dropped
+                        // connection...: passing, so the next wait tries again, on a new
+                        // connection, after this one's interval has run out.
+                        warn!(error = %e, "BLMOVE failed; idle slots poll every interval until it answers");
                     }
                     *guard = None;
+                    true
                 }
             },
             _ = &mut stop => {
                 // The blocked command cannot be taken back: drop its connection.
                 *guard = None;
+                return;
             }
+        };
+        if failed {
+            // Never straight back: a Redis that fails every command at once (a full one)
+            // would otherwise get a new connection and a BLMOVE per RESERVE, in a loop. The
+            // lock is kept meanwhile, so the other slots wait too instead of trying.
+            sleep_until_or(until, &mut stop).await;
+            drop(guard);
         }
+    }
+}
+
+/// Sleeps until `until` unless `stop` completes first.
+async fn sleep_until_or<F>(until: Instant, stop: &mut std::pin::Pin<&mut F>)
+where
+    F: std::future::Future<Output = ()>,
+{
+    tokio::select! {
+        _ = tokio::time::sleep_until(until) => {}
+        _ = stop.as_mut() => {}
+    }
+}
+
+/// An error BLMOVE will keep giving on this server: an unknown command (Redis < 6.2), wrong
+/// arguments, or an ACL that denies it.
+fn refused_for_good(e: &redis::RedisError) -> bool {
+    let detail = e.detail().unwrap_or("").to_ascii_lowercase();
+    match e.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => {
+            detail.contains("unknown command") || detail.contains("wrong number of arguments")
+        }
+        _ => false,
     }
 }
 
