@@ -55,19 +55,33 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         ran: true,
         ..JanitorReport::default()
     };
-    let result = async {
-        report.promoted = lock::promote_delayed(conn, keys, 100, None).await?;
-        report.expired = lock::purge_expired(conn, keys, 100).await?;
-        report.holds_expired = lock::purge_holds(conn, keys, 100).await?;
-        recover_dead(conn, keys, config, &mut report).await
+    // Each step runs whatever the others did: one that fails for good (a queue key of the
+    // wrong type, say) must not stop the rest, pass after pass. The first error is returned.
+    let mut first_error = None;
+    match lock::promote_delayed(conn, keys, 100, None).await {
+        Ok(n) => report.promoted = n,
+        Err(e) => first_error = first_error.or(Some(e)),
     }
-    .await;
+    match lock::purge_expired(conn, keys, 100).await {
+        Ok(n) => report.expired = n,
+        Err(e) => first_error = first_error.or(Some(e)),
+    }
+    match lock::purge_holds(conn, keys, 100).await {
+        Ok(n) => report.holds_expired = n,
+        Err(e) => first_error = first_error.or(Some(e)),
+    }
+    if let Err(e) = recover_dead(conn, keys, config, &mut report).await {
+        first_error = first_error.or(Some(e));
+    }
     let _: RedisResult<i64> = redis::Script::new(RELEASE_MUTEX)
         .key(keys.janitor())
         .arg(token)
         .invoke_async(conn)
         .await;
-    result.map(|()| report)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
 }
 
 async fn recover_dead<C: ConnectionLike + Send>(
@@ -81,6 +95,7 @@ async fn recover_dead<C: ConnectionLike + Send>(
         .query_async(conn)
         .await?;
     let mut recovered_processes = 0;
+    let mut first_error = None;
     for process in processes {
         if recovered_processes >= 10 {
             break;
@@ -93,9 +108,15 @@ async fn recover_dead<C: ConnectionLike + Send>(
             continue;
         }
         recovered_processes += 1;
-        recover_process(conn, keys, config, &process, "stopped heartbeating", report).await?;
+        // One process that cannot be recovered must not hold up the ones listed after it.
+        if let Err(e) =
+            recover_process(conn, keys, config, &process, "stopped heartbeating", report).await
+        {
+            debug!(process = %process, error = %e, "recovering a dead process failed");
+            first_error = first_error.or(Some(e));
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Recovers every slot of one process whose `alive:` lease is gone: used by the janitor,
@@ -122,12 +143,20 @@ pub async fn recover_process<C: ConnectionLike + Send>(
             .await?;
         return Ok(());
     }
+    let mut first_error = None;
     for (slot, worker_id) in slots {
-        let result = recover_slot(conn, keys, config, process, &slot, &worker_id, why).await?;
-        info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
-        report.recovered.push((format!("{process}:{slot}"), result));
+        match recover_slot(conn, keys, config, process, &slot, &worker_id, why).await {
+            Ok(result) => {
+                info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
+                report.recovered.push((format!("{process}:{slot}"), result));
+            }
+            Err(e) => {
+                debug!(process = %process, slot = %slot, error = %e, "recovering a slot failed");
+                first_error = first_error.or(Some(e));
+            }
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 async fn recover_slot<C: ConnectionLike + Send>(
@@ -140,17 +169,25 @@ async fn recover_slot<C: ConnectionLike + Send>(
     why: &str,
 ) -> RedisResult<String> {
     let slot_key = format!("{process}:{slot}");
-    let record: HashMap<String, String> = redis::cmd("HGETALL")
+    // Bytes: a payload need not be UTF-8 (E-1), and one that is not must not stop the
+    // recovery. The script moves the payload itself; only the failure record's copy is text.
+    let record: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
         .arg(keys.inflight(&slot_key))
         .query_async(conn)
         .await?;
-    let rid = record.get("rid").cloned().unwrap_or_default();
-    let queue = record.get("queue").cloned().unwrap_or_default();
-    let payload = record.get("payload").cloned().unwrap_or_default();
-    let class = record.get("class").cloned().unwrap_or_default();
+    let field = |name: &str| {
+        record
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    let rid = field("rid");
+    let queue = field("queue");
+    let payload = field("payload");
+    let class = field("class");
     let locks: Vec<String> = record
         .get("locks")
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default()
         .into_iter()

@@ -2337,6 +2337,50 @@ async fn the_janitor_returns_a_dead_process_reserved_job_to_the_head_of_its_queu
     );
 }
 
+// locking-semantics.md R-4, NEVER-2, E-1: a payload that is not UTF-8 in a dead process's slot
+// is recovered byte for byte, and does not stop the recovery of the other dead processes
+// (before, reading its record as text failed the pass at that process, pass after pass).
+#[tokio::test]
+async fn a_payload_that_is_not_utf8_does_not_stop_the_janitor_recovering_every_dead_process() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let cfg = janitor_config("");
+    let bad: &[u8] = b"{\"class\":\"J\",\"args\":[\"\xff\"]}";
+    let mut expected = vec![bad.to_vec()];
+    let mut slots = Vec::new();
+    for i in 0..4u32 {
+        let process = format!("testhost:{}:0000000{i}", 5000 + i);
+        let worker = format!("testhost:{}:q", 5000 + i);
+        register(c, &process, 0, &worker, Duration::from_millis(300)).await;
+        let body = if i == 0 {
+            bad.to_vec()
+        } else {
+            let p = payload("J", json!([i]));
+            expected.push(p.clone());
+            p
+        };
+        push(c, "q", &body).await;
+        let slot = Slot::new(format!("{process}:0"), &worker);
+        let res = reserve_job(c, &slot, &["q"]).await;
+        assert_eq!(res.payload, body);
+        slots.push((process, slot));
+    }
+    for (process, _) in &slots {
+        wait_dead(c, process).await;
+    }
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await.unwrap();
+    assert_eq!(report.recovered.len(), 4, "{report:?}");
+    let mut back = lrange(c, &k.queue("q")).await;
+    back.sort();
+    expected.sort();
+    assert_eq!(back, expected, "every reservation is back, byte for byte");
+    for (process, slot) in &slots {
+        assert!(!exists(c, &slot.inflight()).await);
+        assert!(!smembers(c, &k.processes()).await.contains(process));
+    }
+}
+
 // locking-semantics.md R-4 (running, fail), L-5, A-14, NEVER-2, NEVER-3, R-6, A-13 step 5
 #[tokio::test]
 async fn the_janitor_fails_a_dead_process_running_job_as_dirty_exit_and_frees_its_lock_at_once() {

@@ -1029,7 +1029,9 @@ fn an_idle_worker_does_not_hammer_a_redis_that_refuses_commands() {
         .class("Rec", &rec, "")
         .render();
     let mut d = Daemon::start(&redis, &config, &["--interval", "1"]);
-    wait_until(SHORT, "two slot workers registered", || r.workers().len() == 2);
+    wait_until(SHORT, "two slot workers registered", || {
+        r.workers().len() == 2
+    });
     std::thread::sleep(Duration::from_millis(300));
     let connections = |r: &mut R| -> i64 {
         let info: String = r.cmd(&["INFO", "stats"]);
