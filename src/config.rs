@@ -641,6 +641,13 @@ impl Config {
                 ),
             ));
         }
+        if l.process_ttl.get() < l.process_heartbeat.get() * 3 {
+            warnings.push(format!(
+                "locket.process_ttl ({}) is less than three times locket.process_heartbeat ({}): \
+                 a Redis stall of about one heartbeat period makes a live worker presume itself dead",
+                l.process_ttl, l.process_heartbeat
+            ));
+        }
         if l.janitor_interval.get() < Duration::from_millis(100) {
             return Err(invalid("locket.janitor_interval", "is below 100ms"));
         }

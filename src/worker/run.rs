@@ -264,7 +264,10 @@ impl Supervision {
 }
 
 /// renews the process lease and the Resque heartbeat every `every`; cancels `dead`
-/// when the lease was found gone.
+/// when the lease was found gone. A renewal that fails (or gets no answer within `every`) is
+/// retried after a quarter of `every` (at most 1 s), not a whole one: with `process_ttl` at
+/// twice `every`, waiting a whole period after one failure would let the lease lapse and the
+/// live process presume itself dead.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn process_heartbeat(
     mut conn: ConnectionManager,
@@ -278,28 +281,47 @@ pub(super) async fn process_heartbeat(
 ) {
     let mut failing = false;
     let ids: Vec<&str> = worker_ids.iter().map(String::as_str).collect();
+    let retry_after = (every / 4).clamp(Duration::from_millis(25), Duration::from_secs(1));
+    let mut wait = every;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
         }
-        match registry::heartbeat(&mut conn, &keys, &process_id, &ids, ttl).await {
-            Ok(true) => {
+        let beat = tokio::time::timeout(
+            every,
+            registry::heartbeat(&mut conn, &keys, &process_id, &ids, ttl),
+        )
+        .await;
+        match beat {
+            Ok(Ok(true)) => {
                 if failing {
                     info!("process heartbeat resumed");
                     failing = false;
                 }
+                wait = every;
             }
-            Ok(false) => {
+            Ok(Ok(false)) => {
                 error!(process = %process_id, "process lease was gone: presumed dead and possibly recovered elsewhere; stopping");
                 dead.cancel();
                 return;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 if !failing {
                     warn!(error = %e, "process heartbeat failed; retrying");
                     failing = true;
                 }
+                wait = retry_after;
+            }
+            Err(_) => {
+                if !failing {
+                    warn!(
+                        waited_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX),
+                        "process heartbeat failed: no answer; retrying"
+                    );
+                    failing = true;
+                }
+                wait = retry_after;
             }
         }
     }

@@ -1060,6 +1060,34 @@ fn an_idle_worker_does_not_hammer_a_redis_that_refuses_commands() {
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
 }
 
+/// one failed renewal of the process lease does not make a live worker presume
+/// itself dead. At the tightest ratio allowed (process_ttl = 2 × process_heartbeat) the next
+/// renewal used to come a whole period after the failed one, just as the lease ran out; it is
+/// now retried within a quarter period. (Here every script is refused by an ACL until the
+/// worker has logged one failed heartbeat.)
+#[test]
+fn one_failed_process_heartbeat_does_not_kill_a_live_worker() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let config = cfg("q")
+        .locket("process_heartbeat", "\"1s\"")
+        .locket("process_ttl", "\"2s\"")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_workers(&mut r, &d, 1);
+    let worker = d.worker_pid();
+    let _: () = r.cmd(&["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
+    d.wait_for_log("process heartbeat failed", SHORT);
+    let _: () = r.cmd(&["ACL", "SETUSER", "default", "+@all"]);
+    d.wait_for_log("process heartbeat resumed", SHORT);
+    // Past the lease the failed renewal would have left.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!d.log().contains("presumed dead"), "{}", d.log());
+    assert_eq!(d.worker_pids(), vec![worker], "the worker was replaced");
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
 /// Issue 3 "restarts with capped backoff": a worker that keeps dying right after it starts is
 /// restarted after 1 s, then 2 s, then 4 s (doubling up to 30 s), and each death is logged
 /// with its cause.
