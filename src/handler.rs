@@ -289,11 +289,15 @@ impl CommandHandler {
         let program = &self.argv[0];
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(&self.argv[1..])
-            // The service manager's and the metrics pipe's variables are the daemon's own.
+            // The service manager's, the metrics pipe's and the master's variables are the
+            // daemon's own: a handler that runs locketd itself must not start as a worker.
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
             .env_remove(crate::metrics::METRICS_FD_ENV)
+            .env_remove(crate::master::ROLE_ENV)
+            .env_remove(crate::master::PAUSED_ENV)
+            .env_remove(crate::master::WORKER_INDEX_ENV)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("LOCKETD_CLASS", &job.class)
             .env("LOCKETD_QUEUE", &job.queue)

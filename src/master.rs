@@ -39,6 +39,8 @@ pub const ROLE_ENV: &str = "LOCKETD_ROLE";
 /// Set to "1" for a worker started while the master is paused (USR2, not yet CONT): it starts
 /// paused, as the workers it joins or replaces are.
 pub const PAUSED_ENV: &str = "LOCKETD_PAUSED";
+/// The worker's index (0..workers), set in its environment.
+pub const WORKER_INDEX_ENV: &str = "LOCKETD_WORKER_INDEX";
 /// The largest config text a worker reads from stdin.
 pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -450,7 +452,7 @@ impl Master {
         cmd.args(&self.args)
             .env(ROLE_ENV, "worker")
             .env(PAUSED_ENV, if self.paused { "1" } else { "0" })
-            .env("LOCKETD_WORKER_INDEX", index.to_string())
+            .env(WORKER_INDEX_ENV, index.to_string())
             // The master alone talks to systemd.
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")

@@ -1498,7 +1498,8 @@ exec sleep 30
 // ---------------------------------------------------------------------------------------------
 
 /// README "Handler contract", A-9, T-2/T-4, A-5: a command handler gets the payload on stdin
-/// and LOCKETD_CLASS/QUEUE/ARGS/WORKER/LOCK_KEYS/LOCK_TOKEN (plus the class's `env`); the token
+/// and LOCKETD_CLASS/QUEUE/ARGS/WORKER/LOCK_KEYS/LOCK_TOKEN (plus the class's `env`, and none of
+/// the master's own variables for its workers); the token
 /// is the lease member of the default lock `Class:<sha256 of canonical args>`; a `lock = false`
 /// class and a queue outside `lock_queues` run unlocked (`[]`, empty token).
 #[test]
@@ -1521,6 +1522,7 @@ printf '%s' "$LOCKETD_WORKER" > "$d/worker"
 printf '%s' "$LOCKETD_LOCK_KEYS" > "$d/lock_keys"
 printf '%s' "${{LOCKETD_LOCK_TOKEN-unset}}" > "$d/lock_token"
 printf '%s' "${{CLASS_ENV-unset}}" > "$d/class_env"
+printf '%s' "${{LOCKETD_ROLE-unset}} ${{LOCKETD_PAUSED-unset}} ${{LOCKETD_WORKER_INDEX-unset}}" > "$d/internal"
 cat > "$d/stdin"
 case "$LOCKETD_ARGS" in
   *hold*)
@@ -1590,6 +1592,9 @@ touch "$d/complete"
     });
     let lock_id = default_lock_id("Env::Dump", r#"[1,"hold",{"a":1,"b":2}]"#);
     assert_eq!(holding["lock_keys"], format!("[\"{lock_id}\"]"));
+    // The master's variables for its workers are not the handler's: a handler that runs
+    // locketd must not start as a worker reading its config from stdin.
+    assert_eq!(holding["internal"], "unset unset unset");
     let token = holding["lock_token"].clone();
     assert!(
         token.len() == 32
