@@ -45,7 +45,8 @@ pub enum Outcome {
     Failed,
     /// Recorded as a failure not counted in `stat:failed` (killed, `Resque::DirtyExit`).
     Killed,
-    /// Put back in its queue (lock lost with `on_lock_lost = "requeue"`).
+    /// Put back in its queue (lock lost with `on_lock_lost = "requeue"`, or rescheduled by the
+    /// handler's exit 75).
     Requeued,
 }
 
@@ -55,7 +56,7 @@ impl Outcome {
         match label {
             "success" => Outcome::Succeeded,
             "killed" => Outcome::Killed,
-            "requeued" => Outcome::Requeued,
+            "requeued" | "rescheduled" => Outcome::Requeued,
             _ => Outcome::Failed,
         }
     }

@@ -191,10 +191,20 @@ fn metrics_endpoint_counts_the_jobs_that_ran() {
     let builder = Daemon::builder(&redis);
     let ok = write_script(builder.dir(), "ok.sh", "exit 0\n");
     let bad = write_script(builder.dir(), "bad.sh", "echo no >&2; exit 2\n");
+    // Exit 75 (reschedule) once, then success: a requeue, not a failure.
+    let again = write_script(
+        builder.dir(),
+        "again.sh",
+        &format!(
+            "if [ -e {0}/again-ran ]; then exit 0; fi\ntouch {0}/again-ran\nexit 75\n",
+            builder.dir().display()
+        ),
+    );
     let config = cfg("q,other")
         .top("metrics = \"127.0.0.1:0\"")
         .class("Good", &ok, "")
         .class("Bad", &bad, "")
+        .class("Again", &again, "")
         .render();
     let mut daemon = builder.config(&config).start();
     let addr = metrics_addr(&daemon);
@@ -204,19 +214,33 @@ fn metrics_endpoint_counts_the_jobs_that_ran() {
     for i in 0..2 {
         r.push("q", &format!(r#"{{"class":"Bad","args":[{i}]}}"#));
     }
-    wait_until(SHORT, "all five jobs ran", || r.processed() == 5);
+    r.push("q", r#"{"class":"Again","args":[]}"#);
+    wait_until(SHORT, "all six jobs ran", || r.processed() == 6);
     // Work waiting in a queue the daemon does not reach yet is a gauge read at scrape time.
     let _: i64 = r.cmd(&["SADD", &format!("{NS}:queues"), "other"]);
 
     let good = r#"{queue="q",class="Good"}"#;
     let badl = r#"{queue="q",class="Bad"}"#;
+    let againl = r#"{queue="q",class="Again"}"#;
     // Workers report to the master once a second: wait for the report after the last job.
     let (mut status, mut body) = (String::new(), String::new());
-    wait_until(SHORT, "the master's metrics show the five jobs", || {
+    wait_until(SHORT, "the master's metrics show the six jobs", || {
         (status, body) = http_get(&addr, "/metrics");
         sample(&body, &format!("locketd_jobs_succeeded_total{good}")) == Some(3.0)
             && sample(&body, &format!("locketd_jobs_failed_total{badl}")) == Some(2.0)
+            && sample(&body, &format!("locketd_jobs_succeeded_total{againl}")) == Some(1.0)
     });
+    // A reschedule (exit 75) is a requeue, as `stat:failed` and the failed list say.
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_requeued_total{againl}")),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, &format!("locketd_jobs_failed_total{againl}")),
+        Some(0.0),
+        "{body}"
+    );
     assert!(status.contains("200"), "{status}");
     assert_eq!(
         sample(&body, &format!("locketd_jobs_succeeded_total{good}")),
@@ -252,7 +276,7 @@ fn metrics_endpoint_counts_the_jobs_that_ran() {
     );
     assert_eq!(sample(&body, r#"locketd_workers{state="idle"}"#), Some(1.0));
     assert_eq!(sample(&body, r#"locketd_workers{state="busy"}"#), Some(0.0));
-    assert_eq!(sample(&body, "locketd_resque_processed"), Some(5.0));
+    assert_eq!(sample(&body, "locketd_resque_processed"), Some(6.0));
     assert_eq!(sample(&body, "locketd_resque_failed"), Some(2.0));
     assert_eq!(sample(&body, "locketd_failures_listed"), Some(2.0));
     assert_eq!(sample(&body, "locketd_redis_up"), Some(1.0));
