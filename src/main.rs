@@ -31,8 +31,9 @@ struct Cli {
     /// Resque namespace (key prefix).
     #[arg(long, global = true, value_name = "NS")]
     namespace: Option<String>,
-    /// Queues in priority order, Resque's syntax: "high,low", "*", "critical,*,!low".
-    #[arg(long, env = "QUEUES", value_name = "LIST")]
+    /// Queues in priority order, Resque's syntax: "high,low", "*", "critical,*,!low" (also
+    /// the queues `status` shows).
+    #[arg(long, global = true, env = "QUEUES", value_name = "LIST")]
     queues: Option<String>,
     /// Seconds to sleep when no job was found (Resque's INTERVAL); 0 drains and exits.
     #[arg(long, env = "INTERVAL", value_name = "SECS", value_parser = seconds)]

@@ -126,7 +126,7 @@ fn status_shows_queues_workers_locks_and_failures() {
     assert_eq!(ruby["job"]["run_at"], "2026-11-21T12:18:29Z");
     assert_eq!(ruby["started"], "2026-11-21 12:18:29 +0000");
 
-    let text = stdout_ok(&locketd(&redis, &["--queues", "high,slow", "status"]));
+    let text = stdout_ok(&locketd(&redis, &["status", "--queues", "high,slow"]));
     eprintln!("{text}");
     assert!(text.contains("skipped"), "{text}");
     assert!(
