@@ -368,7 +368,10 @@ impl Master {
                 } else if sig == SIGCONT {
                     self.paused = false;
                 }
-                info!(signal = sig, "forwarding to every worker");
+                info!(
+                    signal = crate::shutdown::signal_name(sig),
+                    "forwarding to every worker"
+                );
                 for s in self.slots.values() {
                     signal(s.pid, sig);
                 }
@@ -378,7 +381,7 @@ impl Master {
                 let graceful = sig == SIGQUIT || (sig == SIGTERM && cfg.graceful_term);
                 let second = self.stopping.is_some();
                 info!(
-                    signal = sig,
+                    signal = crate::shutdown::signal_name(sig),
                     graceful, second, "stopping: forwarding to every worker"
                 );
                 self.stopping = Some(sig);

@@ -47,12 +47,12 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
         SIGTERM | SIGINT => {
             if c.term.is_cancelled() {
                 warn!(
-                    signal = sig,
+                    signal = signal_name(sig),
                     "second stop signal: killing the running job now"
                 );
             } else {
                 info!(
-                    signal = sig,
+                    signal = signal_name(sig),
                     "stopping now: the running job gets term_timeout"
                 );
             }
@@ -71,5 +71,22 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
         }
         SIGHUP => info!("HUP is handled by the master; ignored by a worker"),
         _ => {}
+    }
+}
+
+/// The name a log line gives a signal (`signal` field): `QUIT`, `TERM`, `USR2`, ... in the
+/// master's lines and the workers' alike.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        SIGQUIT => "QUIT",
+        SIGTERM => "TERM",
+        SIGINT => "INT",
+        SIGUSR1 => "USR1",
+        SIGUSR2 => "USR2",
+        SIGCONT => "CONT",
+        SIGHUP => "HUP",
+        libc::SIGKILL => "KILL",
+        libc::SIGCHLD => "CHLD",
+        _ => "other",
     }
 }
