@@ -64,7 +64,8 @@ pub fn probe_latency_us(args: &serde_json::Value, now_us: u64) -> Option<u64> {
 pub fn sleep_duration(args: &serde_json::Value) -> Duration {
     let secs = args.get(0).and_then(|v| v.as_f64()).unwrap_or(1.0);
     if secs.is_finite() && secs > 0.0 {
-        Duration::from_secs_f64(secs).min(MAX_SLEEP)
+        // Capped before the conversion, which panics on values past u64 seconds (1e20).
+        Duration::from_secs_f64(secs.min(MAX_SLEEP.as_secs_f64()))
     } else {
         Duration::ZERO
     }
@@ -88,11 +89,14 @@ impl Handler for Builtin {
                 let d = sleep_duration(&job.args);
                 Box::pin(async move {
                     tokio::select! {
-                        _ = tokio::time::sleep(d) => {}
-                        // The supervisor decides how a stopped job is recorded.
-                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(d) => Ok(()),
+                        // Stopped before its end: it did not finish (a shutdown records the
+                        // TermException; a timeout or a lost lock its own failure).
+                        _ = stop.cancelled() => Err(crate::resque::failure::JobFailure::new(
+                            "Resque::TermException",
+                            "SIGTERM",
+                        )),
                     }
-                    Ok(())
                 })
             }
         }
@@ -146,10 +150,12 @@ mod tests {
         assert_eq!(sleep_duration(&json!(["x"])), Duration::from_secs(1));
         assert_eq!(sleep_duration(&json!([-3])), Duration::ZERO);
         assert_eq!(sleep_duration(&json!([1e12])), MAX_SLEEP);
+        // Past u64 seconds: Duration::from_secs_f64 would panic (and take the worker down).
+        assert_eq!(sleep_duration(&json!([1e20])), MAX_SLEEP);
     }
 
     #[tokio::test]
-    async fn handlers_succeed_and_sleep_stops_when_asked() {
+    async fn handlers_succeed_and_a_stopped_sleep_is_not_a_success() {
         let stop = CancellationToken::new();
         assert!(Builtin::Noop
             .perform(ctx(json!([])), stop.clone())
@@ -162,6 +168,8 @@ mod tests {
         let fut = Builtin::Sleep.perform(ctx(json!([3600])), stop.clone());
         stop.cancel();
         let done = tokio::time::timeout(Duration::from_secs(5), fut).await;
-        assert!(matches!(done, Ok(Ok(()))));
+        // Stopped early, it did not finish its work: not a success.
+        let Ok(Err(f)) = done else { panic!("{done:?}") };
+        assert_eq!(f.exception, "Resque::TermException");
     }
 }

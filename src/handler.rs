@@ -60,7 +60,11 @@ pub type HandlerResult = Result<(), JobFailure>;
 /// Runs jobs of one class.
 ///
 /// `stop` is cancelled when the supervisor asks the job to stop politely (lost lock, timeout,
-/// shutdown); if the future has not completed `kill_grace` later it is dropped.
+/// shutdown); if the future has not completed `kill_grace` (`term_timeout` for a shutdown)
+/// later it is dropped. After a shutdown's stop, what the future returns still counts: `Ok`
+/// (the work got done) is a success and [`reschedule`] puts the job back in its queue; any
+/// other error is recorded as `Resque::TermException`. A lost lock or a timeout records its own
+/// failure whatever the future returns.
 pub trait Handler: Send + Sync {
     /// Runs one job.
     fn perform(

@@ -176,8 +176,13 @@ impl Supervision {
         };
         let mut end = end;
         stop.cancel();
-        let grace_end = Instant::now() + grace;
+        let mut grace_end = Instant::now() + grace;
         let lease_counts = locked && !matches!(end, RunEnd::LockLost);
+        // A TERM during another stop's grace (a timeout's or a lost lock's kill_grace) shortens
+        // it to term_timeout; a second TERM or a USR1 ends it at once, as they would a run.
+        let mut term_seen = matches!(end, RunEnd::Terminated { .. });
+        // What the handler returned once told to stop, if it did within the grace.
+        let mut returned: Option<HandlerResult> = None;
         loop {
             tokio::select! {
                 biased;
@@ -198,14 +203,27 @@ impl Supervision {
                     }
                     break;
                 }
-                _ = control.kill.cancelled(), if matches!(end, RunEnd::Terminated { .. }) => {
+                _ = control.kill.cancelled() => {
+                    info!("second stop signal: killing the stopping job now");
                     if let RunEnd::Terminated { killed } = &mut end {
                         *killed = true;
                     }
                     break;
                 }
+                Ok(()) = kills.changed() => {
+                    info!("USR1: killing the stopping job now");
+                    if let RunEnd::Terminated { killed } = &mut end {
+                        *killed = true;
+                    }
+                    break;
+                }
+                _ = control.term.cancelled(), if !term_seen => {
+                    term_seen = true;
+                    grace_end = grace_end.min(Instant::now() + self.term_timeout);
+                }
                 r = &mut fut => {
                     debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
+                    returned = Some(r);
                     break;
                 }
                 _ = sleep_until(next_extend), if lease_counts && extension.is_terminated() => {
@@ -230,6 +248,19 @@ impl Supervision {
             }
         }
         drop(fut);
+        // A shutdown's polite stop is the handler's to answer, as a Ruby job may rescue
+        // Resque::TermException: one that still finished its work (returned Ok, exit 0) counts
+        // as a success, and one that asks to run again (exit 75) is rescheduled. Anything else
+        // stays the shutdown's TermException. (A timeout or a lost lock decides by itself.)
+        if let (RunEnd::Terminated { killed: false }, Some(r)) = (&end, returned) {
+            match r {
+                Ok(()) => return RunEnd::Finished(Ok(())),
+                Err(f) if f.exception == crate::handler::RESCHEDULE => {
+                    return RunEnd::Finished(Err(f))
+                }
+                Err(_) => {}
+            }
+        }
         end
     }
 

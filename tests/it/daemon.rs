@@ -1093,6 +1093,94 @@ fn a_second_term_kills_the_running_job_at_once_and_exits_0() {
     assert_stopped_as(&mut r, work.path(), &worker, handler, true);
 }
 
+/// resque-protocol §7 with the handler contract: TERM's polite stop is the handler's to answer,
+/// as a Ruby job may rescue Resque::TermException. A handler that finishes cleanly on SIGTERM
+/// (exit 0) is a success, and one that asks to run again (exit 75) is rescheduled: neither is
+/// recorded as a TermException (before, both were, and a retry ran finished work again).
+#[test]
+fn a_handler_that_answers_term_decides_how_its_job_ends() {
+    for (code, class) in [(0, "Clean"), (75, "Again")] {
+        let redis = RedisServer::start();
+        let mut r = R::new(&redis);
+        let work = workdir();
+        let pid_file = work.path().join("handler.pid");
+        let mut reaper = Reaper::default();
+        reaper.watch(&pid_file);
+        // `sleep & wait`, so the trap runs as soon as SIGTERM arrives.
+        let script = write_script(
+            work.path(),
+            "polite.sh",
+            &format!(
+                "trap 'exit {code}' TERM\necho $$ > {}\nsleep 30 &\nwait $!\n",
+                pid_file.display()
+            ),
+        );
+        let config = cfg("q").class(class, &script, "").render();
+        let mut d = Daemon::start(&redis, &config, &[]);
+        let worker = wait_registered(&mut r, &d);
+        let payload = format!(r#"{{"class":"{class}","args":[1]}}"#);
+        r.push("q", &payload);
+        wait_pid(&pid_file, SHORT);
+        wait_until(SHORT, "the job is marked as running", || {
+            r.exists(&format!("{NS}:worker:{worker}"))
+        });
+        d.signal(libc::SIGTERM);
+        assert_eq!(exit_code(&mut d, SHORT), Some(0), "{}", d.log());
+        assert!(r.failures().is_empty(), "exit {code}: {:?}", r.failures());
+        assert_eq!(r.failed_stat(), 0);
+        let left: Vec<String> = r.cmd(&["LRANGE", &format!("{NS}:queue:q"), "0", "-1"]);
+        if code == 0 {
+            assert_eq!(r.processed(), 1);
+            assert!(left.is_empty(), "{left:?}");
+        } else {
+            assert_eq!(left, vec![payload.clone()], "rescheduled");
+        }
+        assert_unregistered(&mut r, &worker);
+    }
+}
+
+/// README "Signals": a TERM cuts a stop's grace to `term_timeout`, also while a job is already
+/// being stopped for another reason. Here a handler that ignores SIGTERM runs past its class
+/// `timeout` (1 s) into `kill_grace = 60s`; a TERM during that grace kills it after
+/// term_timeout (1 s), and the job is recorded as the Locket::Timeout it was. Before, the TERM
+/// was not looked at: the master SIGKILLed the whole worker at its own deadline (term_timeout
+/// + 15 s) and the job became a Resque::DirtyExit.
+#[test]
+fn a_term_during_a_timeouts_kill_grace_cuts_it_to_term_timeout() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let pid_file = work.path().join("handler.pid");
+    let mut reaper = Reaper::default();
+    reaper.watch(&pid_file);
+    let script = write_script(
+        work.path(),
+        "stubborn.sh",
+        &format!("trap '' TERM\necho $$ > {}\nsleep 60\n", pid_file.display()),
+    );
+    let config = cfg("q")
+        .top("term_timeout = \"1s\"")
+        .locket("kill_grace", "\"60s\"")
+        .class("Slow", &script, "timeout = \"1s\"")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    r.push("q", r#"{"class":"Slow","args":[1]}"#);
+    let handler = wait_pid(&pid_file, SHORT);
+    // Past the timeout: the handler got its SIGTERM, ignored it, and is in its kill_grace.
+    std::thread::sleep(Duration::from_millis(1800));
+    assert!(
+        pid_alive(handler),
+        "the handler should still be in its kill_grace"
+    );
+    d.signal(libc::SIGTERM);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0), "{}", d.log());
+    assert!(!pid_alive(handler));
+    let failures = r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Locket::Timeout", "{failures:?}");
+}
+
 /// R-8: a job still running when QUIT's `shutdown_timeout` ends is stopped and recorded as
 /// `Resque::TermException`; the daemon exits 0.
 #[test]
