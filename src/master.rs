@@ -128,7 +128,7 @@ pub struct Master {
 }
 
 impl Master {
-    /// A master for `args` (the arguments after argv[0], as given to this process).
+    /// A master for `args` (the arguments after `argv[0]`, as given to this process).
     pub fn new(args: Vec<OsString>, loader: Loader, current: Loaded) -> std::io::Result<Master> {
         let exe = std::env::current_exe()?;
         let (events_tx, events) = mpsc::unbounded_channel();

@@ -122,7 +122,7 @@ async fn recover_dead<C: ConnectionLike + Send>(
 /// Recovers every slot of one process whose `alive:` lease is gone: used by the janitor,
 /// and by the master right after it reaped a dead worker (after deleting the lease, since the
 /// process is known dead). Each slot's script re-checks the lease and the rid. `why`
-/// completes the failure message "locketd process <id> <why> while running <Class>".
+/// completes the failure message `locketd process <id> <why> while running <Class>`.
 pub async fn recover_process<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,

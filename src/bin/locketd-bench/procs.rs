@@ -350,7 +350,7 @@ impl RssPeaks {
     }
 }
 
-/// utime + stime of `pid` (fields 14 and 15 of /proc/<pid>/stat), in clock ticks.
+/// utime + stime of `pid` (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
 fn cpu_ticks(pid: i32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let mut rest = s[s.rfind(')')? + 1..].split_whitespace();
@@ -360,7 +360,7 @@ fn cpu_ticks(pid: i32) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// A `Vm*:` field of /proc/<pid>/status, in KiB.
+/// A `Vm*:` field of `/proc/<pid>/status`, in KiB.
 pub fn vm_field(pid: i32, field: &str) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -369,7 +369,7 @@ pub fn vm_field(pid: i32, field: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The process group of `pid` (field 5 of /proc/<pid>/stat).
+/// The process group of `pid` (field 5 of `/proc/<pid>/stat`).
 fn pgid(pid: i32) -> Option<i32> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; the fields after its ')' do not.
