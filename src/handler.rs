@@ -51,6 +51,11 @@ pub fn reschedule() -> JobFailure {
     JobFailure::new(RESCHEDULE, "rescheduled by the handler")
 }
 
+/// The longest args JSON handed to a command handler in `LOCKETD_ARGS`. Linux refuses an
+/// environment string over 128 KiB; longer args are left out (`LOCKETD_ARGS_OMITTED=1`) and
+/// read from the payload on stdin.
+pub const ARGS_ENV_LIMIT: usize = 64 * 1024;
+
 /// sysexits EX_TEMPFAIL: a command handler exiting with it is rescheduled.
 pub const EX_TEMPFAIL: i32 = 75;
 
@@ -305,7 +310,6 @@ impl CommandHandler {
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("LOCKETD_CLASS", &job.class)
             .env("LOCKETD_QUEUE", &job.queue)
-            .env("LOCKETD_ARGS", &job.args_raw)
             .env("LOCKETD_WORKER", &job.worker)
             .env(
                 "LOCKETD_LOCK_KEYS",
@@ -321,6 +325,14 @@ impl CommandHandler {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        // Linux refuses to exec with one environment string over 128 KiB (E2BIG): the job
+        // could never run. Large args are read from the payload on stdin instead.
+        if job.args_raw.len() <= ARGS_ENV_LIMIT {
+            cmd.env("LOCKETD_ARGS", &job.args_raw);
+        } else {
+            cmd.env_remove("LOCKETD_ARGS")
+                .env("LOCKETD_ARGS_OMITTED", "1");
+        }
         if let Some(dir) = &self.dir {
             cmd.current_dir(dir);
         }
@@ -350,14 +362,14 @@ impl CommandHandler {
             pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
         };
 
-        if let Some(mut stdin) = child.stdin.take() {
+        let stdin_task = child.stdin.take().map(|mut stdin| {
             let payload = job.payload.clone().into_bytes();
             tokio::spawn(async move {
                 // A handler that does not read stdin closes the pipe: that is not an error.
                 let _ = stdin.write_all(&payload).await;
                 let _ = stdin.shutdown().await;
-            });
-        }
+            })
+        });
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let (class, queue) = (job.class.clone(), job.queue.clone());
@@ -369,12 +381,14 @@ impl CommandHandler {
                 .await;
             }
         });
-        let (class, queue) = (job.class.clone(), job.queue.clone());
+        // Shared, so the tail is there even when the reader is cut off below.
+        let tail = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let (class, queue, err_tail) = (job.class.clone(), job.queue.clone(), tail.clone());
         let err_task = tokio::spawn(async move {
-            let mut tail = VecDeque::new();
             if let Some(err) = stderr {
                 for_each_line(err, |line| {
                     tracing::warn!(target: "locketd::handler", class = %class, queue = %queue, stream = "stderr", "{}", line);
+                    let mut tail = err_tail.lock().unwrap_or_else(|p| p.into_inner());
                     if tail.len() == STDERR_TAIL_LINES {
                         tail.pop_front();
                     }
@@ -382,7 +396,6 @@ impl CommandHandler {
                 })
                 .await;
             }
-            tail
         });
 
         let status = tokio::select! {
@@ -394,11 +407,27 @@ impl CommandHandler {
         };
         // The handler is gone; anything it left in its group goes too.
         drop(guard);
-        let _ = tokio::time::timeout(Duration::from_secs(1), out_task).await;
-        let tail: Vec<String> = match tokio::time::timeout(Duration::from_secs(1), err_task).await {
-            Ok(Ok(t)) => t.into_iter().collect(),
-            _ => Vec::new(),
-        };
+        // A process that left the group (setsid) may still hold the pipes: give the readers a
+        // moment to drain what the handler wrote, then stop them and the stdin writer, so
+        // nothing of this job outlives it.
+        let drain = Duration::from_secs(1);
+        let (out_abort, err_abort) = (out_task.abort_handle(), err_task.abort_handle());
+        let _ = tokio::time::timeout(drain, async {
+            let _ = out_task.await;
+            let _ = err_task.await;
+        })
+        .await;
+        out_abort.abort();
+        err_abort.abort();
+        if let Some(t) = stdin_task {
+            t.abort();
+        }
+        let tail: Vec<String> = tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
         let status = match status {
             Ok(s) => s,
             Err(e) => {
@@ -439,7 +468,8 @@ impl CommandHandler {
                     signal_status_text(pid, sig)
                 ),
             )
-            .with_backtrace(tail)
+            // Resque's DirtyExit records carry an empty backtrace (resque-protocol.md §6);
+            // the handler's stderr is in the log.
             .dirty())
         }
     }

@@ -1423,6 +1423,92 @@ echo done >> {runs}
     eprintln!("handler stopped {stopped_after:?} after the lock was deleted");
 }
 
+/// Handler contract (CommandFailed's error names the last stderr line): a handler that leaves
+/// a process of its own session (setsid) holding its stdout and stderr still has its failure
+/// recorded with the reason it wrote. Before, the stderr reader was still waiting on the pipe
+/// when it was given up, and the tail it held was dropped with it.
+#[test]
+fn a_handler_leaving_a_setsid_process_on_its_pipes_keeps_its_failure_reason() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let pid_file = work.path().join("escaped.pid");
+    let mut reaper = Reaper::default();
+    reaper.watch(&pid_file);
+    let script = write_script(
+        work.path(),
+        "escape.sh",
+        &format!(
+            "setsid -f sh -c 'echo $$ > {0}; exec sleep 30'\n\
+             i=0\nwhile [ ! -s {0} ] && [ $i -lt 200 ]; do sleep 0.01; i=$((i+1)); done\n\
+             echo 'boom: real reason' >&2\nexit 1\n",
+            pid_file.display()
+        ),
+    );
+    let config = cfg("q").class("Escape", &script, "").render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    r.push("q", r#"{"class":"Escape","args":[]}"#);
+    wait_until(SHORT, "the failure recorded", || !r.failures().is_empty());
+    wait_pid(&pid_file, SHORT);
+    let f = &r.failures()[0];
+    assert_eq!(f["exception"], "Locket::CommandFailed", "{f}");
+    assert!(
+        f["error"]
+            .as_str()
+            .unwrap()
+            .ends_with("exited with status 1: boom: real reason"),
+        "{f}"
+    );
+    assert_eq!(f["backtrace"], json!(["boom: real reason"]), "{f}");
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// Handler contract: args too large for the environment (Linux refuses one environment string
+/// over 128 KiB, so exec failed with E2BIG and the job could never run) are left out of
+/// LOCKETD_ARGS, with LOCKETD_ARGS_OMITTED=1, and the job runs with its whole payload on stdin.
+#[test]
+fn a_job_with_args_too_large_for_the_environment_runs_with_them_on_stdin() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let runs = work.path().join("runs");
+    // One line per run: LOCKETD_ARGS_OMITTED, the length of LOCKETD_ARGS, the stdin bytes.
+    let script = write_script(
+        work.path(),
+        "big.sh",
+        &format!(
+            "n=$(wc -c)\nprintf '%s|%s|%s\\n' \"${{LOCKETD_ARGS_OMITTED-unset}}\" \"${{#LOCKETD_ARGS}}\" \"$n\" >> {}\n",
+            runs.display()
+        ),
+    );
+    let config = cfg("q").class("Big", &script, "").render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_registered(&mut r, &d);
+    let big = "a".repeat(200 * 1024);
+    let payload = format!(r#"{{"class":"Big","args":["{big}"]}}"#);
+    r.push("q", &payload);
+    r.push("q", r#"{"class":"Big","args":["small"]}"#);
+    wait_until(SHORT, "both jobs ran", || r.processed() == 2);
+    let failures: Vec<String> = r
+        .failures()
+        .iter()
+        .map(|f| f["error"].to_string())
+        .collect();
+    assert!(failures.is_empty(), "{failures:?}");
+    let lines: Vec<String> = read_lossy(&runs).lines().map(str::to_string).collect();
+    assert_eq!(
+        lines,
+        vec![
+            format!("1|0|{}", payload.len()),
+            format!("unset|9|{}", r#"{"class":"Big","args":["small"]}"#.len()),
+        ]
+    );
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
 /// A handler may print anything: a line of bytes that are not UTF-8 is logged with U+FFFD and
 /// the rest of its output is still read, so it runs to its end and succeeds. Before, the
 /// reader stopped at that line and closed the pipe, and the handler's next write killed it with
