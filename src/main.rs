@@ -162,9 +162,13 @@ fn init_logging(cfg: &Config) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log_level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // A log line that cannot be written (stderr a pipe whose reader is gone: a dead log
+    // shipper, `| head`) is dropped. By default tracing reports it with eprintln!, which
+    // panics on that same broken pipe and took the master down, leaving workers unsupervised.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match cfg.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),

@@ -580,3 +580,37 @@ fn metrics_count_lock_conflicts_and_queue_skips() {
     third.terminate(SHORT);
     holder.kill();
 }
+
+/// A daemon whose stderr is a pipe nobody reads any more (a dead log shipper, `| head`) still
+/// stops cleanly on TERM: log lines it cannot write are dropped. Before, tracing reported the
+/// failed write with eprintln!, which panicked on the same broken pipe: the master exited 101
+/// and left its worker running unsupervised, ignoring TERM.
+#[test]
+fn a_daemon_whose_stderr_reader_is_gone_stops_cleanly_on_term() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("c.toml");
+    std::fs::write(&conf, cfg("q").render()).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_locketd"));
+    cmd.args(["--redis", &redis.url()])
+        .arg("--config")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = Group(cmd.spawn().unwrap());
+    // The reader goes away.
+    drop(child.0.stderr.take());
+    wait_until(SHORT, "a worker registered", || r.workers().len() == 1);
+    // SAFETY: kill(2) of our child, the master.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let mut status = None;
+    wait_until(SHORT, "the master exits", || {
+        status = child.0.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.unwrap().code(), Some(0), "{status:?}");
+    wait_until(SHORT, "the worker unregistered", || r.workers().is_empty());
+}
