@@ -188,6 +188,22 @@ pub struct Snapshot {
     pub redis_reconnects: u64,
 }
 
+/// Most `(queue, class)` series (and `queue` series of skips) one recorder, or the master's sum,
+/// keeps: queue and class names come from job producers, and each series lives as long as the
+/// daemon. Further ones are counted under [`OTHER`].
+pub const MAX_SERIES: usize = 1000;
+/// The queue and class label of the series past [`MAX_SERIES`].
+pub const OTHER: &str = "(other)";
+
+/// `key`, or the [`OTHER`] key when `len` series exist already and `key` is not one of them.
+fn capped<K: Ord>(len: usize, present: bool, key: K, other: K) -> K {
+    if present || len < MAX_SERIES {
+        key
+    } else {
+        other
+    }
+}
+
 impl Snapshot {
     /// Adds `other`'s counters (and gauges) to these.
     pub fn add(&mut self, other: &Snapshot) {
@@ -197,10 +213,18 @@ impl Snapshot {
             .map(|j| ((j.queue.clone(), j.class.clone()), j))
             .collect();
         for j in &other.jobs {
-            jobs.entry((j.queue.clone(), j.class.clone()))
+            let key = (j.queue.clone(), j.class.clone());
+            let present = jobs.contains_key(&key);
+            let key = capped(
+                jobs.len(),
+                present,
+                key,
+                (OTHER.to_string(), OTHER.to_string()),
+            );
+            jobs.entry(key.clone())
                 .or_insert_with(|| JobCounts {
-                    queue: j.queue.clone(),
-                    class: j.class.clone(),
+                    queue: key.0,
+                    class: key.1,
                     ..JobCounts::default()
                 })
                 .add(j);
@@ -210,7 +234,14 @@ impl Snapshot {
             *self.lock_conflicts.entry(k.clone()).or_default() += v;
         }
         for (k, v) in &other.queue_skips {
-            *self.queue_skips.entry(k.clone()).or_default() += v;
+            let present = self.queue_skips.contains_key(k);
+            let k = capped(
+                self.queue_skips.len(),
+                present,
+                k.clone(),
+                OTHER.to_string(),
+            );
+            *self.queue_skips.entry(k).or_default() += v;
         }
         self.locks_lost += other.locks_lost;
         self.workers += other.workers;
@@ -267,13 +298,19 @@ impl Metrics {
     }
 
     fn entry<'a>(l: &'a mut Labelled, queue: &str, class: &str) -> &'a mut JobCounts {
-        l.jobs
-            .entry((queue.to_string(), class.to_string()))
-            .or_insert_with(|| JobCounts {
-                queue: queue.to_string(),
-                class: class.to_string(),
-                ..JobCounts::default()
-            })
+        let key = (queue.to_string(), class.to_string());
+        let present = l.jobs.contains_key(&key);
+        let key = capped(
+            l.jobs.len(),
+            present,
+            key,
+            (OTHER.to_string(), OTHER.to_string()),
+        );
+        l.jobs.entry(key.clone()).or_insert_with(|| JobCounts {
+            queue: key.0,
+            class: key.1,
+            ..JobCounts::default()
+        })
     }
 
     /// A job's handler starts; the worker is busy until [`Metrics::job_finished`].
@@ -317,7 +354,9 @@ impl Metrics {
         }
         self.with(|l| {
             for q in queues {
-                *l.queue_skips.entry(q.clone()).or_default() += 1;
+                let present = l.queue_skips.contains_key(q);
+                let q = capped(l.queue_skips.len(), present, q.clone(), OTHER.to_string());
+                *l.queue_skips.entry(q).or_default() += 1;
             }
         });
     }
@@ -533,6 +572,33 @@ mod tests {
             m.job_finished("q", "C", Outcome::Succeeded, Duration::from_millis(30));
         }
         m.snapshot()
+    }
+
+    // Names come from job producers: the series kept are bounded, in a worker and in the
+    // master's sum, and what is past the bound is still counted.
+    #[test]
+    fn series_are_capped_and_the_rest_counted_as_other() {
+        let m = Metrics::default();
+        for i in 0..MAX_SERIES + 50 {
+            m.job_started("q", &format!("C{i}"));
+            m.queues_skipped(&[format!("q{i}")]);
+        }
+        let s = m.snapshot();
+        assert_eq!(s.jobs.len(), MAX_SERIES + 1);
+        let other = s.jobs.iter().find(|j| j.class == OTHER).unwrap();
+        assert_eq!((other.queue.as_str(), other.started), (OTHER, 50));
+        assert_eq!(s.queue_skips.len(), MAX_SERIES + 1);
+        assert_eq!(s.queue_skips[OTHER], 50);
+        let mut sum = Snapshot::default();
+        sum.add(&s);
+        let more = Metrics::default();
+        more.job_started("elsewhere", "New");
+        sum.add(&more.snapshot());
+        assert!(sum.jobs.len() <= MAX_SERIES + 1, "{}", sum.jobs.len());
+        assert!(!sum.jobs.iter().any(|j| j.queue == "elsewhere"));
+        // Nothing is lost on the way: every start is in some series.
+        let started: u64 = sum.jobs.iter().map(|j| j.started).sum();
+        assert_eq!(started, (MAX_SERIES + 51) as u64);
     }
 
     #[test]
