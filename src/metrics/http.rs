@@ -128,8 +128,34 @@ type Labels = Vec<(String, String)>;
 fn l(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.to_string(), label_value(v)))
         .collect()
+}
+
+/// Longest label value written, in bytes; a longer one is cut and ends in `…`.
+const MAX_LABEL_BYTES: usize = 200;
+
+/// A label value as the text format wants it: `\`, `"` and newlines escaped (the encoder
+/// writes values as given, and queue and class names come from job producers: one raw quote
+/// or newline made the whole scrape unparseable), and at most [`MAX_LABEL_BYTES`] long.
+fn label_value(v: &str) -> String {
+    let mut end = v.len().min(MAX_LABEL_BYTES);
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = String::with_capacity(end + 8);
+    for c in v[..end].chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    if end < v.len() {
+        out.push('…');
+    }
+    out
 }
 
 fn counter_family(
@@ -369,6 +395,9 @@ pub struct Source {
     pub config: Config,
 }
 
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 32;
+
 /// The [`Source`] the endpoint reads at each scrape, shared with whoever replaces it.
 pub type SharedSource = Arc<RwLock<Arc<Source>>>;
 
@@ -382,6 +411,7 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await?;
     let local: SocketAddr = listener.local_addr()?;
     info!(addr = %local, "serving metrics on /metrics");
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
         loop {
             let (mut sock, _) = match listener.accept().await {
@@ -392,13 +422,24 @@ pub async fn serve(
                     continue;
                 }
             };
+            // Bounded: idle connections must not use up the master's file descriptors (it
+            // needs them to restart workers). One past the bound is closed at once.
+            let Ok(permit) = connections.clone().try_acquire_owned() else {
+                drop(sock);
+                continue;
+            };
             let (agg, source) = (aggregate.clone(), source.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 let _ = tokio::time::timeout(Duration::from_secs(10), async {
                     let mut buf = Vec::with_capacity(1024);
                     let mut chunk = [0u8; 1024];
+                    // A client that sends no request soon gives its place back.
+                    let head_by = tokio::time::Instant::now() + Duration::from_secs(3);
                     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                        let n = sock.read(&mut chunk).await?;
+                        let n = tokio::time::timeout_at(head_by, sock.read(&mut chunk))
+                            .await
+                            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
                         if n == 0 {
                             break;
                         }
@@ -444,6 +485,33 @@ pub async fn serve(
 mod tests {
     use super::*;
     use crate::metrics::{Metrics, Outcome};
+
+    // Queue and class names come from job producers: a quote, a backslash or a newline must
+    // not break the exposition text (one bad line fails the whole scrape), nor a huge name
+    // make a huge one.
+    #[test]
+    fn label_values_from_producers_are_escaped_and_cut() {
+        let m = Metrics::default();
+        let odd = "Q\"uo\\te\nERROR forged";
+        m.job_started("q", odd);
+        m.job_started("q", &"é".repeat(1000));
+        let text = render(m.snapshot(), RedisGauges::default());
+        assert!(
+            text.contains(
+                r#"locketd_jobs_started_total{queue="q",class="Q\"uo\\te\nERROR forged"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("ERROR")), "{text}");
+        let long = text
+            .lines()
+            .find(|l| l.starts_with("locketd_jobs_started_total") && l.contains('é'))
+            .unwrap();
+        assert!(
+            long.contains(&format!("class=\"{}…\"", "é".repeat(100))),
+            "{long}"
+        );
+    }
 
     #[test]
     fn render_has_every_family() {

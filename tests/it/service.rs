@@ -614,3 +614,41 @@ fn a_daemon_whose_stderr_reader_is_gone_stops_cleanly_on_term() {
     assert_eq!(status.unwrap().code(), Some(0), "{status:?}");
     wait_until(SHORT, "the worker unregistered", || r.workers().is_empty());
 }
+
+/// The metrics endpoint holds at most 32 connections, and one that sends no request within
+/// 3 s gives its place back: idle clients cannot use up the master's file descriptors (which
+/// it needs to restart workers) nor keep /metrics away for good.
+#[test]
+fn idle_metrics_connections_are_bounded_and_released() {
+    let redis = RedisServer::start();
+    let config = cfg("q").top("metrics = \"127.0.0.1:0\"").render();
+    let d = Daemon::start(&redis, &config, &[]);
+    let addr = metrics_addr(&d);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .count()
+    };
+    let before = fds();
+    let idle: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fds();
+    assert!(
+        during <= before + 40,
+        "100 idle connections took {} descriptors",
+        during - before
+    );
+    // Past the 3 s for a request, the idle ones are closed and a scrape is served again.
+    wait_until(SHORT, "a scrape is served", || {
+        TcpStream::connect(&addr).is_ok_and(|mut s| {
+            s.set_read_timeout(Some(SHORT)).unwrap();
+            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let mut resp = String::new();
+            let _ = s.read_to_string(&mut resp);
+            resp.starts_with("HTTP/1.1 200")
+        })
+    });
+    drop(idle);
+}
