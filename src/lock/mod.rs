@@ -41,6 +41,8 @@ pub enum Reserved {
     Nothing {
         /// Queues skipped because `counter >= LLEN`.
         skipped: Vec<String>,
+        /// Queues whose key is not a list (written by another tool): passed over.
+        unreadable: Vec<String>,
     },
     /// `pause-all-workers` is set.
     Paused,
@@ -227,9 +229,16 @@ fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
             },
             rid: text(&reply[3]),
         }),
-        Some("nothing") => Ok(Reserved::Nothing {
-            skipped: reply[1..].iter().map(text).collect(),
-        }),
+        Some("nothing") => {
+            let names = |v: Option<&Value>| match v {
+                Some(Value::Array(a)) => a.iter().map(text).collect(),
+                _ => Vec::new(),
+            };
+            Ok(Reserved::Nothing {
+                skipped: names(reply.get(1)),
+                unreadable: names(reply.get(2)),
+            })
+        }
         Some("paused") => Ok(Reserved::Paused),
         Some("busy") => Ok(Reserved::Busy),
         _ => unexpected("reserve", &Value::Array(reply)),

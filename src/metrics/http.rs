@@ -88,7 +88,19 @@ async fn read_redis_inner(
     let per: Vec<(u64, Option<u64>)> = if names.is_empty() {
         Vec::new()
     } else {
-        pipe.query_async(conn).await?
+        // A queue key of the wrong type (another tool's) reads as empty rather than failing
+        // the whole scrape and reporting Redis down.
+        let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        flat.chunks(2)
+            .map(|c| {
+                let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
+                let ctr = c
+                    .get(1)
+                    .and_then(|v| redis::from_redis_value::<Option<u64>>(v.clone()).ok())
+                    .flatten();
+                (len, ctr)
+            })
+            .collect()
     };
     let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
     let (locks_held, processed, failed, workers_registered): (u64, Option<u64>, Option<u64>, u64) =

@@ -152,7 +152,9 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     let lens: Vec<(u64, Option<String>)> = if names.is_empty() {
         Vec::new()
     } else {
-        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        // A queue key another tool made a string or a hash answers WRONGTYPE: it reads as
+        // empty instead of failing the whole status.
+        let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
         flat.chunks(2)
             .map(|c| {
                 let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
@@ -187,7 +189,9 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
                 .get(k.worker_started(id))
                 .hget(k.heartbeat(), id);
         }
-        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        // A queue key another tool made a string or a hash answers WRONGTYPE: it reads as
+        // empty instead of failing the whole status.
+        let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
         for (id, c) in chunk.iter().zip(flat.chunks(3)) {
             let s =
                 |i: usize| redis::from_redis_value::<Option<String>>(c[i].clone()).unwrap_or(None);

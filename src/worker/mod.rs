@@ -175,6 +175,8 @@ pub struct Worker {
     lock_queues: Option<QueueSpec>,
     plans: std::sync::Arc<Plans>,
     title_prefix: String,
+    /// Queues whose key is not a list, warned about once each.
+    unreadable_warned: std::collections::HashSet<String>,
     /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
     title: String,
     redis_down: bool,
@@ -317,6 +319,7 @@ impl Worker {
         };
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
+            unreadable_warned: Default::default(),
             title: String::new(),
             config,
             handlers,
@@ -336,6 +339,7 @@ impl Worker {
         for k in 2..=slots {
             let peer = Worker {
                 title_prefix: worker.title_prefix.clone(),
+                unreadable_warned: Default::default(),
                 title: String::new(),
                 config: worker.config.clone(),
                 handlers: worker.handlers.clone(),
@@ -592,7 +596,10 @@ impl Worker {
                 if let Some(r) = self.flush_pending().await {
                     return r;
                 }
-                Ok(Reserved::Nothing { skipped: vec![] })
+                Ok(Reserved::Nothing {
+                    skipped: vec![],
+                    unreadable: vec![],
+                })
             } else if let Some(mut p) = self.pending.take() {
                 // The last job's FINISH and this RESERVE in one round trip.
                 let slot = self.slot();
@@ -640,18 +647,28 @@ impl Worker {
                     }
                     self.title(&waiting);
                 }
-                Ok(Reserved::Nothing { skipped }) => {
+                Ok(Reserved::Nothing {
+                    skipped,
+                    unreadable,
+                }) => {
                     self.redis_ok();
                     self.title(&waiting);
                     self.metrics.queues_skipped(&skipped);
                     if !skipped.is_empty() {
                         debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
                     }
+                    for q in &unreadable {
+                        if self.unreadable_warned.insert(q.clone()) {
+                            warn!(queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
+                        }
+                    }
                     if interval.is_zero() {
                         return StopReason::Drained;
                     }
                     // The highest-priority queue that was empty (not merely skipped).
-                    let empty = queues.iter().find(|q| !skipped.contains(q));
+                    let empty = queues
+                        .iter()
+                        .find(|q| !skipped.contains(q) && !unreadable.contains(q));
                     let key = empty.map(|q| self.keys.queue(q));
                     let mut paused = control.paused.subscribe();
                     let stop = async {

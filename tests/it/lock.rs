@@ -634,9 +634,38 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
     let s4 = Slot::new("testhost:1:aaaaaaaa:3", "testhost:1:a,b,c#4");
     assert_eq!(
         reserve(c, &s4, &["a", "b", "c"], false).await,
-        Reserved::Nothing { skipped: vec![] }
+        Reserved::Nothing {
+            skipped: vec![],
+            unreadable: vec![]
+        }
     );
     assert!(!exists(c, &s4.inflight()).await);
+}
+
+// A queue key that another tool turned into a string or a hash is passed over and reported:
+// it does not stop the queues after it (before, the script raised WRONGTYPE on every pass and
+// no queue was served).
+#[tokio::test]
+async fn reserve_passes_over_a_queue_key_that_is_not_a_list() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let _: () = rcmd!(c, "SET", k.queue("aaa"), "not a list");
+    let _: i64 = rcmd!(c, "HSET", k.queue("bbb"), "f", "v");
+    let _: () = rcmd!(c, "SET", k.counter("bbb"), 1);
+    let job = payload("J", json!([1]));
+    push(c, "ccc", &job).await;
+    let slot = Slot::new("p:1:0", "testhost:1:aaa,bbb,ccc");
+    let r = reserve_job(c, &slot, &["aaa", "bbb", "ccc"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("ccc", job));
+    let slot = Slot::new("p:2:0", "testhost:2:aaa,bbb,ccc");
+    assert_eq!(
+        reserve(c, &slot, &["aaa", "bbb", "ccc"], false).await,
+        Reserved::Nothing {
+            skipped: vec![],
+            unreadable: vec!["aaa".into(), "bbb".into()]
+        }
+    );
 }
 
 // locking-semantics.md A-1 step 2, A-2, A-3, A-15
@@ -666,7 +695,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
     assert_eq!(
         reserve(c, &slot(), &["high", "low"], false).await,
         Reserved::Nothing {
-            skipped: vec!["high".into()]
+            skipped: vec!["high".into()],
+            unreadable: vec![]
         }
     );
     // counter > LLEN: still skipped.
@@ -674,7 +704,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
     assert_eq!(
         reserve(c, &slot(), &["high", "low"], false).await,
         Reserved::Nothing {
-            skipped: vec!["high".into()]
+            skipped: vec!["high".into()],
+            unreadable: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
@@ -693,7 +724,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
     assert_eq!(
         reserve(c, &slot(), &["empty", "high", "low"], false).await,
         Reserved::Nothing {
-            skipped: vec!["high".into()]
+            skipped: vec!["high".into()],
+            unreadable: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, vec![h[2].clone()]);
@@ -735,7 +767,10 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
     for j in &jobs {
         push(c, "q", j).await;
     }
-    let _: () = rcmd!(c, "SET", k.queue("bad"), "not a list");
+    // A counter key of the wrong type over a non-empty queue makes RESERVE raise (a queue key
+    // of the wrong type is merely passed over).
+    push(c, "bad", &payload("Job", json!(["bad"]))).await;
+    let _: i64 = rcmd!(c, "HSET", k.counter("bad"), "f", "v");
     let _: () = rcmd!(c, "CONFIG", "RESETSTAT");
     let manager = server
         .client()
@@ -765,7 +800,7 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
     let mut got = Vec::new();
     for (i, reply) in replies.into_iter().enumerate() {
         if i == 2 {
-            let e = reply.expect_err("a RESERVE of a string key fails");
+            let e = reply.expect_err("a RESERVE over a counter of the wrong type fails");
             assert!(e.to_string().contains("WRONGTYPE"), "{e}");
             continue;
         }
@@ -1405,6 +1440,7 @@ async fn an_idle_pass_clears_only_the_skipped_queues_counters_and_only_when_enab
     let slot = Slot::new("p:1:0", "testhost:1:a,b,d");
     let skipped_a = Reserved::Nothing {
         skipped: vec!["a".into()],
+        unreadable: vec![],
     };
 
     assert_eq!(reserve(c, &slot, &["a", "b", "d"], false).await, skipped_a);
@@ -2948,7 +2984,7 @@ async fn a_queue_whose_jobs_all_conflict_is_skipped_after_one_pass_and_retried_a
                     log.push(format!("low {n} ran"));
                 }
             }
-            Reserved::Nothing { skipped } => {
+            Reserved::Nothing { skipped, .. } => {
                 assert_eq!(skipped, vec!["high".to_string()]);
                 done = true;
                 break;
@@ -3163,7 +3199,7 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     assert!(!exists(c, &keys().lock("job:2")).await);
 }
 
-/// S-6, O-3, D-8: when the RESERVE part of a FINISH+RESERVE raises (here a queue key of the
+/// S-6, O-3, D-8: when the RESERVE part of a FINISH+RESERVE raises (here a counter key of the
 /// wrong type), the FINISH has landed and says so: the job is recorded and its lock released
 /// with every count written, and the error comes back as the RESERVE's alone, so the worker
 /// does not send the FINISH again (a second one would release the job's holds twice).
@@ -3178,7 +3214,10 @@ async fn a_reserve_that_raises_after_its_finish_leaves_the_finish_landed_and_cou
     let locks = vec![spec("job:1", 1)];
     let first = reserve_job(c, &slot, &["q"]).await;
     started(acquire(c, &slot, &first, "tok1", &locks, opts(30_000, 10_000, true)).await);
-    let _: () = rcmd!(c, "SET", k.queue("bad"), "not a list");
+    // A counter key of the wrong type over a non-empty queue makes RESERVE raise (a queue key
+    // of the wrong type is merely passed over).
+    push(c, "bad", &payload("Job", json!(["bad"]))).await;
+    let _: i64 = rcmd!(c, "HSET", k.counter("bad"), "f", "v");
 
     let outcome = Finish::Success;
     let req = finish_request(&first, "tok1", &locks, &outcome);
@@ -3237,7 +3276,7 @@ async fn reserve_over_many_queues_keeps_priority_and_the_skip_rule() {
     }
     assert_eq!(order, ["q05", "q20", "q39"]);
     match reserve(c, &slot, &queues, false).await {
-        Reserved::Nothing { skipped } => assert_eq!(skipped, ["q17"]),
+        Reserved::Nothing { skipped, .. } => assert_eq!(skipped, ["q17"]),
         other => panic!("expected nothing but q17 skipped, got {other:?}"),
     }
 }

@@ -488,3 +488,28 @@ fn failed_works_with_the_redis_multi_queue_backend() {
     assert!(!r.exists(&format!("{NS}:high_failed")));
     assert!(r.exists(&format!("{NS}:low_failed")));
 }
+
+/// A queue key that another tool turned into a string stops nothing: the daemon passes over
+/// it (warning once) and serves the queues after it, and `status` still answers (the queue
+/// reads as empty). Before, RESERVE raised WRONGTYPE on every pass, no queue was served, and
+/// `status` failed as a whole.
+#[test]
+fn a_queue_key_that_is_not_a_list_stops_neither_the_daemon_nor_status() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let builder = Daemon::builder(&redis);
+    let ok = write_script(builder.dir(), "ok.sh", "exit 0\n");
+    let _: () = r.cmd(&["SET", &format!("{NS}:queue:aaa"), "not a list"]);
+    let _: i64 = r.cmd(&["SADD", &format!("{NS}:queues"), "aaa"]);
+    let config = cfg("aaa,bbb").class("Ok", &ok, "").render();
+    let mut d = builder.config(&config).start();
+    r.push("bbb", r#"{"class":"Ok","args":[1]}"#);
+    r.push("bbb", r#"{"class":"Ok","args":[2]}"#);
+    wait_until(SHORT, "the jobs of bbb ran", || r.processed() == 2);
+    d.wait_for_log("queue key is not a list", SHORT);
+    let warned = d.log().matches("queue key is not a list").count();
+    assert_eq!(warned, 1, "{}", d.log());
+    let text = stdout_ok(&locketd(&redis, &["--queues", "aaa,bbb", "status"]));
+    assert!(text.contains("bbb"), "{text}");
+    assert_eq!(d.terminate(SHORT).code(), Some(0));
+}

@@ -14,9 +14,12 @@
 -- the names (S-1 allows it: no Cluster), so a RESERVE over 100 queues carries 100 names, not
 -- 300 strings.
 --
+-- A queue key that is not a list (another tool wrote a string or a hash there) cannot be
+-- popped: it is passed over and reported, so that it does not stop every queue after it.
+--
 -- Returns one of
 --   {"job", queue, payload, rid}
---   {"nothing", skipped queue...}
+--   {"nothing", {skipped queue...}, {unreadable queue...}}
 --   {"paused"}            pause-all-workers is "true" (trimmed, any case)
 --   {"busy"}              the slot already holds a reservation (K-2; a bug report)
 -- Raises nothing.
@@ -47,6 +50,16 @@ local function qkey(i)
   return k
 end
 local skipped = {}
+local unreadable = {}
+-- LPOP / LLEN of queue i, or false (and the queue noted) when its key is not a list.
+local function read(cmd, i)
+  local r = redis.pcall(cmd, qkey(i))
+  if type(r) == 'table' and r.err then
+    unreadable[#unreadable + 1] = ARGV[5 + i]
+    return false
+  end
+  return r
+end
 -- Redis keeps no empty list, so one EXISTS over a run of queue keys tells whether any of them
 -- holds a job: with many configured queues, runs of empty ones cost one call instead of one
 -- LLEN each. Runs are up to 16 queues long; the last 3 queues are read directly.
@@ -72,14 +85,14 @@ for i = 1, n do
       if v then c = tonumber(v) or 0 else counter_absent[ck] = true end
     end
     if c <= 0 then
-      payload = redis.call('LPOP', qkey(i))
+      payload = read('LPOP', i)
     else
-      local len = redis.call('LLEN', qkey(i))
-      if len > 0 then
+      local len = read('LLEN', i)
+      if len and len > 0 then
         if c >= len then
           skipped[#skipped + 1] = ARGV[5 + i]
         else
-          payload = redis.call('LPOP', qkey(i))
+          payload = read('LPOP', i)
         end
       end
     end
@@ -106,6 +119,4 @@ if ARGV[3] == '1' then
   end
 end
 if #skipped > 0 then count(prefix, now_ms(), 'queue_skipped', '', #skipped) end
-local out = {'nothing'}
-for _, q in ipairs(skipped) do out[#out + 1] = q end
-return out
+return {'nothing', skipped, unreadable}
