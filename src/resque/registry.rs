@@ -170,10 +170,16 @@ async fn prune_one<C: ConnectionLike + Send>(
     backend: FailureBackend,
     failure: impl FnOnce(&WorkingOn) -> JobFailure,
 ) -> RedisResult<()> {
-    let working: Option<String> = redis::cmd("GET")
+    // Bytes, and a key of another type reads as no record: a leftover in any shape is pruned.
+    let working: Option<String> = match redis::cmd("GET")
         .arg(keys.worker(id))
-        .query_async(conn)
-        .await?;
+        .query_async::<Option<Vec<u8>>>(conn)
+        .await
+    {
+        Ok(v) => v.map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Err(e) if e.code() == Some("WRONGTYPE") => None,
+        Err(e) => return Err(e),
+    };
     let mut pipe = redis::pipe();
     pipe.atomic();
     if let Some(text) = working.filter(|t| !t.is_empty()) {
@@ -254,8 +260,16 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
     // 1. Expired heartbeats, any host, any queues, registered or not.
     let beats: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(keys.heartbeat())
-        .query_async(conn)
-        .await?;
+        .query_async::<Vec<(Vec<u8>, Vec<u8>)>>(conn)
+        .await?
+        .into_iter()
+        .map(|(id, beat)| {
+            (
+                String::from_utf8_lossy(&id).into_owned(),
+                String::from_utf8_lossy(&beat).into_owned(),
+            )
+        })
+        .collect();
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     let mut done: HashSet<String> = HashSet::new();
     for (id, beat) in beats {

@@ -372,16 +372,24 @@ impl Worker {
             warn!(error = %e, "janitor pass at start failed");
         }
         if worker.config.prune_dead_workers {
-            let report = registry::prune_dead_workers(
+            // Housekeeping of other workers' leftovers: whatever it meets there (a record
+            // another tool wrote in a shape Redis refuses to read as we ask) must not stop
+            // this worker from starting.
+            match registry::prune_dead_workers(
                 &mut worker.conn,
                 &worker.keys,
                 &worker.id.worker_id,
                 worker.spec.patterns(),
                 worker.config.failure_backend,
             )
-            .await?;
-            for id in &report.pruned {
-                info!(worker = %id, "pruned dead resque worker");
+            .await
+            {
+                Ok(report) => {
+                    for id in &report.pruned {
+                        info!(worker = %id, "pruned dead resque worker");
+                    }
+                }
+                Err(e) => warn!(error = %e, "pruning dead resque workers failed; starting anyway"),
             }
         }
         let alive = serde_json::json!({

@@ -1088,6 +1088,34 @@ fn one_failed_process_heartbeat_does_not_kill_a_live_worker() {
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
 }
 
+/// resque-protocol.md §13 item 18: pruning another host's dead worker whose `worker:<id>` is
+/// not a string (another tool wrote a hash there) prunes it and starts normally. Before, the
+/// WRONGTYPE error failed the worker's start: it died, and the next one skipped pruning (its
+/// 60 s lock was held), so the dead worker stayed and the first start of every minute failed.
+#[test]
+fn a_dead_worker_record_of_the_wrong_type_is_pruned_without_failing_the_start() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dead = "otherhost:4242:q";
+    let _: i64 = r.cmd(&["SADD", &format!("{NS}:workers"), dead]);
+    let _: i64 = r.cmd(&["HSET", &format!("{NS}:worker:{dead}"), "f", "v"]);
+    let _: i64 = r.cmd(&[
+        "HSET",
+        &format!("{NS}:workers:heartbeat"),
+        dead,
+        "2026-01-01T00:00:00+00:00",
+    ]);
+    let mut d = Daemon::start(&redis, &cfg("q").render(), &[]);
+    wait_workers(&mut r, &d, 1);
+    wait_until(SHORT, "the dead worker pruned", || {
+        !r.workers().iter().any(|w| w == dead)
+    });
+    assert!(!d.log().contains("worker died"), "{}", d.log());
+    assert!(d.log().contains("pruned dead resque worker"), "{}", d.log());
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
 /// Issue 3 "restarts with capped backoff": a worker that keeps dying right after it starts is
 /// restarted after 1 s, then 2 s, then 4 s (doubling up to 30 s), and each death is logged
 /// with its cause.
