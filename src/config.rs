@@ -522,12 +522,37 @@ impl Default for Config {
     }
 }
 
+/// The largest config locketd reads (a file, or the text a worker gets from its master).
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// toml's message with the line and column, without the line's text: the offending line may
+/// hold the Redis password, and the message goes to the journal on a refused HUP.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let mut m = e.message().trim().replace('\n', " ");
+    if let Some(span) = e.span() {
+        let before = text.get(..span.start).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        m.push_str(&format!(" (line {line}, column {col})"));
+    }
+    m
+}
+
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Parse {
+                path: origin.to_string(),
+                message: format!(
+                    "the config is {} bytes; the most locketd reads is {MAX_CONFIG_BYTES}",
+                    text.len()
+                ),
+            });
+        }
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: origin.to_string(),
-            message: e.to_string().trim().replace('\n', " "),
+            message: parse_message(text, &e),
         })
     }
 
@@ -576,7 +601,20 @@ impl Config {
             ));
         }
         if let Err(e) = redis::Client::open(self.redis.as_str()) {
-            return Err(invalid("redis", format!("bad Redis URL: {e}")));
+            return Err(invalid(
+                "redis",
+                format!(
+                    "bad Redis URL {}: {e}",
+                    crate::worker::redact(&self.redis)
+                ),
+            ));
+        }
+        if self.redis.ends_with("#insecure") {
+            warnings.push(
+                "redis: the URL ends in #insecure: TLS certificates and host names are not \
+                 checked, so anyone on the path can read and change the jobs"
+                    .to_string(),
+            );
         }
         if self.workers == 0 || self.workers > 1024 {
             return Err(invalid(
@@ -786,6 +824,34 @@ mod tests {
     }
 
     // locking-semantics.md C-2
+    // A parse error names the place, not the line's text: that line may hold the password.
+    #[test]
+    fn a_parse_error_gives_line_and_column_but_not_the_line() {
+        let text = "queues = \"q\"\nredis = \"redis://:S3cret@127.0.0.1/0\" junk\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("line 2, column"), "{e}");
+        assert!(!e.contains("S3cret"), "{e}");
+    }
+
+    // The master reads at most MAX_CONFIG_BYTES of config and its workers as much: a larger
+    // file is refused as a whole rather than cut short for the workers.
+    #[test]
+    fn a_config_over_the_limit_is_refused() {
+        let mut text = String::from("queues = \"q\"\n");
+        while text.len() as u64 <= MAX_CONFIG_BYTES {
+            text.push_str("# padding padding padding padding padding padding padding\n");
+        }
+        let e = Config::parse(&text, "big.toml").unwrap_err().to_string();
+        assert!(e.contains("the most locketd reads"), "{e}");
+    }
+
+    #[test]
+    fn an_insecure_tls_url_is_a_warning() {
+        let c = cfg("queues = \"q\"\nredis = \"rediss://h:6380/0#insecure\"");
+        let w = c.check().unwrap();
+        assert!(w.iter().any(|w| w.contains("#insecure")), "{w:?}");
+    }
+
     #[test]
     fn short_slack_is_a_warning_not_an_error() {
         let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"8s\"");

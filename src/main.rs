@@ -244,7 +244,9 @@ fn run(
         let mut text = String::new();
         use std::io::Read;
         if let Err(e) = std::io::stdin()
-            .take(locketd::master::MAX_CONFIG_BYTES)
+            // One byte more than allowed, so a text cut at the limit is refused, not run
+            // without its tail.
+            .take(locketd::master::MAX_CONFIG_BYTES + 1)
             .read_to_string(&mut text)
         {
             eprintln!("locketd: worker: reading the config from the master: {e}");

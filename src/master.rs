@@ -41,8 +41,9 @@ pub const ROLE_ENV: &str = "LOCKETD_ROLE";
 pub const PAUSED_ENV: &str = "LOCKETD_PAUSED";
 /// The worker's index (0..workers), set in its environment.
 pub const WORKER_INDEX_ENV: &str = "LOCKETD_WORKER_INDEX";
-/// The largest config text a worker reads from stdin.
-pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+/// The largest config text a worker reads from stdin (a larger one is refused by the master
+/// when it loads the file).
+pub const MAX_CONFIG_BYTES: u64 = crate::config::MAX_CONFIG_BYTES;
 
 /// Longest wait before restarting a worker that keeps dying.
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);

@@ -251,18 +251,35 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
     }
 }
 
-/// A Redis URL with any password replaced by `***`.
+/// A Redis URL with any password replaced by `***`: the user-info's (`redis://user:pw@host`)
+/// and a socket URL's `pass` parameter (`redis+unix:///run/redis.sock?pass=pw`).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
+            let creds = &base[s + 3..at];
             match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => format!("{}***{}", &url[..s + 3], &url[at..]),
+                Some(c) => format!("{}{}:***{}", &base[..s + 3], &creds[..c], &base[at..]),
+                None => format!("{}***{}", &base[..s + 3], &base[at..]),
             }
         }
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    if let Some(q) = query {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
@@ -1436,5 +1453,30 @@ async fn wait_unpaused(control: &Control, dead: &CancellationToken) {
         _ = control.quit.cancelled() => {}
         _ = control.term.cancelled() => {}
         _ = dead.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    // Redis URLs are logged and shown by `status`: no form of password may get through.
+    #[test]
+    fn redact_hides_every_form_of_password() {
+        assert_eq!(
+            redact("redis://user:pw@h:6379/0"),
+            "redis://user:***@h:6379/0"
+        );
+        assert_eq!(redact("redis://:pw@h/0"), "redis://:***@h/0");
+        assert_eq!(redact("rediss://pw@h/0"), "rediss://***@h/0");
+        assert_eq!(
+            redact("redis+unix:///run/r.sock?db=1&pass=pw"),
+            "redis+unix:///run/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact("unix:///run/r.sock?user=u&password=pw"),
+            "unix:///run/r.sock?user=u&password=***"
+        );
+        assert_eq!(redact("redis://h:6379/0"), "redis://h:6379/0");
     }
 }
