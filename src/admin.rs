@@ -248,10 +248,11 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     let line = |cells: Vec<String>| {
         let mut out = String::new();
         for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(c);
-            } else {
-                out.push_str(&format!("{c:<width$}  ", width = w[i]));
+            out.push_str(c);
+            if i + 1 < cells.len() {
+                // By hand: a format width over 65,535 (a class name that long) panics.
+                let n = w[i].saturating_sub(c.chars().count()) + 2;
+                out.extend(std::iter::repeat_n(' ', n));
             }
         }
         println!("{}", out.trim_end());

@@ -603,10 +603,7 @@ impl Config {
         if let Err(e) = redis::Client::open(self.redis.as_str()) {
             return Err(invalid(
                 "redis",
-                format!(
-                    "bad Redis URL {}: {e}",
-                    crate::worker::redact(&self.redis)
-                ),
+                format!("bad Redis URL {}: {e}", crate::worker::redact(&self.redis)),
             ));
         }
         if self.redis.ends_with("#insecure") {

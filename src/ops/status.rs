@@ -272,10 +272,11 @@ fn worker_status(
 fn pad(out: &mut String, cells: &[String], widths: &[usize]) {
     let mut line = String::new();
     for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-        if i + 1 == cells.len() {
-            line.push_str(c);
-        } else {
-            let _ = write!(line, "{c:<w$}  ");
+        line.push_str(c);
+        if i + 1 < cells.len() {
+            // By hand: a format width over 65,535 (a queue name that long) panics.
+            let n = w.saturating_sub(c.chars().count()) + 2;
+            line.extend(std::iter::repeat_n(' ', n));
         }
     }
     out.push_str(line.trim_end());

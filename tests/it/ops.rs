@@ -513,3 +513,15 @@ fn a_queue_key_that_is_not_a_list_stops_neither_the_daemon_nor_status() {
     assert!(text.contains("bbb"), "{text}");
     assert_eq!(d.terminate(SHORT).code(), Some(0));
 }
+
+/// `status` prints a queue whose name is longer than a format width may be (65,535): it used
+/// to panic while padding the table.
+#[test]
+fn status_prints_a_queue_with_a_huge_name() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let long = "q".repeat(70_000);
+    let _: i64 = r.cmd(&["SADD", &format!("{NS}:queues"), &long, "short"]);
+    let text = stdout_ok(&locketd(&redis, &["--queues", "short", "status"]));
+    assert!(text.contains(&long), "the long name is shown");
+}
