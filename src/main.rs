@@ -171,7 +171,43 @@ fn init_logging(cfg: &Config) {
         .log_internal_errors(false);
     match cfg.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Text => builder
+            .with_ansi(false)
+            .with_writer(|| OneLine(std::io::stderr()))
+            .init(),
+    }
+}
+
+/// The text log's stderr: one event, one line. Queue and class names come from job producers
+/// and are logged as given, so a newline in one would start a line of its own (a forged
+/// `ERROR` line, say); inside an event, newlines and carriage returns are written as `\n` and
+/// `\r`. (The JSON format escapes them already.)
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !body.iter().any(|b| *b == b'\n' || *b == b'\r') {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b => out.push(b),
+            }
+        }
+        if body.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
@@ -406,4 +442,23 @@ async fn run_master(
         locketd::master::MasterExit::RedisUnavailable => ExitCode::from(EXIT_UNAVAILABLE),
         _ => ExitCode::SUCCESS,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OneLine;
+    use std::io::Write;
+
+    // A class name with a newline must not start a line of its own in the text log.
+    #[test]
+    fn one_event_stays_one_line() {
+        let mut out = OneLine(Vec::new());
+        out.write_all(b"WARN no handler class=X\nERROR forged\r\n")
+            .unwrap();
+        out.write_all(b"INFO plain\n").unwrap();
+        assert_eq!(
+            String::from_utf8(out.0).unwrap(),
+            "WARN no handler class=X\\nERROR forged\\r\nINFO plain\n"
+        );
+    }
 }
