@@ -21,13 +21,16 @@ pub enum Error {
     /// A job could not be enqueued (bad argument JSON, a hold template that cannot render).
     #[error("cannot enqueue: {0}")]
     Enqueue(String),
-    /// Redis could not be reached at start within the allowed time.
-    #[error("redis at {url} did not answer within {secs}s")]
+    /// Redis could not be reached at start within the allowed time, or refused us at once (a
+    /// wrong password or TLS setting, which retrying cannot fix).
+    #[error("redis at {url} {}", unreachable_why(*.refused, *.secs))]
     Unreachable {
         /// The URL (password removed).
         url: String,
         /// How long we tried.
         secs: u64,
+        /// Refused at once rather than silent until `secs` ran out.
+        refused: bool,
         /// The last error.
         #[source]
         source: redis::RedisError,
@@ -36,3 +39,12 @@ pub enum Error {
 
 /// Result with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+fn unreachable_why(refused: bool, secs: u64) -> String {
+    if refused {
+        "refused the connection (not retried: a wrong password or TLS setting stays wrong)"
+            .to_string()
+    } else {
+        format!("did not answer within {secs}s")
+    }
+}

@@ -342,8 +342,10 @@ fn run(
 /// Exit code for an error at start (69 Redis unreachable, 78 config), or the error itself.
 fn start_error(e: locketd::Error) -> anyhow::Result<ExitCode> {
     match e {
-        e @ locketd::Error::Unreachable { .. } => {
-            tracing::error!("{:#}", anyhow::Error::from(e));
+        locketd::Error::Unreachable { ref source, .. } => {
+            // The redis error once: its own text already holds its io cause, which the
+            // alternate chain would print a second time.
+            tracing::error!("{e}: {source}");
             Ok(ExitCode::from(EXIT_UNAVAILABLE))
         }
         e @ (locketd::Error::Config(_)

@@ -23,7 +23,11 @@ pub(crate) async fn connect_or_report(config: &Config) -> Option<ConnectionManag
     match connect(config).await {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!("locketd: {:#}", anyhow::Error::from(e));
+            match &e {
+                // The redis error once (the alternate chain repeats its io cause).
+                crate::Error::Unreachable { source, .. } => eprintln!("locketd: {e}: {source}"),
+                _ => eprintln!("locketd: {:#}", anyhow::Error::from(e)),
+            }
             None
         }
     }

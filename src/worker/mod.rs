@@ -244,6 +244,11 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
                 return Err(Error::Unreachable {
                     url: redact(url),
                     secs: wait.as_secs(),
+                    refused: matches!(
+                        source.kind(),
+                        redis::ErrorKind::AuthenticationFailed
+                            | redis::ErrorKind::InvalidClientConfig
+                    ),
                     source,
                 })
             }

@@ -74,6 +74,12 @@ fn password_in_the_url_authenticates() {
         "{}",
         daemon.log()
     );
+    // Said as it is: refused at once, not "did not answer within 30s".
+    assert!(
+        daemon.log().contains("refused the connection"),
+        "{}",
+        daemon.log()
+    );
 }
 
 #[test]
