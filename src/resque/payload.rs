@@ -73,10 +73,13 @@ impl Job {
             Ok(w) if text.trim_start().starts_with('{') => w,
             Ok(_) => return Err(PayloadError::NotObject),
             Err(e) => {
-                return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-                    Ok(_) => PayloadError::NotObject,
-                    Err(_) => PayloadError::NotJson(e.to_string()),
-                })
+                return match serde_json::from_str::<Value>(text) {
+                    // Only a repeated `class` or `args` fails `Wire` on a valid object: the
+                    // last one wins, as in Ruby's JSON.parse, so Resque would run it too.
+                    Ok(Value::Object(map)) => Self::from_object(text, queue, map),
+                    Ok(_) => Err(PayloadError::NotObject),
+                    Err(_) => Err(PayloadError::NotJson(e.to_string())),
+                };
             }
         };
         let class = match wire.class.map(|c| serde_json::from_str::<Value>(c.get())) {
@@ -103,6 +106,30 @@ impl Job {
             class,
             args,
             args_raw,
+        })
+    }
+
+    /// The job of an object parsed whole (the rare path: repeated members).
+    fn from_object(
+        text: &str,
+        queue: &str,
+        mut map: serde_json::Map<String, Value>,
+    ) -> Result<Job, PayloadError> {
+        let class = match map.remove("class") {
+            Some(Value::String(s)) if !s.is_empty() => s,
+            _ => return Err(PayloadError::NoClass),
+        };
+        let args = match map.remove("args") {
+            None | Some(Value::Null) => Value::Array(Vec::new()),
+            Some(v @ Value::Array(_)) => v,
+            Some(_) => return Err(PayloadError::ArgsNotArray),
+        };
+        Ok(Job {
+            raw: text.to_string(),
+            queue: queue.to_string(),
+            class,
+            args_raw: args.to_string(),
+            args,
         })
     }
 }
@@ -139,6 +166,26 @@ mod tests {
             assert_eq!(job.raw, c);
             assert!(job.args.is_array());
         }
+    }
+
+    // A repeated member is legal JSON; Ruby's JSON.parse keeps the last one and Resque runs
+    // the job, so locketd does too (it used to say "not a JSON object").
+    #[test]
+    fn a_repeated_member_takes_its_last_value() {
+        let job = Job::decode(
+            br#"{"class":"Dup","args":[1],"class":"Dup2","args":[2,3]}"#,
+            "q",
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            (job.class.as_str(), job.args_raw.as_str()),
+            ("Dup2", "[2,3]")
+        );
+        assert_eq!(
+            Job::decode(br#"{"class":"A","class":7}"#, "q", 0).unwrap_err(),
+            PayloadError::NoClass
+        );
     }
 
     #[test]
