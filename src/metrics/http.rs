@@ -81,27 +81,7 @@ async fn read_redis_inner(
         }
     };
     names.truncate(MAX_QUEUES);
-    let mut pipe = redis::pipe();
-    for q in &names {
-        pipe.llen(k.queue(q)).get(k.counter(q));
-    }
-    let per: Vec<(u64, Option<u64>)> = if names.is_empty() {
-        Vec::new()
-    } else {
-        // A queue key of the wrong type (another tool's) reads as empty rather than failing
-        // the whole scrape and reporting Redis down.
-        let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-        flat.chunks(2)
-            .map(|c| {
-                let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
-                let ctr = c
-                    .get(1)
-                    .and_then(|v| redis::from_redis_value::<Option<u64>>(v.clone()).ok())
-                    .flatten();
-                (len, ctr)
-            })
-            .collect()
-    };
+    let per = crate::ops::queue_lengths(conn, &k, &names).await?;
     let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
     let (locks_held, processed, failed, workers_registered): (u64, Option<u64>, Option<u64>, u64) =
         redis::pipe()

@@ -32,3 +32,33 @@ pub(crate) async fn connect_or_report(config: &Config) -> Option<ConnectionManag
         }
     }
 }
+
+/// `LLEN` and the lock counter of each queue, in one round trip. A queue key of the wrong type
+/// (another tool's) reads as empty instead of failing the whole read; a counter that is not a
+/// number reads as none.
+pub async fn queue_lengths<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &crate::resque::keys::Keys,
+    names: &[String],
+) -> redis::RedisResult<Vec<(u64, Option<u64>)>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for q in names {
+        pipe.llen(keys.queue(q)).get(keys.counter(q));
+    }
+    let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+    Ok(flat
+        .chunks(2)
+        .map(|c| {
+            let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
+            let counter = c
+                .get(1)
+                .and_then(|v| redis::from_redis_value::<Option<String>>(v.clone()).ok())
+                .flatten()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            (len, counter)
+        })
+        .collect())
+}

@@ -145,36 +145,17 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     let listed: BTreeSet<String> = names.iter().map(|(q, _)| q.clone()).collect();
     let rest: BTreeSet<&String> = known.iter().filter(|q| !listed.contains(*q)).collect();
     names.extend(rest.into_iter().map(|q| (q.clone(), false)));
-    let mut pipe = redis::pipe();
-    for (q, _) in &names {
-        pipe.llen(k.queue(q)).get(k.counter(q));
-    }
-    let lens: Vec<(u64, Option<String>)> = if names.is_empty() {
-        Vec::new()
-    } else {
-        // A queue key another tool made a string or a hash answers WRONGTYPE: it reads as
-        // empty instead of failing the whole status.
-        let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-        flat.chunks(2)
-            .map(|c| {
-                let len = redis::from_redis_value::<u64>(c[0].clone()).unwrap_or(0);
-                let ctr = redis::from_redis_value::<Option<String>>(c[1].clone()).unwrap_or(None);
-                (len, ctr)
-            })
-            .collect()
-    };
+    let queue_names: Vec<String> = names.iter().map(|(q, _)| q.clone()).collect();
+    let lens = super::queue_lengths(conn, &k, &queue_names).await?;
     let queues = names
         .into_iter()
         .zip(lens)
-        .map(|((name, configured), (length, counter))| {
-            let counter = counter.and_then(|c| c.trim().parse::<u64>().ok());
-            QueueStatus {
-                skipped: length > 0 && counter.is_some_and(|c| c >= length),
-                name,
-                length,
-                counter,
-                configured,
-            }
+        .map(|((name, configured), (length, counter))| QueueStatus {
+            skipped: length > 0 && counter.is_some_and(|c| c >= length),
+            name,
+            length,
+            counter,
+            configured,
         })
         .collect();
 
