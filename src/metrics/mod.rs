@@ -195,12 +195,27 @@ pub const MAX_SERIES: usize = 1000;
 /// The queue and class label of the series past [`MAX_SERIES`].
 pub const OTHER: &str = "(other)";
 
-/// `key`, or the [`OTHER`] key when `len` series exist already and `key` is not one of them.
-fn capped<K: Ord>(len: usize, present: bool, key: K, other: K) -> K {
-    if present || len < MAX_SERIES {
+/// `key`, or the [`OTHER`] key (`other()`) when `len` series exist already and `key` is not
+/// one of them (`has`). Below the bound, the common case, it looks nothing up.
+fn capped<K>(len: usize, has: impl FnOnce(&K) -> bool, key: K, other: impl FnOnce() -> K) -> K {
+    if len < MAX_SERIES || has(&key) {
         key
     } else {
-        other
+        other()
+    }
+}
+
+/// The `(queue, class)` key past [`MAX_SERIES`].
+fn other_job() -> (String, String) {
+    (OTHER.to_string(), OTHER.to_string())
+}
+
+/// The counts of one `(queue, class)` key, created with its labels.
+fn job_counts(key: &(String, String)) -> JobCounts {
+    JobCounts {
+        queue: key.0.clone(),
+        class: key.1.clone(),
+        ..JobCounts::default()
     }
 }
 
@@ -214,32 +229,20 @@ impl Snapshot {
             .collect();
         for j in &other.jobs {
             let key = (j.queue.clone(), j.class.clone());
-            let present = jobs.contains_key(&key);
-            let key = capped(
-                jobs.len(),
-                present,
-                key,
-                (OTHER.to_string(), OTHER.to_string()),
-            );
-            jobs.entry(key.clone())
-                .or_insert_with(|| JobCounts {
-                    queue: key.0,
-                    class: key.1,
-                    ..JobCounts::default()
-                })
-                .add(j);
+            let key = capped(jobs.len(), |k| jobs.contains_key(k), key, other_job);
+            jobs.entry(key).or_insert_with_key(job_counts).add(j);
         }
         self.jobs = jobs.into_values().collect();
         for (k, v) in &other.lock_conflicts {
             *self.lock_conflicts.entry(k.clone()).or_default() += v;
         }
         for (k, v) in &other.queue_skips {
-            let present = self.queue_skips.contains_key(k);
+            let skips = &self.queue_skips;
             let k = capped(
-                self.queue_skips.len(),
-                present,
+                skips.len(),
+                |k| skips.contains_key(k),
                 k.clone(),
-                OTHER.to_string(),
+                || OTHER.to_string(),
             );
             *self.queue_skips.entry(k).or_default() += v;
         }
@@ -299,18 +302,8 @@ impl Metrics {
 
     fn entry<'a>(l: &'a mut Labelled, queue: &str, class: &str) -> &'a mut JobCounts {
         let key = (queue.to_string(), class.to_string());
-        let present = l.jobs.contains_key(&key);
-        let key = capped(
-            l.jobs.len(),
-            present,
-            key,
-            (OTHER.to_string(), OTHER.to_string()),
-        );
-        l.jobs.entry(key.clone()).or_insert_with(|| JobCounts {
-            queue: key.0,
-            class: key.1,
-            ..JobCounts::default()
-        })
+        let key = capped(l.jobs.len(), |k| l.jobs.contains_key(k), key, other_job);
+        l.jobs.entry(key).or_insert_with_key(job_counts)
     }
 
     /// A job's handler starts; the worker is busy until [`Metrics::job_finished`].
@@ -354,8 +347,13 @@ impl Metrics {
         }
         self.with(|l| {
             for q in queues {
-                let present = l.queue_skips.contains_key(q);
-                let q = capped(l.queue_skips.len(), present, q.clone(), OTHER.to_string());
+                let skips = &l.queue_skips;
+                let q = capped(
+                    skips.len(),
+                    |k| skips.contains_key(k),
+                    q.clone(),
+                    || OTHER.to_string(),
+                );
                 *l.queue_skips.entry(q).or_default() += 1;
             }
         });
