@@ -77,7 +77,7 @@ impl Idle {
         let mut cmd = redis::cmd("BLMOVE");
         cmd.arg(key).arg(key).arg("RIGHT").arg("RIGHT").arg(secs);
         let blmove = cmd.query_async::<Option<redis::Value>>(conn);
-        let failed = tokio::select! {
+        tokio::select! {
             r = blmove => match r {
                 Ok(found) => {
                     if self.failing.swap(false, Ordering::Relaxed) {
@@ -86,7 +86,6 @@ impl Idle {
                     if found.is_some() {
                         self.wake.notify_waiters();
                     }
-                    false
                 }
                 Err(e) => {
                     if refused_for_good(&e) {
@@ -99,21 +98,16 @@ impl Idle {
                         warn!(error = %e, "BLMOVE failed; idle slots poll every interval until it answers");
                     }
                     *guard = None;
-                    true
+                    // Never straight back: a Redis that fails every command at once (a full
+                    // one) would otherwise get a new connection and a BLMOVE per RESERVE, in a
+                    // loop. The lock is kept meanwhile, so the other slots wait too.
+                    sleep_until_or(until, &mut stop).await;
                 }
             },
             _ = &mut stop => {
                 // The blocked command cannot be taken back: drop its connection.
                 *guard = None;
-                return;
             }
-        };
-        if failed {
-            // Never straight back: a Redis that fails every command at once (a full one)
-            // would otherwise get a new connection and a BLMOVE per RESERVE, in a loop. The
-            // lock is kept meanwhile, so the other slots wait too instead of trying.
-            sleep_until_or(until, &mut stop).await;
-            drop(guard);
         }
     }
 }

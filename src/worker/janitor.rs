@@ -58,21 +58,19 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
     // Each step runs whatever the others did: one that fails for good (a queue key of the
     // wrong type, say) must not stop the rest, pass after pass. The first error is returned.
     let mut first_error = None;
-    match lock::promote_delayed(conn, keys, 100, None).await {
-        Ok(n) => report.promoted = n,
-        Err(e) => first_error = first_error.or(Some(e)),
-    }
-    match lock::purge_expired(conn, keys, 100).await {
-        Ok(n) => report.expired = n,
-        Err(e) => first_error = first_error.or(Some(e)),
-    }
-    match lock::purge_holds(conn, keys, 100).await {
-        Ok(n) => report.holds_expired = n,
-        Err(e) => first_error = first_error.or(Some(e)),
-    }
-    if let Err(e) = recover_dead(conn, keys, config, &mut report).await {
-        first_error = first_error.or(Some(e));
-    }
+    report.promoted = keep_first(
+        &mut first_error,
+        lock::promote_delayed(conn, keys, 100, None).await,
+    )
+    .unwrap_or(0);
+    report.expired =
+        keep_first(&mut first_error, lock::purge_expired(conn, keys, 100).await).unwrap_or(0);
+    report.holds_expired =
+        keep_first(&mut first_error, lock::purge_holds(conn, keys, 100).await).unwrap_or(0);
+    keep_first(
+        &mut first_error,
+        recover_dead(conn, keys, config, &mut report).await,
+    );
     let _: RedisResult<i64> = redis::Script::new(RELEASE_MUTEX)
         .key(keys.janitor())
         .arg(token)
@@ -81,6 +79,18 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
     match first_error {
         Some(e) => Err(e),
         None => Ok(report),
+    }
+}
+
+/// The value of `r`, or `None` with its error kept in `first` unless an earlier one is there:
+/// for runs of steps that go on past a failure and report the first.
+fn keep_first<T>(first: &mut Option<redis::RedisError>, r: RedisResult<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            first.get_or_insert(e);
+            None
+        }
     }
 }
 
@@ -109,12 +119,11 @@ async fn recover_dead<C: ConnectionLike + Send>(
         }
         recovered_processes += 1;
         // One process that cannot be recovered must not hold up the ones listed after it.
-        if let Err(e) =
-            recover_process(conn, keys, config, &process, "stopped heartbeating", report).await
-        {
+        let r = recover_process(conn, keys, config, &process, "stopped heartbeating", report).await;
+        if let Err(e) = &r {
             debug!(process = %process, error = %e, "recovering a dead process failed");
-            first_error = first_error.or(Some(e));
         }
+        keep_first(&mut first_error, r);
     }
     first_error.map_or(Ok(()), Err)
 }
@@ -145,15 +154,13 @@ pub async fn recover_process<C: ConnectionLike + Send>(
     }
     let mut first_error = None;
     for (slot, worker_id) in slots {
-        match recover_slot(conn, keys, config, process, &slot, &worker_id, why).await {
-            Ok(result) => {
-                info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
-                report.recovered.push((format!("{process}:{slot}"), result));
-            }
-            Err(e) => {
-                debug!(process = %process, slot = %slot, error = %e, "recovering a slot failed");
-                first_error = first_error.or(Some(e));
-            }
+        let r = recover_slot(conn, keys, config, process, &slot, &worker_id, why).await;
+        if let Err(e) = &r {
+            debug!(process = %process, slot = %slot, error = %e, "recovering a slot failed");
+        }
+        if let Some(result) = keep_first(&mut first_error, r) {
+            info!(process = %process, slot = %slot, worker = %worker_id, result = %result, "recovered a dead process's slot");
+            report.recovered.push((format!("{process}:{slot}"), result));
         }
     }
     first_error.map_or(Ok(()), Err)

@@ -228,14 +228,7 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
         match attempt.await {
             Ok(conn) => return Ok(conn),
             // A wrong password or a bad TLS setting will not fix itself: report it at once.
-            Err(e)
-                if started.elapsed() + delay < wait
-                    && !matches!(
-                        e.kind(),
-                        redis::ErrorKind::AuthenticationFailed
-                            | redis::ErrorKind::InvalidClientConfig
-                    ) =>
-            {
+            Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
                 warn!(error = %e, "redis not answering yet, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
@@ -244,16 +237,20 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
                 return Err(Error::Unreachable {
                     url: redact(url),
                     secs: wait.as_secs(),
-                    refused: matches!(
-                        source.kind(),
-                        redis::ErrorKind::AuthenticationFailed
-                            | redis::ErrorKind::InvalidClientConfig
-                    ),
+                    refused: refused_at_once(&source),
                     source,
                 })
             }
         }
     }
+}
+
+/// A connection error that retrying cannot fix: a wrong password, a bad TLS setting.
+fn refused_at_once(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
+    )
 }
 
 /// A Redis URL with any password replaced by `***`: the user-info's (`redis://user:pw@host`)
@@ -845,19 +842,7 @@ impl Worker {
         })
         .to_string();
         let lt = &self.config.locket;
-        let req = AcquireRequest {
-            rid: &rid,
-            token: &token,
-            queue: &queue,
-            class: &job.class,
-            digest: &digest,
-            locks: &locks,
-            lock_ttl: lt.lock_ttl.get(),
-            counter_ttl: lt.counter_ttl.get(),
-            requeue_on_conflict: true,
-            working_on: "",
-            lockinfo: &lockinfo,
-        };
+        let (lock_ttl, counter_ttl) = (lt.lock_ttl.get(), lt.counter_ttl.get());
         if control.stopping() {
             // shutting down before the job started: it goes back to the head of its queue.
             let slot = self.slot();
@@ -928,8 +913,17 @@ impl Worker {
             // before it is not shown as time spent working.
             let working_on = failure::working_on(&job.raw, &queue, SystemTime::now());
             let req = AcquireRequest {
+                rid: &rid,
+                token: &token,
+                queue: &queue,
+                class: &job.class,
+                digest: &digest,
+                locks: &locks,
+                lock_ttl,
+                counter_ttl,
+                requeue_on_conflict: true,
                 working_on: &working_on,
-                ..req.clone()
+                lockinfo: &lockinfo,
             };
             let acquired = {
                 let slot = self.slot();

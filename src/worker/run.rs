@@ -38,6 +38,15 @@ pub(super) enum RunEnd {
     PresumedDead,
 }
 
+impl RunEnd {
+    /// A shutdown's stop that ended in SIGKILL (for other ends the kill changes nothing).
+    fn mark_killed(&mut self) {
+        if let RunEnd::Terminated { killed } = self {
+            *killed = true;
+        }
+    }
+}
+
 /// Everything the supervisor needs besides the handler.
 pub(super) struct Supervision {
     pub conn: ConnectionManager,
@@ -189,32 +198,24 @@ impl Supervision {
                 // NEVER-1: a lease that runs out while the job is stopping ends the grace.
                 _ = sleep_until(lease_end), if lease_counts => {
                     warn!("the job lock's lease ran out while the job was stopping; killing it");
-                    if let RunEnd::Terminated { killed } = &mut end {
-                        *killed = true;
-                    }
+                    end.mark_killed();
                     break;
                 }
                 _ = sleep_until(grace_end) => {
                     if !grace.is_zero() {
                         warn!(grace = grace.as_secs_f64(), "handler did not stop in time; killing it");
                     }
-                    if let RunEnd::Terminated { killed } = &mut end {
-                        *killed = true;
-                    }
+                    end.mark_killed();
                     break;
                 }
                 _ = control.kill.cancelled() => {
                     info!("second stop signal: killing the stopping job now");
-                    if let RunEnd::Terminated { killed } = &mut end {
-                        *killed = true;
-                    }
+                    end.mark_killed();
                     break;
                 }
                 Ok(()) = kills.changed() => {
                     info!("USR1: killing the stopping job now");
-                    if let RunEnd::Terminated { killed } = &mut end {
-                        *killed = true;
-                    }
+                    end.mark_killed();
                     break;
                 }
                 _ = control.term.cancelled(), if !term_seen => {
@@ -233,9 +234,7 @@ impl Supervision {
                     match extended {
                         Ok((_, lost)) if lost.iter().any(|l| *l) => {
                             warn!("job lock lost while the job was stopping; killing it");
-                            if let RunEnd::Terminated { killed } = &mut end {
-                                *killed = true;
-                            }
+                            end.mark_killed();
                             break;
                         }
                         Ok(_) => {
@@ -323,33 +322,29 @@ pub(super) async fn process_heartbeat(
             every,
             registry::heartbeat(&mut conn, &keys, &process_id, &ids, ttl),
         )
-        .await;
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no answer within process_heartbeat",
+            )))
+        });
         match beat {
-            Ok(Ok(true)) => {
+            Ok(true) => {
                 if failing {
                     info!("process heartbeat resumed");
                     failing = false;
                 }
                 wait = every;
             }
-            Ok(Ok(false)) => {
+            Ok(false) => {
                 error!(process = %process_id, "process lease was gone: presumed dead and possibly recovered elsewhere; stopping");
                 dead.cancel();
                 return;
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 if !failing {
                     warn!(error = %e, "process heartbeat failed; retrying");
-                    failing = true;
-                }
-                wait = retry_after;
-            }
-            Err(_) => {
-                if !failing {
-                    warn!(
-                        waited_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX),
-                        "process heartbeat failed: no answer; retrying"
-                    );
                     failing = true;
                 }
                 wait = retry_after;
