@@ -205,6 +205,20 @@ pub(crate) fn wait_pid(path: &Path, timeout: Duration) -> i32 {
     pid
 }
 
+/// A handler script that ignores SIGTERM, writes its pid and sleeps 60 s; its pid file; and
+/// the [`Reaper`] that kills it if the test fails first.
+pub(crate) fn stubborn_handler(dir: &Path) -> (PathBuf, PathBuf, Reaper) {
+    let pid_file = dir.join("handler.pid");
+    let mut reaper = Reaper::default();
+    reaper.watch(&pid_file);
+    let script = write_script(
+        dir,
+        "stubborn.sh",
+        &format!("trap '' TERM\necho $$ > {}\nsleep 60\n", pid_file.display()),
+    );
+    (script, pid_file, reaper)
+}
+
 /// Kills, on drop, the processes whose pids tests' handlers wrote to these files (the whole
 /// group when the process leads its own group, as a handler does), so a failing test leaks no
 /// handler.
@@ -1150,14 +1164,7 @@ fn a_term_during_a_timeouts_kill_grace_cuts_it_to_term_timeout() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
-    let pid_file = work.path().join("handler.pid");
-    let mut reaper = Reaper::default();
-    reaper.watch(&pid_file);
-    let script = write_script(
-        work.path(),
-        "stubborn.sh",
-        &format!("trap '' TERM\necho $$ > {}\nsleep 60\n", pid_file.display()),
-    );
+    let (script, pid_file, _reaper) = stubborn_handler(work.path());
     let config = cfg("q")
         .top("term_timeout = \"1s\"")
         .locket("kill_grace", "\"60s\"")
@@ -1584,14 +1591,7 @@ fn a_stalled_lock_extension_does_not_outlast_the_lease() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
-    let pid_file = work.path().join("handler.pid");
-    let mut reaper = Reaper::default();
-    reaper.watch(&pid_file);
-    let script = write_script(
-        work.path(),
-        "stubborn.sh",
-        &format!("trap '' TERM\necho $$ > {}\nsleep 60\n", pid_file.display()),
-    );
+    let (script, pid_file, _reaper) = stubborn_handler(work.path());
     // A long process lease, so that a worker which cannot renew it for the pause does not
     // presume itself dead (that too would stop the job, for another reason).
     let config = cfg("q")
