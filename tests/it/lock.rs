@@ -3280,3 +3280,214 @@ async fn reserve_over_many_queues_keeps_priority_and_the_skip_rule() {
         other => panic!("expected nothing but q17 skipped, got {other:?}"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// S-6: a step that cannot apply changes nothing (issue 11, findings 1, 2, 6, 7, 8)
+// ---------------------------------------------------------------------------------------------
+
+/// Every key of the test's own server with its type and a dump of its value, to compare the
+/// whole state before and after a step that must change nothing.
+async fn snapshot(conn: &mut Conn) -> std::collections::BTreeMap<String, (String, Vec<u8>)> {
+    let names: Vec<String> = rcmd!(conn, "KEYS", "*");
+    let mut out = std::collections::BTreeMap::new();
+    for k in names {
+        let t: String = rcmd!(conn, "TYPE", &k);
+        let d: Vec<u8> = rcmd!(conn, "DUMP", &k);
+        out.insert(k, (t, d));
+    }
+    out
+}
+
+// S-6, NEVER-2 (finding 1): RETURN of a reserved job whose queue key another tool made a
+// string raises before its first write: the job stays in its inflight record.
+#[tokio::test]
+async fn s6_a_return_that_cannot_push_keeps_the_reservation() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let job = payload("J", json!([1]));
+    push(c, "q", &job).await;
+    let s = Slot::new("p:1:0", "testhost:1:q");
+    let r = reserve_job(c, &s, &["q"]).await;
+    let _: () = rcmd!(c, "SET", k.queue("q"), "not a list");
+    let before = snapshot(c).await;
+    let err = lock::return_to_queue(c, &s.r(), &r.rid, "q")
+        .await
+        .expect_err("the push to a string raised");
+    assert!(err.to_string().contains("LOCKET_STORE"), "{err}");
+    assert_eq!(
+        hget_bytes(c, &s.inflight(), "payload").await,
+        Some(job),
+        "the reservation was dropped"
+    );
+    assert_eq!(
+        snapshot(c).await,
+        before,
+        "a failed RETURN changed the state"
+    );
+}
+
+// S-6, NEVER-2 (finding 2): a delayed job whose target queue key is not a list stays in
+// `delayed` instead of being removed before a push that raises; the other due jobs move.
+#[tokio::test]
+async fn s6_promote_keeps_a_delayed_job_whose_queue_is_not_a_list() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let bad = json!({"rid": "r1", "queue": "broken", "payload": "{\"class\":\"A\",\"args\":[]}",
+        "reason": "lock", "resource": "x", "attempt": 1})
+    .to_string();
+    let good = json!({"rid": "r2", "queue": "fine", "payload": "{\"class\":\"B\",\"args\":[]}",
+        "reason": "lock", "resource": "x", "attempt": 1})
+    .to_string();
+    let _: () = rcmd!(c, "SET", k.queue("broken"), "not a list");
+    let _: i64 = rcmd!(c, "ZADD", k.delayed(), 1, &bad, 1, &good);
+    let pushed = lock::promote_delayed(c, &k, 100, None)
+        .await
+        .expect("PROMOTE passes over the bad member");
+    assert_eq!(pushed, 1);
+    assert_eq!(
+        lrange(c, &k.queue("fine")).await,
+        vec![b"{\"class\":\"B\",\"args\":[]}".to_vec()]
+    );
+    assert!(
+        zscore(c, &k.delayed(), &bad).await.is_some(),
+        "the delayed job whose queue is not a list was lost"
+    );
+    let t: String = rcmd!(c, "GET", k.queue("broken"));
+    assert_eq!(t, "not a list");
+}
+
+// S-6, D-6, NEVER-6 (finding 6): FINISH of a failed job whose failure list another tool made
+// a string raises before releasing anything: its lock and its holds stay, so a resend cannot
+// release them twice, and the job stays in its inflight record.
+#[tokio::test]
+async fn s6_a_finish_that_cannot_record_releases_nothing() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let l = spec("acct:6", 1);
+    let h = hold(c, "f6", std::slice::from_ref(&l), 20_000).await;
+    // Two holds of "dep-6" by the job's digest: a release would take one.
+    for _ in 0..2 {
+        lock::enqueue(
+            c,
+            &k,
+            "other",
+            "{}",
+            "d6",
+            &["dep-6".to_string()],
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("ENQUEUE");
+    }
+    let _: () = rcmd!(c, "SET", k.failed(), "not a list");
+    let before = snapshot(c).await;
+    let outcome = Finish::Failure("{\"exception\":\"E\"}".into());
+    let req = finish_request(&h.res, &h.token, &h.locks, &outcome);
+    let release = vec!["dep-6".to_string()];
+    let holds = lock::FinishHolds {
+        class: "Holder",
+        digest: "d6",
+        release: &release,
+        resent: false,
+    };
+    for _ in 0..3 {
+        let err = lock::finish_with(c, &h.slot.r(), &req, &holds)
+            .await
+            .expect_err("the failure record could not be pushed");
+        assert!(err.to_string().contains("LOCKET_STORE"), "{err}");
+    }
+    assert_eq!(
+        live_holders(c, &k.lock("acct:6")).await,
+        1,
+        "the lock was released"
+    );
+    assert_eq!(
+        snapshot(c).await,
+        before,
+        "a failed FINISH changed the state"
+    );
+}
+
+// S-6, D-1 (finding 7): a hold name with more expired fields than Lua can unpack at once
+// (about 8,000) is purged in chunks: the enqueue succeeds with its hold, and nothing raises.
+#[tokio::test]
+async fn s6_a_hold_name_with_ten_thousand_expired_fields_is_purged_in_chunks() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let key = format!("{}dep:big", k.locket_prefix());
+    for chunk in 0..10 {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&key);
+        for i in 0..1000 {
+            cmd.arg(format!("old{}", chunk * 1000 + i)).arg("1:1");
+        }
+        let _: i64 = cmd.query_async(c).await.expect("HSET");
+    }
+    lock::enqueue(
+        c,
+        &k,
+        "q",
+        "{\"class\":\"A\",\"args\":[]}",
+        "d7",
+        &["big".to_string()],
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("ENQUEUE with a hold over 10,000 expired fields");
+    let fields = hgetall(c, &key).await;
+    assert_eq!(fields.len(), 1, "expired fields left: {}", fields.len());
+    assert!(fields.contains_key("d7"));
+    assert_eq!(lrange(c, &k.queue("q")).await.len(), 1);
+}
+
+// S-6, D-3 (finding 8): an enqueue whose queue key is not a list adds no hold: a failed
+// enqueue leaves nothing behind, and retrying it does not add one hold per try.
+#[tokio::test]
+async fn s6_an_enqueue_that_cannot_push_adds_no_hold() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let _: () = rcmd!(c, "SET", k.queue("q"), "not a list");
+    let before = snapshot(c).await;
+    for _ in 0..2 {
+        let err = lock::enqueue(
+            c,
+            &k,
+            "q",
+            "{\"class\":\"A\",\"args\":[]}",
+            "d8",
+            &["h8".to_string()],
+            Duration::from_secs(60),
+        )
+        .await
+        .expect_err("the push to a string raised");
+        assert!(err.to_string().contains("LOCKET_STORE"), "{err}");
+    }
+    assert_eq!(
+        snapshot(c).await,
+        before,
+        "a failed ENQUEUE left holds behind"
+    );
+}
+
+// S-6, O-3 (issue 11, smaller): a Resque stat counter another tool set to a non-integer does
+// not fail the FINISH that has already written: the job ends, the counter is passed over.
+#[tokio::test]
+async fn s6_a_non_integer_stat_counter_does_not_fail_finish() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let h = hold(c, "f9", &[spec("acct:9", 1)], 20_000).await;
+    let _: () = rcmd!(c, "SET", format!("{}:stat:processed", NS), "abc");
+    assert!(h.finish(c).await, "FINISH of a success");
+    assert!(!exists(c, &h.slot.inflight()).await);
+    assert_eq!(live_holders(c, &k.lock("acct:9")).await, 0);
+    assert_eq!(
+        get(c, &format!("{}:stat:processed", NS)).await.as_deref(),
+        Some("abc")
+    );
+}
