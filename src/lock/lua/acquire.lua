@@ -52,7 +52,8 @@
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
 --        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
--- Raises nothing.
+-- Raises a LOCKET_STORE error, having changed nothing, when a conflict's fallback would push
+-- to a queue, `queues`, a failure list or `failed_queues` that holds another type (S-6).
 
 local inflight = KEYS[1]
 local rec = redis.call('HMGET', inflight, 'rid', 'token', 'state')
@@ -134,6 +135,17 @@ end
 if #conflicts > 0 then
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
+  -- S-6: the keys this fallback may push to are checked before its first write.
+  if fallback == 'requeue' then
+    must_be('acquire', KEYS[2], 'list')
+    must_be('acquire', KEYS[3], 'set')
+  end
+  local may_fail = fallback == 'fail' or
+    (fallback == 'delay' and tonumber((opt['delay'] or {})['max_delays'] or 0) > 0)
+  if may_fail and opt['failed_list'] then
+    must_be('acquire', opt['failed_list'], 'list')
+    if (opt['multi_name'] or '') ~= '' then must_be('acquire', opt['failed_queues'], 'set') end
+  end
   local action, due, attempt = 'none', 0, 0
   count(prefix, now, 'conflict', class)
   if opt['last_wait'] then count(prefix, now, 'wait_timeout', class) end
@@ -149,8 +161,8 @@ if #conflicts > 0 then
     if (opt['multi_name'] or '') ~= '' then
       redis.call('SADD', opt['failed_queues'], opt['multi_name'])
     end
-    redis.call('INCRBY', opt['stat_failed'], 1)
-    redis.call('INCRBY', opt['stat_failed_by'], 1)
+    incr_later(opt['stat_failed'])
+    incr_later(opt['stat_failed_by'])
     redis.call('DEL', inflight)
     count(prefix, now, 'conflict_failed', class)
     action = 'failed'

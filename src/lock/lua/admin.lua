@@ -11,7 +11,8 @@
 -- ARGV[3]  lock id or hold name
 -- ARGV[4]  token or digest (or "")
 --
--- Returns the number of holders or holds removed. Raises nothing.
+-- Returns the number of holders or holds removed. Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local prefix, op, id = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()

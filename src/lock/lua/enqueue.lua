@@ -13,8 +13,12 @@
 -- ARGV[5]    hold_ttl in ms
 -- ARGV[5+i]  hold name i (rendered hold template), for i = 0..n
 --
--- Returns the queue length after the push. Raises nothing.
+-- Returns the queue length after the push. Raises a LOCKET_STORE error, having changed
+-- nothing (no hold added, nothing pushed), when the queue key is not a list or `queues` not a
+-- set (S-6).
 
+must_be('enqueue', KEYS[1], 'list')
+must_be('enqueue', KEYS[2], 'set')
 local now = now_ms()
 local ttl = tonumber(ARGV[5])
 for i = 6, #ARGV do

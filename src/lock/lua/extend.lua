@@ -12,7 +12,8 @@
 -- ARGV[3+i]    lock id i
 --
 -- Returns {deadline_ms, lost_1, ..., lost_n} where lost_i is 1 when lock i was not extended.
--- Raises nothing.
+-- Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local token = ARGV[1]
 local now = now_ms()

@@ -42,7 +42,9 @@
 -- a dependent start while another holder still runs (D-6). In the rare other case, a janitor
 -- recovered the job during the outage and recorded it as failed; its holds then stay, as a
 -- failed job's do, until a retry or their TTL.
--- Raises nothing.
+-- Raises a LOCKET_STORE error, having changed nothing (no lock or hold released, the
+-- reservation kept), when the list the outcome pushes to (the failure list, or the queue for
+-- a requeue) or its index set holds another type (S-6).
 
 local inflight = KEYS[1]
 local outcome = ARGV[3]
@@ -54,6 +56,17 @@ local payload = rec[2]
 local function end_reservation()
   redis.call('DEL', inflight, KEYS[2])
   inflight_freed[inflight] = true
+end
+
+-- S-6: the keys the outcome pushes to are checked before anything is released or written.
+if mine then
+  if outcome == 'requeue' then
+    must_be('finish', KEYS[9], 'list')
+    must_be('finish', KEYS[10], 'set')
+  elseif outcome == 'failure' or outcome == 'dirty' then
+    must_be('finish', KEYS[7], 'list')
+    if ARGV[5] ~= '' then must_be('finish', KEYS[8], 'set') end
+  end
 end
 
 local prefix = locket_prefix(ARGV[6])

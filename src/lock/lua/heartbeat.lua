@@ -9,7 +9,8 @@
 --
 -- Returns "ok", or "dead" when the liveness key was gone: the process was (or may have been)
 -- recovered by a janitor and must stop (R-2); then no heartbeat is written.
--- Raises nothing.
+-- Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
   return 'dead'

@@ -4,6 +4,28 @@
 -- Redis 5 needs effects replication before writing after TIME; later versions always do it.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
+-- S-6: a step checks, before its first write, every key another tool may have written that it
+-- is about to write (a queue, the `queues` set, a failure list, `failed_queues`): one whose
+-- type is not `want` stops the step with a LOCKET_STORE error that names the step and the key,
+-- and nothing has been written. Redis does not roll a script back, so a WRONGTYPE raised by a
+-- later push would leave the step half-applied. (Keys under <ns>:locket: are written by
+-- locketd only, K-1, and their type is not checked.)
+local function must_be(step, key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then
+    error({err = 'LOCKET_STORE ' .. step .. ': WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' ..
+      want .. '; nothing was changed'})
+  end
+end
+
+-- HDEL of every field in `fields`, 1,000 at a time: `unpack()` of a long list raises ("too
+-- many results to unpack") past Lua's stack limit of about 8,000 values.
+local function hdel_all(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
 -- Redis server time in milliseconds (S-2: no worker clock is ever used for deadlines), read
 -- once per run: a script, or a batch of them (batch.lua), runs as one atomic step.
 local cached_now = nil
@@ -72,7 +94,7 @@ local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefi
   end
   local expired = redis.call('ZRANGEBYSCORE', lock_key, '-inf', int(now))
   redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', int(now))
-  redis.call('HDEL', info_key, unpack(expired))
+  hdel_all(info_key, expired)
   reset_blocked(blocked_key, counter_prefix)
   return #expired, false
 end
@@ -181,8 +203,10 @@ end
 -- Writes the counts summed by count() and incr_later(). The bucket gets its 8 h expiry when one of its event
 -- fields is created (event names hold no '|'; the class fields do).
 local function flush_counts()
+  -- Counts are observability: a counter key another tool made a non-integer or another type
+  -- is passed over (redis.pcall), so it never fails the step whose writes are already made.
   for key, n in pairs(incrs) do
-    redis.call('INCRBY', key, int(n))
+    redis.pcall('INCRBY', key, int(n))
   end
   incrs = {}
   if counts_prefix == nil then return end
@@ -191,13 +215,13 @@ local function flush_counts()
   for field, n in pairs(counts) do
     local s = int(n)
     if string.find(field, '|', 1, true) then
-      redis.call('HINCRBY', m, field, s)
+      redis.pcall('HINCRBY', m, field, s)
     else
-      redis.call('INCRBY', counts_prefix .. 'stat:' .. field, s)
-      if redis.call('HINCRBY', m, field, s) == n then fresh = true end
+      redis.pcall('INCRBY', counts_prefix .. 'stat:' .. field, s)
+      if redis.pcall('HINCRBY', m, field, s) == n then fresh = true end
     end
   end
-  if fresh then redis.call('PEXPIRE', m, '28800000') end
+  if fresh then redis.pcall('PEXPIRE', m, '28800000') end
   counts, counts_prefix, counts_bucket = {}, nil, nil
 end
 
@@ -232,7 +256,7 @@ local function dep_state(prefix, name, now)
     end
   end
   if #dropped > 0 then
-    redis.call('HDEL', key, unpack(dropped))
+    hdel_all(key, dropped)
   end
   if total == 0 then
     if #all > 0 then redis.call('DEL', key) end

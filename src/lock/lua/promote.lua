@@ -11,9 +11,12 @@
 -- ARGV[3]  batch size (at most 100)
 -- ARGV[4]  the exact member to promote now, or "" for every due member
 --
--- Returns the number of jobs pushed. Raises nothing.
+-- Returns the number of jobs pushed. A member that cannot be read, or whose queue key holds
+-- another type than a list, is not pushed: it stays in `delayed`, due again in an hour (S-6,
+-- NEVER-2). Raises a LOCKET_STORE error, having changed nothing, when `queues` is not a set.
 
 local now = now_ms()
+must_be('promote', KEYS[2], 'set')
 local members
 if ARGV[4] == '' then
   members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -22,16 +25,23 @@ else
 end
 local pushed = 0
 for _, m in ipairs(members) do
-  if redis.call('ZREM', KEYS[1], m) == 1 then
-    local ok, d = pcall(cjson.decode, m)
-    if ok and type(d) == 'table' and d['queue'] and d['payload'] then
-      redis.call('RPUSH', ARGV[1] .. 'queue:' .. d['queue'], d['payload'])
-      redis.call('SADD', KEYS[2], d['queue'])
-      pushed = pushed + 1
-    else
-      -- Not ours to read: keep it visible instead of dropping it (NEVER-2).
+  local ok, d = pcall(cjson.decode, m)
+  local qk = nil
+  if ok and type(d) == 'table' and type(d['queue']) == 'string' and type(d['payload']) == 'string' then
+    qk = ARGV[1] .. 'queue:' .. d['queue']
+    local t = redis.call('TYPE', qk)['ok']
+    if t ~= 'none' and t ~= 'list' then qk = nil end
+  end
+  if qk == nil then
+    -- Not ours to read, or its queue key holds another type: the member stays visible in
+    -- `delayed` (NEVER-2), tried again in an hour, instead of being dropped.
+    if redis.call('ZSCORE', KEYS[1], m) then
       redis.call('ZADD', KEYS[1], now + 3600000, m)
     end
+  elseif redis.call('ZREM', KEYS[1], m) == 1 then
+    redis.call('RPUSH', qk, d['payload'])
+    redis.call('SADD', KEYS[2], d['queue'])
+    pushed = pushed + 1
   end
 end
 count(ARGV[2], now, 'promoted', '', pushed)

@@ -6,7 +6,8 @@
 -- ARGV[1]  key prefix, "<ns>:locket:"
 -- ARGV[2]  batch size (at most 100)
 --
--- Returns the number of holders removed. Raises nothing.
+-- Returns the number of holders removed. Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local now = now_ms()
 local prefix = ARGV[1]

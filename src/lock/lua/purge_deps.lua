@@ -5,7 +5,8 @@
 -- ARGV[1]  locket key prefix "<ns>:locket:" (hold keys are built here: S-1)
 -- ARGV[2]  batch size (at most 100)
 --
--- Returns the number of hold fields dropped. Raises nothing.
+-- Returns the number of hold fields dropped. Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local now = now_ms()
 local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))

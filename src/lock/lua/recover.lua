@@ -33,7 +33,8 @@
 --
 -- Returns one of "alive" (nothing done), "changed" (the record changed since it was read;
 -- nothing done), "idle", "recovered_reserved", "recovered_running", "requeued_running".
--- Raises nothing.
+-- Raises a LOCKET_STORE error, having changed nothing, when the job's queue, `queues` or (for
+-- a running job) the failure list holds another type (S-6): the record stays for a later pass.
 
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 'alive'
@@ -49,6 +50,10 @@ if rid then
   local payload = redis.call('HGET', KEYS[1], 'payload')
   local queue = redis.call('HGET', KEYS[1], 'queue')
   local token = redis.call('HGET', KEYS[1], 'token') or ''
+  -- S-6: every list this recovery may push to is checked before its first write.
+  must_be('recover', KEYS[3], 'list')
+  must_be('recover', KEYS[4], 'set')
+  if state == 'running' then must_be('recover', KEYS[5], 'list') end
   if state == 'running' then
     local digest = redis.call('HGET', KEYS[1], 'digest') or ''
     local requeue = false

@@ -14,7 +14,8 @@
 -- ARGV[5]  alive JSON
 -- ARGV[6]  process_ttl in ms
 --
--- Returns the heartbeat text written. Raises nothing.
+-- Returns the heartbeat text written. Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local t = redis.call('TIME')
 local beat = iso8601(tonumber(t[1]))

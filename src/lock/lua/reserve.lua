@@ -22,7 +22,8 @@
 --   {"nothing", {skipped queue...}, {unreadable queue...}}
 --   {"paused"}            pause-all-workers is "true" (trimmed, any case)
 --   {"busy"}              the slot already holds a reservation (K-2; a bug report)
--- Raises nothing.
+-- Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local inflight = KEYS[1]
 -- pause-all-workers is read once per run: a batch of RESERVEs sees one answer.

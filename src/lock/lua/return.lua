@@ -8,15 +8,20 @@
 -- ARGV[2]  queue name q
 -- ARGV[3]  locket key prefix "<ns>:locket:" (O-3 stats)
 --
--- Returns "ok", or "missing" when the record is not this reservation's. Raises nothing.
+-- Returns "ok", or "missing" when the record is not this reservation's. Raises a
+-- LOCKET_STORE error, having changed nothing, when the queue key is not a list or `queues` not
+-- a set (S-6): the job then stays in its inflight record, where status shows it and recovery
+-- finds it.
 
 if redis.call('HGET', KEYS[1], 'rid') ~= ARGV[1] then
   return 'missing'
 end
 local payload = redis.call('HGET', KEYS[1], 'payload')
 local class = redis.call('HGET', KEYS[1], 'class') or ''
-redis.call('DEL', KEYS[1])
+must_be('return', KEYS[2], 'list')
+must_be('return', KEYS[3], 'set')
 redis.call('LPUSH', KEYS[2], payload)
 redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('DEL', KEYS[1])
 count(ARGV[3], now_ms(), 'returned', class)
 return 'ok'

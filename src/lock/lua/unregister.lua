@@ -22,7 +22,8 @@
 -- ARGV[2]  process id
 -- ARGV[3]  slot number
 --
--- Returns "ok". Raises nothing.
+-- Returns "ok". Raises nothing while the keys under <ns>:locket: have
+-- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[5], KEYS[6])
