@@ -17,6 +17,7 @@ mod node_interop;
 mod ops;
 mod policies;
 mod redis_url;
+mod refusals;
 mod service;
 mod stories;
 mod supervision;

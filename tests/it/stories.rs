@@ -839,3 +839,61 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
         d.kill();
     }
 }
+
+/// P-3 with USR2 (issue 11, finding 10): pausing a worker whose slot is waiting on a lock
+/// only stops new reservations: the waiting job keeps waiting, runs when the lock is free,
+/// and the worker neither ends its loop nor is restarted.
+#[test]
+fn a_pause_during_a_lock_wait_keeps_the_job_waiting() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let go = work.path().join("go");
+    let h = handler(
+        work.path(),
+        "hold.sh",
+        &log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"a\"'*) for i in $(seq 300); do [ -f {} ] && break; sleep 0.1; done;; esac",
+            go.display()
+        ),
+    );
+    let config = cfg("q")
+        .class(
+            "Ledger::Post",
+            &h,
+            "lock = \"acct:{args[0]}\"\non_conflict = \"wait\"\nwait_timeout = \"60s\"",
+        )
+        .render();
+    let mut d1 = Daemon::start(&redis, &config, &[]);
+    wait_until(LONG, "the first daemon registered", || {
+        r.workers().len() == 1
+    });
+    r.push("q", r#"{"class":"Ledger::Post","args":[1,"a"]}"#);
+    wait_until(LONG, "the holder started", || runs(&log).len() == 1);
+    let mut d2 = Daemon::start(&redis, &config, &[]);
+    wait_until(LONG, "the second daemon registered", || {
+        r.workers().len() == 2
+    });
+    let waiter = d2.worker_pid();
+    r.push("q", r#"{"class":"Ledger::Post","args":[1,"b"]}"#);
+    wait_until(LONG, "the second job waits on the lock", || {
+        stat(&mut r, "waited") >= 1
+    });
+    d2.signal(libc::SIGUSR2);
+    d2.wait_for_log("forwarding to every worker", LONG);
+    // Long enough for a wait that ended on the pause to have returned its job.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&go, "").unwrap();
+    wait_until(LONG, "both jobs ran", || ended(&log) == 2);
+    assert_eq!(
+        d2.worker_pid(),
+        waiter,
+        "the paused worker's loop ended and it was restarted:\n{}",
+        d2.log()
+    );
+    assert_eq!(stat(&mut r, "returned"), 0, "the waiting job was returned");
+    assert_eq!(d1.terminate(LONG).code(), Some(0));
+    assert_eq!(d2.terminate(LONG).code(), Some(0));
+}
