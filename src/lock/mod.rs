@@ -934,3 +934,25 @@ pub async fn admin_release<C: ConnectionLike + Send>(
 pub fn reply_text(v: &Value) -> String {
     text(v)
 }
+
+/// Whether Redis refused a call in a way that sending it again cannot change (E-3): a key of
+/// another type (`WRONGTYPE`, or a script's own `LOCKET_STORE` check), a full Redis (`OOM`), a
+/// Lua error, a reply of an unexpected shape. Such a call is reported once and not resent in a
+/// loop. Everything else (the connection, `LOADING`, `BUSY`, `READONLY`, `MASTERDOWN`,
+/// `TRYAGAIN`, `MISCONF`, `NOSCRIPT` before its EVAL fallback) is an outage, retried with backoff.
+pub fn is_refusal(e: &redis::RedisError) -> bool {
+    match e.code() {
+        None => matches!(
+            e.kind(),
+            redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
+        ),
+        Some(
+            "LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MISCONF"
+            | "NOSCRIPT" | "MOVED" | "ASK" | "NOREPLICAS" | "NOAUTH",
+        ) => false,
+        Some("ERR") => !e
+            .detail()
+            .is_some_and(|d| d.contains("max number of clients")),
+        Some(_) => true,
+    }
+}

@@ -608,6 +608,17 @@ impl Worker {
                 }
                 continue;
             }
+            if let Some(until) = self.pending.as_ref().and_then(|p| p.parked_until) {
+                self.title("Parked: Redis refused the end of its last job (see the log)");
+                let now = Instant::now();
+                if now < until && !sleep_or_stop(until - now, control, dead).await {
+                    continue;
+                }
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
+                continue;
+            }
             let queues = match self.expand_queues().await {
                 Ok(q) => q,
                 Err(e) => {
@@ -645,6 +656,15 @@ impl Worker {
                     Ok((finished, reserved)) => {
                         self.report_finish(&p, Some(finished), p.tried);
                         reserved
+                    }
+                    Err(e) if lock::is_refusal(&e) => {
+                        // Refused before any write (S-6): not a resend. Flushed on its own,
+                        // which logs it once and parks the slot.
+                        self.pending = Some(p);
+                        if let Some(r) = self.flush_pending().await {
+                            return r;
+                        }
+                        continue;
                     }
                     Err(e) => {
                         p.tried = true;
@@ -746,8 +766,17 @@ impl Worker {
             .query_async(&mut self.conn)
             .await;
         if let Ok((Some(rid), Some(queue))) = fields {
-            let slot = self.slot();
-            let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+            self.return_job(&rid, &queue).await;
+        }
+    }
+
+    /// RETURN: a reservation that never started goes back to the head of its queue. If
+    /// Redis refuses or is away, the job stays in its inflight record (S-6: RETURN changed
+    /// nothing), where `status` shows it and recovery finds it; that is logged, once per job.
+    async fn return_job(&mut self, rid: &str, queue: &str) {
+        let slot = self.slot();
+        if let Err(e) = lock::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
+            error!(step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
         }
     }
 
@@ -845,8 +874,7 @@ impl Worker {
         let (lock_ttl, counter_ttl) = (lt.lock_ttl.get(), lt.counter_ttl.get());
         if control.stopping() {
             // shutting down before the job started: it goes back to the head of its queue.
-            let slot = self.slot();
-            let _ = lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+            self.return_job(&rid, &queue).await;
             return Some(StopReason::Shutdown);
         }
         // The plain path (requeue policy, no holds, no fencing) sends no options at all.
@@ -934,6 +962,22 @@ impl Worker {
                 })
                 .await
             };
+            let acquired = match acquired {
+                Ok(a) => Some(a),
+                Err(GaveUp::Away) => None,
+                Err(GaveUp::Refused) => {
+                    // E-3: ACQUIRE changed nothing (S-6) and sending it again would be refused
+                    // again: the job is failed where Resque users look, retryable once the
+                    // operator has mended the key the log names.
+                    let f = JobFailure::new(
+                        "Locket::StoreError",
+                        "Redis refused the job's lock step (ACQUIRE); the error is in the daemon's log",
+                    );
+                    return self
+                        .fail_unstarted(&rid, &queue, &job.raw, &job.class, f, started)
+                        .await;
+                }
+            };
             // P-3: still reserved, so wait (bounded) and try again; the last try settles the
             // job by `wait_then` in the same script as the check.
             if waits
@@ -964,11 +1008,11 @@ impl Worker {
                     continue;
                 }
                 let nap = pause.min(wait_until - now);
-                if !sleep_or_stop(nap, control, dead).await {
+                // A pause (USR2) only stops new reservations: a job already waiting on its lock
+                // keeps waiting (P-3); QUIT, TERM and presumed death end the wait.
+                if !sleep_unless_stopped(nap, control, dead).await {
                     // a waiting job goes back to the head of its queue (rid-checked).
-                    let slot = self.slot();
-                    let _ =
-                        lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+                    self.return_job(&rid, &queue).await;
                     return Some(if dead.is_cancelled() {
                         StopReason::PresumedDead
                     } else {
@@ -994,9 +1038,7 @@ impl Worker {
                 self.log_conflict(&job.class, &queue, &digest, &action, &conflicts, waiting);
                 if action == Settled::None {
                     // Not settled (a wait interrupted): back to the head, where it was.
-                    let slot = self.slot();
-                    let _ =
-                        lock::return_to_queue(&mut self.conn.clone(), &slot, &rid, &queue).await;
+                    self.return_job(&rid, &queue).await;
                 }
                 return None;
             }
@@ -1294,6 +1336,7 @@ impl Worker {
             started,
             label: label.to_string(),
             tried: false,
+            parked_until: None,
         });
         None
     }
@@ -1320,11 +1363,29 @@ impl Worker {
             async move { lock::finish_with(&mut c, &slot, &req, &holds).await }
         })
         .await;
-        self.report_finish(&p, done, p.tried);
-        if done.is_none() {
-            return Some(StopReason::PresumedDead);
+        match done {
+            Ok(found) => {
+                self.report_finish(&p, Some(found), p.tried);
+                None
+            }
+            Err(GaveUp::Away) => {
+                self.report_finish(&p, None, p.tried);
+                Some(StopReason::PresumedDead)
+            }
+            Err(GaveUp::Refused) => {
+                // E-3: FINISH changed nothing (S-6), so the job stays in its inflight record,
+                // its locks and holds kept. The slot parks: it reserves nothing (its record is
+                // taken, K-2) and tries the FINISH again every PARK_RETRY, silently, until the
+                // operator has mended the key the log names.
+                if p.parked_until.is_none() {
+                    error!(queue = %p.queue, class = %p.class, outcome = %p.label, retry_s = PARK_RETRY.as_secs(), "the job's end was refused by Redis; the job stays in its inflight record and the slot is parked, trying again periodically");
+                }
+                let mut p = p;
+                p.parked_until = Some(Instant::now() + PARK_RETRY);
+                self.pending = Some(p);
+                None
+            }
         }
-        None
     }
 
     /// Logs and counts a job end once its FINISH ran (`Some(found its reservation)`) or gave up.
@@ -1372,6 +1433,8 @@ struct PendingFinish {
     label: String,
     /// A FINISH+RESERVE carrying it failed: it may have landed.
     tried: bool,
+    /// Redis refused its FINISH (E-3): the slot is parked and tries again at this time.
+    parked_until: Option<Instant>,
 }
 
 impl PendingFinish {
@@ -1396,9 +1459,26 @@ impl PendingFinish {
     }
 }
 
+/// How long a parked slot waits before it sends a refused FINISH again (E-3).
+const PARK_RETRY: Duration = Duration::from_secs(30);
+
+/// Why [`retry`] ended without a reply.
+enum GaveUp {
+    /// Redis stayed away until the control asked to stop, or for ten minutes.
+    Away,
+    /// Redis refused the call in a way a resend cannot change ([`lock::is_refusal`]); logged.
+    Refused,
+}
+
 /// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
-/// or ten minutes pass. `None` when it gave up.
-async fn retry<T, F, Fut>(conn: &mut Conn, what: &str, control: &Control, mut f: F) -> Option<T>
+/// or ten minutes pass. A refusal ([`lock::is_refusal`]: a key of another type, a full Redis, a
+/// Lua error) is logged once and ends it at once: the same call is never resent in a loop.
+async fn retry<T, F, Fut>(
+    conn: &mut Conn,
+    what: &str,
+    control: &Control,
+    mut f: F,
+) -> std::result::Result<T, GaveUp>
 where
     F: FnMut(Conn) -> Fut,
     Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -1412,7 +1492,11 @@ where
                 if logged {
                     info!(step = what, "redis reachable again");
                 }
-                return Some(v);
+                return Ok(v);
+            }
+            Err(e) if lock::is_refusal(&e) => {
+                error!(step = what, error = %e, "redis refused the step; not sending it again");
+                return Err(GaveUp::Refused);
             }
             Err(e) => {
                 if !logged {
@@ -1420,11 +1504,11 @@ where
                     logged = true;
                 }
                 if Instant::now() + delay > deadline || control.kill.is_cancelled() {
-                    return None;
+                    return Err(GaveUp::Away);
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = control.kill.cancelled() => return None,
+                    _ = control.kill.cancelled() => return Err(GaveUp::Away),
                 }
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
@@ -1441,6 +1525,17 @@ async fn sleep_or_stop(d: Duration, control: &Control, dead: &CancellationToken)
         _ = control.term.cancelled() => false,
         _ = dead.cancelled() => false,
         _ = paused.wait_for(|p| *p) => false,
+    }
+}
+
+/// Sleeps `d` unless told to stop first; a pause does not end it. True when the sleep ran to
+/// its end.
+async fn sleep_unless_stopped(d: Duration, control: &Control, dead: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = control.quit.cancelled() => false,
+        _ = control.term.cancelled() => false,
+        _ = dead.cancelled() => false,
     }
 }
 
