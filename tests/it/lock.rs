@@ -3491,3 +3491,44 @@ async fn s6_a_non_integer_stat_counter_does_not_fail_finish() {
         Some("abc")
     );
 }
+
+// R-3 step 4, S-6 (issue 11, smaller): dead processes whose recovery always raises (their
+// job's queue key is a string) do not use up the janitor's ten recoveries a pass: a
+// recoverable dead process listed among sixty of them is recovered in the first pass.
+#[tokio::test]
+async fn r3_unrecoverable_dead_processes_do_not_hide_a_recoverable_one() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let ttl = Duration::from_millis(300);
+    for i in 0..60 {
+        let process = format!("bad:{i}:aaaa");
+        register(c, &process, 0, &format!("testhost:{i}:broken"), ttl).await;
+        push(c, "broken", &payload("B", json!([i]))).await;
+        reserve_job(c, &Slot::new(format!("{process}:0"), "w"), &["broken"]).await;
+    }
+    let good = "good:1:bbbb";
+    register(c, good, 0, "testhost:1000:fine", ttl).await;
+    let job = payload("G", json!([1]));
+    push(c, "fine", &job).await;
+    reserve_job(c, &Slot::new(format!("{good}:0"), "w"), &["fine"]).await;
+    let _: () = rcmd!(c, "SET", k.queue("broken"), "not a list");
+    wait_dead(c, good).await;
+    for i in 0..60 {
+        wait_dead(c, &format!("bad:{i}:aaaa")).await;
+    }
+    let cfg = janitor_config("");
+    let report = janitor_pass(c, &k, &cfg, &random_hex(16)).await;
+    assert!(report.is_err(), "the unrecoverable ones are reported");
+    assert_eq!(
+        lrange(c, &k.queue("fine")).await,
+        vec![job],
+        "the recoverable dead process's job was not returned"
+    );
+    let left: Vec<String> = rcmd!(c, "KEYS", format!("{NS}:locket:inflight:bad:*"));
+    assert_eq!(
+        left.len(),
+        60,
+        "an unrecoverable job left its inflight record"
+    );
+}
