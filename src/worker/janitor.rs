@@ -104,10 +104,13 @@ async fn recover_dead<C: ConnectionLike + Send>(
         .arg(keys.processes())
         .query_async(conn)
         .await?;
-    let mut recovered_processes = 0;
+    // R-3 step 4: at most 10 recoveries a pass. A recovery that fails (a key of another type,
+    // S-6) does not count toward them, so dead processes that cannot be recovered never hide
+    // the others; they are bounded on their own.
+    let (mut recovered_processes, mut failed_processes) = (0, 0);
     let mut first_error = None;
     for process in processes {
-        if recovered_processes >= 10 {
+        if recovered_processes >= 10 || failed_processes >= 100 {
             break;
         }
         let alive: bool = redis::cmd("EXISTS")
@@ -117,11 +120,14 @@ async fn recover_dead<C: ConnectionLike + Send>(
         if alive {
             continue;
         }
-        recovered_processes += 1;
         // One process that cannot be recovered must not hold up the ones listed after it.
         let r = recover_process(conn, keys, config, &process, "stopped heartbeating", report).await;
-        if let Err(e) = &r {
-            debug!(process = %process, error = %e, "recovering a dead process failed");
+        match &r {
+            Ok(()) => recovered_processes += 1,
+            Err(e) => {
+                failed_processes += 1;
+                debug!(process = %process, error = %e, "recovering a dead process failed");
+            }
         }
         keep_first(&mut first_error, r);
     }
