@@ -155,3 +155,27 @@ fn rediss_url_connects_over_tls() {
     assert!(status.success(), "{}", daemon.log());
     assert_eq!(processed(&mut conn).as_deref(), Some("1"));
 }
+
+// Issue 11, finding 9: a password given with --redis is not left in the world-readable
+// /proc/<pid>/cmdline while the daemon connects (here to a port nobody listens on, so it
+// keeps trying), nor in its log.
+#[test]
+fn a_redis_password_on_the_command_line_is_scrubbed_before_connecting() {
+    let redis = RedisServer::start();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://:pw-on-argv@127.0.0.1:{port}/0");
+    let mut daemon = Daemon::builder(&redis)
+        .config(CONFIG)
+        .redis_url(&url)
+        .start();
+    daemon.wait_for_log("redis not answering yet", Duration::from_secs(20));
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", daemon.pid())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert!(!cmdline.contains("pw-on-argv"), "{cmdline:?}");
+    assert!(!daemon.log().contains("pw-on-argv"), "{}", daemon.log());
+    daemon.kill();
+}
