@@ -92,6 +92,15 @@ fn main() -> ExitCode {
     // Read before any title overwrites the argv area: the master re-executes workers with them.
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let cli = Cli::parse();
+    // A password given with --redis must not stay readable in /proc/<pid>/cmdline (world-
+    // readable) while the process connects: the title overwrites the argv area now. The
+    // arguments were read above; nothing reads argv after this.
+    if args
+        .iter()
+        .any(|a| a.as_encoded_bytes().starts_with(b"--redis"))
+    {
+        locketd::proctitle::set_title(&format!("{}: Starting", locketd::proctitle::title_prefix()));
+    }
     match run(cli, args, retitle.err()) {
         Ok(code) => code,
         Err(e) => {
