@@ -107,13 +107,13 @@ impl<'de> Deserialize<'de> for Secs {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Secs, E> {
                 parse_duration(v).map(Secs).map_err(E::custom)
             }
+            // A bare integer takes the same range check as every other form: a duration past
+            // it would overflow `Instant + Duration` where it is used.
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Secs, E> {
-                u64::try_from(v)
-                    .map(|s| Secs(Duration::from_secs(s)))
-                    .map_err(|_| E::custom("a duration cannot be negative"))
+                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Secs, E> {
-                Ok(Secs(Duration::from_secs(v)))
+                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Secs, E> {
                 parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
@@ -683,6 +683,19 @@ impl Config {
                 l.process_ttl, l.process_heartbeat
             ));
         }
+        // R-4 releases a dead process's locks at once when its lease has lapsed: a lock lease
+        // longer than the process lease would be cut short while its holder may only be
+        // stalled, not dead.
+        if l.lock_ttl > l.process_ttl {
+            return Err(invalid(
+                "locket.lock_ttl",
+                format!(
+                    "{} is longer than locket.process_ttl ({}): a worker presumed dead and \
+                     recovered could still hold its locks",
+                    l.lock_ttl, l.process_ttl
+                ),
+            ));
+        }
         if l.janitor_interval.get() < Duration::from_millis(100) {
             return Err(invalid("locket.janitor_interval", "is below 100ms"));
         }
@@ -771,6 +784,16 @@ mod tests {
     #[test]
     fn durations_take_units_and_numbers() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        // Issue 11 (smaller): a bare integer is range-checked like a string; it used to pass
+        // unchecked and panic later in `Instant + Duration`.
+        for bad in ["lock_ttl = 99999999999999999", "lock_ttl = -5"] {
+            let e = Config::parse(&format!("queues = \"q\"\n[locket]\n{bad}\n"), "t")
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("duration") && e.contains("line 3"), "{bad}: {e}");
+        }
+        let c = Config::parse("queues = \"q\"\n[locket]\nlock_ttl = 40\n", "t").unwrap();
+        assert_eq!(c.locket.lock_ttl.get(), Duration::from_secs(40));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
@@ -786,6 +809,11 @@ mod tests {
     fn bad_settings_are_rejected_by_name() {
         let cases = [
             ("[locket]\nlock_ttl = \"500ms\"", "locket.lock_ttl"),
+            // Issue 11 (smaller), R-4: a lock lease longer than the process lease.
+            (
+                "[locket]\nlock_ttl = \"90s\"\nprocess_ttl = \"60s\"",
+                "locket.lock_ttl",
+            ),
             (
                 "[locket]\nheartbeat_interval = \"50ms\"",
                 "locket.heartbeat_interval",

@@ -542,7 +542,7 @@ fn every_key_stays_under_the_configured_namespace() {
     push(&mut c, "app", "q", r#"{"class":"Ok","args":"#);
     push(&mut c, "app", "q", r#"{"class":"Block","args":[4]}"#);
     let locket =
-        "janitor_interval = \"200ms\"\nprocess_heartbeat = \"200ms\"\nprocess_ttl = \"2s\"";
+        "janitor_interval = \"200ms\"\nprocess_heartbeat = \"200ms\"\nprocess_ttl = \"2s\"\nlock_ttl = \"2s\"\nheartbeat_interval = \"500ms\"";
     let mut d = Daemon::start(
         &redis,
         &config("q", "namespace = \"app\"", locket, &classes),
@@ -1026,7 +1026,7 @@ fn heartbeat_is_rewritten_from_redis_time_also_during_a_long_job() {
     let redis = RedisServer::start();
     let mut c = redis.sync_conn();
     let work = Work::new();
-    let locket = "process_heartbeat = \"200ms\"\nprocess_ttl = \"2s\"";
+    let locket = "process_heartbeat = \"200ms\"\nprocess_ttl = \"2s\"\nlock_ttl = \"2s\"\nheartbeat_interval = \"500ms\"";
     let mut d = Daemon::start(&redis, &config("q", "", locket, &work.fallback()), &[]);
     let id = wait_registered(&mut c, "resque", &d);
     let beat = |c: &mut redis::Connection| -> String {

@@ -44,7 +44,7 @@ pub(crate) fn cfg(queues: &str) -> Cfg {
         ("heartbeat_interval", "\"500ms\""),
         ("counter_ttl", "\"1s\""),
         ("process_heartbeat", "\"200ms\""),
-        ("process_ttl", "\"1s\""),
+        ("process_ttl", "\"2s\""),
         ("janitor_interval", "\"200ms\""),
         ("kill_grace", "\"1s\""),
         ("shutdown_timeout", "\"5s\""),
