@@ -155,7 +155,10 @@ fn status_exits_69_when_redis_is_away() {
     // A socket nobody serves: a stopped server's TCP port can be taken at once by another
     // test's redis-server (this test once found one there and exited 0).
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("redis+unix://{}", dir.path().join("no-redis.sock").display());
+    let url = format!(
+        "redis+unix://{}",
+        dir.path().join("no-redis.sock").display()
+    );
     let conf = dir.path().join("c.toml");
     std::fs::write(&conf, "redis_connect_timeout = \"1s\"\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
