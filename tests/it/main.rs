@@ -11,6 +11,7 @@ mod compat;
 mod daemon;
 mod harness;
 mod holds;
+mod liveness;
 mod lock;
 mod logs;
 mod node_interop;
