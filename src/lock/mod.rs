@@ -48,6 +48,9 @@ pub enum Reserved {
     Paused,
     /// The slot already holds a reservation (K-2).
     Busy,
+    /// The slot's process lease `alive:<process id>` is gone: it may have been recovered,
+    /// so it reserved nothing.
+    Dead,
 }
 
 /// What ACQUIRE did.
@@ -71,6 +74,8 @@ pub enum Acquired {
     },
     /// The reservation is no longer this slot's.
     Missing,
+    /// The slot's process lease is gone: nothing was started.
+    Dead,
 }
 
 /// How a job ended, for FINISH.
@@ -241,6 +246,7 @@ fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
         }
         Some("paused") => Ok(Reserved::Paused),
         Some("busy") => Ok(Reserved::Busy),
+        Some("dead") => Ok(Reserved::Dead),
         _ => unexpected("reserve", &Value::Array(reply)),
     }
 }
@@ -319,6 +325,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
     Ok(match acquire_with(conn, slot, req, None).await? {
         AcquireOutcome::Started { deadline_ms, .. } => Acquired::Started { deadline_ms },
         AcquireOutcome::Missing => Acquired::Missing,
+        AcquireOutcome::Dead => Acquired::Dead,
         AcquireOutcome::Conflict { action, conflicts } => {
             let first = conflicts.into_iter().next().unwrap_or(Conflict {
                 kind: ConflictKind::Lock,
@@ -463,6 +470,8 @@ pub enum AcquireOutcome {
     },
     /// The reservation is no longer this slot's.
     Missing,
+    /// The slot's process lease is gone: nothing changed, the job stays reserved.
+    Dead,
 }
 
 /// ACQUIRE with START and the conflict policies in one script (A-6, P-1..P-5, D-4, D-5, D-9).
@@ -600,6 +609,7 @@ pub async fn acquire_with<C: ConnectionLike + Send>(
             Ok(AcquireOutcome::Conflict { action, conflicts })
         }
         Some("missing") => Ok(AcquireOutcome::Missing),
+        Some("dead") => Ok(AcquireOutcome::Dead),
         _ => unexpected("acquire", &Value::Array(reply)),
     }
 }

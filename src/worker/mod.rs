@@ -764,6 +764,13 @@ impl Worker {
                     self.title("Paused");
                     sleep_or_stop(interval.max(Duration::from_millis(100)), control, dead).await;
                 }
+                Ok(Reserved::Dead) => {
+                    // the lease lapsed (a stall or a partition longer than process_ttl)
+                    // and this process may have been recovered: it reserves nothing more.
+                    error!(process = %self.id.process_id, "process lease gone: presumed dead, reserving nothing");
+                    dead.cancel();
+                    return StopReason::PresumedDead;
+                }
                 Ok(Reserved::Busy) => {
                     // Only after a RESERVE whose reply was lost (connection dropped after the
                     // script ran): the job is safe in the inflight record and goes back to the
@@ -1070,6 +1077,12 @@ impl Worker {
                     self.return_job(&rid, &queue).await;
                 }
                 return None;
+            }
+            Some(AcquireOutcome::Dead) => {
+                // nothing was started; the reservation stays for recovery.
+                error!(queue = %queue, class = %job.class, process = %self.id.process_id, "process lease gone: presumed dead, the job is left reserved for recovery");
+                dead.cancel();
+                return Some(StopReason::PresumedDead);
             }
             Some(AcquireOutcome::Missing) => {
                 error!(queue = %queue, class = %job.class, "reservation was recovered elsewhere before it started");

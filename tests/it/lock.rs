@@ -123,7 +123,24 @@ async fn push(conn: &mut Conn, queue: &str, body: &[u8]) {
     let _: i64 = rcmd!(conn, "SADD", k.queues(), queue);
 }
 
+/// Gives the process owning `slot_key` ("<process id>:<n>") a lease, as registration does
+/// RESERVE and ACQUIRE refuse a slot whose process holds none.
+pub(crate) async fn mark_alive(conn: &mut Conn, slot_key: &str) {
+    let process = slot_key.rsplit_once(':').map_or(slot_key, |(p, _)| p);
+    // NX: a lease that registration gave (and a test lets lapse) is left as it is.
+    let _: Option<String> = rcmd!(
+        conn,
+        "SET",
+        keys().alive(process),
+        "{}",
+        "PX",
+        600_000,
+        "NX"
+    );
+}
+
 async fn reserve(conn: &mut Conn, slot: &Slot, queues: &[&str], clear: bool) -> Reserved {
+    mark_alive(conn, &slot.slot_key).await;
     let qs: Vec<String> = queues.iter().map(|q| q.to_string()).collect();
     lock::reserve(conn, &slot.r(), &random_hex(8), &qs, clear)
         .await
@@ -594,6 +611,7 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
     push(c, "c", &c1).await;
 
     let slot = Slot::new("testhost:1:aaaaaaaa:0", "testhost:1:a,b,c");
+    mark_alive(c, &slot.slot_key).await;
     let before = server_ms(c).await;
     let rid = random_hex(8);
     let qs: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
@@ -781,6 +799,9 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
     let slots: Vec<Slot> = (1..=6)
         .map(|i| Slot::new(format!("p:1:{i}"), format!("testhost:1+{i}:q")))
         .collect();
+    for slot in &slots {
+        mark_alive(c, &slot.slot_key).await;
+    }
     let calls = slots.iter().enumerate().map(|(i, slot)| {
         let mut conn = conn.clone();
         let queue = if i == 2 { "bad" } else { "q" };
@@ -2133,11 +2154,11 @@ async fn hammer(limit: u32) {
                             let pause = rand::rng().random_range(1..4);
                             tokio::time::sleep(Duration::from_millis(pause)).await;
                         }
-                        Acquired::Missing => {
+                        other @ (Acquired::Missing | Acquired::Dead) => {
                             violations
                                 .lock()
                                 .unwrap()
-                                .push(format!("task {i}: reservation missing"));
+                                .push(format!("task {i}: {other:?}"));
                             break 'work;
                         }
                     }
@@ -2798,7 +2819,7 @@ async fn an_abandoned_lease_is_acquirable_by_another_token_once_its_ttl_passed_w
                 );
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            Acquired::Missing => panic!("reservation missing"),
+            other => panic!("expected the lock or a conflict, got {other:?}"),
         }
     };
     let (sent, acquired_at) = won_at;
@@ -2866,9 +2887,11 @@ async fn an_abandoned_lock_and_its_counters_are_physically_gone_a_second_after_t
                 .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("expires=")))
                 .map(|v| v.trim().parse::<u64>().unwrap())
                 .unwrap_or(0);
-            // The O-3 per-minute buckets live 8 h on purpose; nothing else may remain.
+            // The O-3 per-minute buckets live 8 h on purpose, and the test slots' process
+            // leases as long as their processes; nothing else may remain.
             let metrics: Vec<String> = rcmd!(&mut c, "KEYS", format!("{NS}:locket:metrics:*"));
-            expires == metrics.len() as u64
+            let leases: Vec<String> = rcmd!(&mut c, "KEYS", format!("{NS}:locket:alive:*"));
+            expires == (metrics.len() + leases.len()) as u64
         }
     })
     .await;
@@ -2881,10 +2904,12 @@ async fn an_abandoned_lock_and_its_counters_are_physically_gone_a_second_after_t
         assert!(!exists(c, &key).await, "{key} survived");
     }
     // What is left without an expiry is documented: the holder's inflight record and the index
-    // (besides the O-3 stats).
+    // (besides the O-3 stats and the test slots' process leases).
     let no_stats = |left: BTreeSet<String>| -> BTreeSet<String> {
         left.into_iter()
-            .filter(|n| !n.starts_with("stat:") && !n.starts_with("metrics:"))
+            .filter(|n| {
+                !n.starts_with("stat:") && !n.starts_with("metrics:") && !n.starts_with("alive:")
+            })
             .collect()
     };
     let left = no_stats(audit_locket_keys(c, "after expiry").await);
@@ -3072,6 +3097,7 @@ async fn a_full_reserve_acquire_finish_cycle_leaves_no_locket_keys_but_the_index
         left.iter().all(|name| allowed.contains(name)
             || name.starts_with("stat:")
             || name.starts_with("metrics:")
+            || name.starts_with("alive:")
             || name.starts_with("slots:")),
         "leftover locket keys: {left:?}"
     );

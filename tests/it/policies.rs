@@ -182,6 +182,7 @@ pub(crate) async fn reserve_next(c: &mut Conn, slot: &str, queue: &str) -> Job {
         slot_key: &slot_key,
         worker_id: &worker_id,
     };
+    crate::lock::mark_alive(c, &slot_key).await;
     match lock::reserve(c, &sref, &random_hex(8), &[queue.to_string()], false)
         .await
         .expect("RESERVE")

@@ -52,6 +52,7 @@
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
 --        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
+--   {"dead"}      the slot's process lease is gone (R-2); nothing changed
 -- Raises a LOCKET_STORE error, having changed nothing, when a conflict's fallback would push
 -- to a queue, `queues`, a failure list or `failed_queues` that holds another type (S-6).
 
@@ -79,6 +80,11 @@ local now = now_ms()
 local ttl = tonumber(ARGV[3])
 local counter_prefix = ARGV[8]
 local prefix = locket_prefix(counter_prefix)
+-- R-2: a process whose lease is gone starts nothing; the reservation stays in its record,
+-- where recovery finds it (R-4).
+if not lease_held(prefix, inflight) then
+  return {'dead'}
+end
 local queue = ARGV[9]
 local class = ARGV[10]
 local digest = ARGV[11]

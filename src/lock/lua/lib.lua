@@ -37,6 +37,22 @@ local function now_ms()
   return cached_now
 end
 
+-- R-2, A-1, A-6: whether the process owning the slot record `inflight`
+-- ("<prefix>inflight:<process id>:<n>") still holds its lease "<prefix>alive:<process id>".
+-- A process whose lease is gone may have been recovered already: it must not reserve or
+-- start anything, since nothing would recover what it took. Asked once per run and process.
+local lease_seen = {}
+local function lease_held(prefix, inflight)
+  local process = string.match(string.sub(inflight, #prefix + 10), '^(.*):%d+$')
+  if process == nil then return true end
+  local held = lease_seen[process]
+  if held == nil then
+    held = redis.call('EXISTS', prefix .. 'alive:' .. process) == 1
+    lease_seen[process] = held
+  end
+  return held
+end
+
 -- pause-all-workers as RESERVE read it in this run (1 paused, 0 not), nil before the first read.
 local pause_seen = nil
 

@@ -22,6 +22,8 @@
 --   {"nothing", {skipped queue...}, {unreadable queue...}}
 --   {"paused"}            pause-all-workers is "true" (trimmed, any case)
 --   {"busy"}              the slot already holds a reservation (K-2; a bug report)
+--   {"dead"}              the slot's process lease alive:<process id> is gone (R-2): it may
+--                         have been recovered, so it reserves nothing
 -- Raises nothing while the keys under <ns>:locket: have
 -- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
@@ -35,6 +37,9 @@ if pause_seen == 1 then
 end
 if not inflight_freed[inflight] and redis.call('EXISTS', inflight) == 1 then
   return {'busy'}
+end
+if not lease_held(ARGV[4], inflight) then
+  return {'dead'}
 end
 
 local n = #ARGV - 5
