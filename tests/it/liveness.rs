@@ -66,3 +66,49 @@ fn a_recovered_worker_reserves_nothing_under_its_dead_identity() {
     assert_eq!(r.llen(&format!("{NS}:queue:q")), 0);
     d.terminate(LONG);
 }
+
+// R-2 (issue 11 item 4): a local process-lease deadline. Redis stops answering (SIGSTOP of
+// the server) while an unlocked job runs: once renewals have failed for process_ttl the
+// lease has lapsed in Redis and a janitor may recover the job, so the worker stops its
+// handler instead of letting it run on beside a recovered copy.
+#[test]
+fn renewals_failing_for_process_ttl_stop_the_running_handler() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let pid_file = work.path().join("pid");
+    let h = write_script(
+        work.path(),
+        "long.sh",
+        &format!(
+            "cat >/dev/null\necho $$ > {}\nsleep 60\n",
+            pid_file.display()
+        ),
+    );
+    let config = cfg("q").class("Long", &h, "lock = false").render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    r.push("q", r#"{"class":"Long","args":[]}"#);
+    let handler = crate::daemon::wait_pid(&pid_file, LONG);
+    let server = redis.pid().expect("redis-server pid");
+    // SAFETY: plain kill(2) of the test's own redis-server.
+    unsafe { libc::kill(server, libc::SIGSTOP) };
+    // process_ttl is 2 s and kill_grace 1 s: well within 10 s the handler is stopped.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::support::pid_alive(handler) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = !crate::support::pid_alive(handler);
+    // SAFETY: as above.
+    unsafe { libc::kill(server, libc::SIGCONT) };
+    assert!(
+        stopped,
+        "the handler ran on after the process lease lapsed:\n{}",
+        d.log()
+    );
+    assert!(
+        d.log().contains("renewals failed for process_ttl"),
+        "{}",
+        d.log()
+    );
+    d.kill();
+}
