@@ -294,7 +294,10 @@ impl Supervision {
 }
 
 /// renews the process lease and the Resque heartbeat every `every`; cancels `dead`
-/// when the lease was found gone. A renewal that fails (or gets no answer within `every`) is
+/// when the lease was found gone, or when renewals have failed for `ttl` since the last one
+/// that was answered (a local deadline, like L-9's for locks: by then the lease has lapsed in
+/// Redis whatever the renewals' fate, and the process may have been recovered, so it stops
+/// reserving and stops its handlers). A renewal that fails (or gets no answer within `every`) is
 /// retried after a quarter of `every` (at most 1 s), not a whole one: with `process_ttl` at
 /// twice `every`, waiting a whole period after one failure would let the lease lapse and the
 /// live process presume itself dead.
@@ -313,13 +316,21 @@ pub(super) async fn process_heartbeat(
     let ids: Vec<&str> = worker_ids.iter().map(String::as_str).collect();
     let retry_after = (every / 4).clamp(Duration::from_millis(25), Duration::from_secs(1));
     let mut wait = every;
+    // Registration set the lease just before this task started.
+    let mut lease_end = tokio::time::Instant::now() + ttl;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
         }
+        if tokio::time::Instant::now() >= lease_end {
+            error!(process = %process_id, ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX), "process lease renewals failed for process_ttl: presumed dead and possibly recovered elsewhere; stopping");
+            dead.cancel();
+            return;
+        }
+        let sent = tokio::time::Instant::now();
         let beat = tokio::time::timeout(
-            every,
+            every.min(lease_end - sent),
             registry::heartbeat(&mut conn, &keys, &process_id, &ids, ttl),
         )
         .await
@@ -331,6 +342,8 @@ pub(super) async fn process_heartbeat(
         });
         match beat {
             Ok(true) => {
+                // The server set the lease after it was sent: it lasts at least until then.
+                lease_end = sent + ttl;
                 if failing {
                     info!("process heartbeat resumed");
                     failing = false;
@@ -347,7 +360,8 @@ pub(super) async fn process_heartbeat(
                     warn!(error = %e, "process heartbeat failed; retrying");
                     failing = true;
                 }
-                wait = retry_after;
+                wait = retry_after
+                    .min(lease_end.saturating_duration_since(tokio::time::Instant::now()));
             }
         }
     }
