@@ -112,3 +112,104 @@ fn renewals_failing_for_process_ttl_stop_the_running_handler() {
     );
     d.kill();
 }
+
+/// The pid a process has inside its own pid namespace (the last field of `NSpid:`).
+fn pid_in_namespace(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// The worker of a daemon started through `unshare`: unshare -> master -> worker.
+fn namespaced_worker(d: &Daemon) -> Option<i32> {
+    let master = *crate::support::child_pids(d.pid()).first()?;
+    crate::support::child_pids(master).into_iter().find(|&p| {
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"resque-"))
+    })
+}
+
+// R-4, R-5 (issue 11 finding 4): two daemons with the same host name in separate pid
+// namespaces (containers with host networking), whose workers have the same pid. When one
+// daemon's worker is SIGKILLed, its master recovers exactly that worker's process id, never
+// the other daemon's worker whose id merely starts with the same `host:pid:`.
+#[test]
+fn a_master_recovers_only_its_own_worker_when_pids_collide_across_namespaces() {
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: unshare --pid needs root (CI runs as root)");
+        return;
+    }
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let marker = work.path().join("started");
+    let go = work.path().join("go");
+    let h = write_script(
+        work.path(),
+        "hold.sh",
+        &format!(
+            "cat >/dev/null\necho $$ > {}\nfor i in $(seq 300); do [ -f {} ] && break; sleep 0.1; done\n",
+            marker.display(),
+            go.display()
+        ),
+    );
+    let wrapper = write_script(
+        work.path(),
+        "in-namespace.sh",
+        &format!(
+            "exec unshare --pid --fork --mount-proc --kill-child {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_locketd")
+        ),
+    );
+    let config_x = cfg("x").class("Hold", &h, "lock = \"L\"").render();
+    let config_y = cfg("y").class("Hold", &h, "lock = \"L\"").render();
+    let mut x = Daemon::builder(&redis)
+        .config(&config_x)
+        .program(&wrapper)
+        .start();
+    r.push("x", r#"{"class":"Hold","args":[1]}"#);
+    crate::daemon::wait_pid(&marker, LONG);
+    let mut y = Daemon::builder(&redis)
+        .config(&config_y)
+        .program(&wrapper)
+        .start();
+    wait_until(LONG, "both daemons registered", || r.workers().len() == 2);
+    let (wx, wy) = (
+        namespaced_worker(&x).unwrap(),
+        namespaced_worker(&y).unwrap(),
+    );
+    assert_eq!(
+        pid_in_namespace(wx),
+        pid_in_namespace(wy),
+        "the two workers' pids do not collide inside their namespaces"
+    );
+    let inflight = r.keys(&format!("{NS}:locket:inflight:*"));
+    assert_eq!(inflight.len(), 1, "{inflight:?}");
+    // SAFETY: plain kill(2) of y's worker, a process this test started.
+    unsafe { libc::kill(wy, libc::SIGKILL) };
+    y.wait_for_log("worker started", LONG);
+    wait_until(LONG, "y's worker was replaced", || {
+        namespaced_worker(&y).is_some_and(|p| p != wy)
+    });
+    // Give a wrong recovery ample time to have happened.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        r.failures().is_empty(),
+        "x's running job was failed: {:?}",
+        r.failures()
+    );
+    assert_eq!(
+        r.keys(&format!("{NS}:locket:inflight:*")),
+        inflight,
+        "x's record was recovered"
+    );
+    let holders: Vec<String> = r.cmd(&["ZRANGE", &format!("{NS}:locket:lock:L"), "0", "-1"]);
+    assert_eq!(holders.len(), 1, "x's lock was released while its job runs");
+    std::fs::write(&go, "").unwrap();
+    wait_until(LONG, "x's job finished", || r.processed() == 1);
+    assert!(r.failures().is_empty(), "{:?}", r.failures());
+    x.kill();
+    y.kill();
+}
