@@ -307,6 +307,7 @@ impl CommandHandler {
             .env_remove(crate::master::ROLE_ENV)
             .env_remove(crate::master::PAUSED_ENV)
             .env_remove(crate::master::WORKER_INDEX_ENV)
+            .env_remove(crate::master::INCARNATION_ENV)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("LOCKETD_CLASS", &job.class)
             .env("LOCKETD_QUEUE", &job.queue)

@@ -41,6 +41,11 @@ pub const ROLE_ENV: &str = "LOCKETD_ROLE";
 pub const PAUSED_ENV: &str = "LOCKETD_PAUSED";
 /// The worker's index (0..workers), set in its environment.
 pub const WORKER_INDEX_ENV: &str = "LOCKETD_WORKER_INDEX";
+/// The incarnation the master chose for the worker's process id (`host:pid:<incarnation>`,
+/// locking-semantics.md §1.1), so that it recovers exactly that process when the worker dies,
+/// never another daemon's worker whose pid merely matches (pid reuse, or another pid
+/// namespace on the same host name).
+pub const INCARNATION_ENV: &str = "LOCKETD_INCARNATION";
 /// The largest config text a worker reads from stdin (a larger one is refused by the master
 /// when it loads the file).
 pub const MAX_CONFIG_BYTES: u64 = crate::config::MAX_CONFIG_BYTES;
@@ -80,6 +85,8 @@ struct Slot {
     index: u32,
     generation: u64,
     pid: u32,
+    /// The incarnation part of its process id, chosen by the master (INCARNATION_ENV).
+    incarnation: String,
     started: Instant,
     /// Told to stop (HUP replacement or shutdown): not restarted.
     retiring: bool,
@@ -452,9 +459,11 @@ impl Master {
     }
 
     async fn spawn(&mut self, index: u32) {
+        let incarnation = worker::random_hex(4);
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.args(&self.args)
             .env(ROLE_ENV, "worker")
+            .env(INCARNATION_ENV, &incarnation)
             .env(PAUSED_ENV, if self.paused { "1" } else { "0" })
             .env(WORKER_INDEX_ENV, index.to_string())
             // The master alone talks to systemd.
@@ -523,6 +532,7 @@ impl Master {
                 index,
                 generation: self.generation,
                 pid,
+                incarnation,
                 started: Instant::now(),
                 retiring: false,
             },
@@ -583,7 +593,12 @@ impl Master {
         if !clean {
             // Its handler (re-parented to us) dies before its locks are released.
             kill_orphans(&self.worker_pids()).await;
-            self.recover(pid, &slot.config, format!("died ({why})"));
+            self.recover(
+                pid,
+                &slot.incarnation,
+                &slot.config,
+                format!("died ({why})"),
+            );
         }
         if self.stopping.is_none()
             && !self.drained
@@ -600,10 +615,10 @@ impl Master {
     /// of waiting `process_ttl` for the janitor. Retried in the background while Redis is
     /// away (bounded: about two minutes), after which the janitor's lease rule takes over.
     /// It runs against the namespace and Redis the worker was started with.
-    fn recover(&mut self, pid: u32, config: &Arc<Config>, why: String) {
+    fn recover(&mut self, pid: u32, incarnation: &str, config: &Arc<Config>, why: String) {
         let cfg = Config::clone(config);
         let keys = Keys::new(&cfg.namespace);
-        let prefix = format!("{}:{pid}:", self.host);
+        let process = format!("{}:{pid}:{incarnation}", self.host);
         let mut conn = if cfg.redis == self.current.config.redis {
             self.conn.clone()
         } else {
@@ -619,7 +634,7 @@ impl Master {
                         .ok();
                 }
                 if let Some(c) = conn.as_mut() {
-                    match recover_pid(c, &keys, &cfg, &prefix, &why).await {
+                    match recover_exactly(c, &keys, &cfg, &process, &why).await {
                         Ok(r) => {
                             for (slot, result) in &r.recovered {
                                 info!(slot = %slot, result = %result, "recovered the dead worker's slot");
@@ -660,28 +675,24 @@ impl Master {
     }
 }
 
-async fn recover_pid(
+/// Recovers the dead worker's process id, exactly: its lease is deleted first, since the
+/// process is known dead.
+async fn recover_exactly(
     conn: &mut ConnectionManager,
     keys: &Keys,
     config: &Config,
-    prefix: &str,
+    process: &str,
     why: &str,
 ) -> redis::RedisResult<JanitorReport> {
-    let processes: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys.processes())
-        .query_async(conn)
-        .await?;
     let mut report = JanitorReport {
         ran: true,
         ..JanitorReport::default()
     };
-    for process in processes.iter().filter(|p| p.starts_with(prefix)) {
-        let _: () = redis::cmd("DEL")
-            .arg(keys.alive(process))
-            .query_async(conn)
-            .await?;
-        worker::recover_process(conn, keys, config, process, why, &mut report).await?;
-    }
+    let _: () = redis::cmd("DEL")
+        .arg(keys.alive(process))
+        .query_async(conn)
+        .await?;
+    worker::recover_process(conn, keys, config, process, why, &mut report).await?;
     Ok(report)
 }
 

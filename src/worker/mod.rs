@@ -128,7 +128,17 @@ impl Identity {
     pub fn new(spec: &QueueSpec) -> Identity {
         let host = host::hostname();
         let pid = std::process::id();
-        let process_id = format!("{host}:{pid}:{}", random_hex(4));
+        // The master chooses the incarnation (INCARNATION_ENV), so that it can recover exactly
+        // this process when it dies; a process started on its own picks one.
+        let incarnation = std::env::var(crate::master::INCARNATION_ENV)
+            .ok()
+            .filter(|i| {
+                i.len() == 8
+                    && i.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            })
+            .unwrap_or_else(|| random_hex(4));
+        let process_id = format!("{host}:{pid}:{incarnation}");
         Identity {
             slot: 0,
             slot_key: format!("{process_id}:0"),
