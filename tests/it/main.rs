@@ -20,6 +20,7 @@ mod policies;
 mod redis_url;
 mod refusals;
 mod service;
+mod stalled_log;
 mod stories;
 mod supervision;
 mod support;
