@@ -46,6 +46,7 @@ pub mod error;
 pub mod handler;
 pub mod host;
 pub mod lock;
+pub mod logsink;
 pub mod master;
 pub mod metrics;
 pub mod notify;

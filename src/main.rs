@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use locketd::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 use locketd::handler::Handlers;
+use locketd::logsink::LogSink;
 use locketd::worker::{StopReason, Worker};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -167,37 +168,59 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-fn init_logging(cfg: &Config) {
+/// Flushes the log queue (bounded) when `run` returns, so the last lines are written.
+struct FlushLogs(LogSink);
+
+impl Drop for FlushLogs {
+    fn drop(&mut self) {
+        self.0.flush(std::time::Duration::from_secs(2));
+    }
+}
+
+fn init_logging(cfg: &Config) -> FlushLogs {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log_level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    // A log line that cannot be written (stderr a pipe whose reader is gone: a dead log
-    // shipper, `| head`) is dropped. By default tracing reports it with eprintln!, which
-    // panics on that same broken pipe and took the master down, leaving workers unsupervised.
+    // Lines go through a queue written by a thread of its own (src/logsink.rs): a stderr that
+    // is not read (a stalled journald, a full pipe) drops lines instead of blocking the
+    // runtime that extends locks. A line that cannot be written at all (a reader gone: a dead
+    // log shipper, `| head`) is dropped too; tracing's own eprintln! report of it would panic
+    // on that same broken pipe, hence log_internal_errors(false).
+    let json = cfg.log_format == LogFormat::Json;
+    let sink = LogSink::start(
+        OneLine {
+            out: std::io::stderr(),
+            escape: !json,
+        },
+        json,
+    );
+    let writer = sink.clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(move || writer.writer())
         .log_internal_errors(false);
     match cfg.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder
-            .with_ansi(false)
-            .with_writer(|| OneLine(std::io::stderr()))
-            .init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
     }
+    FlushLogs(sink)
 }
 
 /// The text log's stderr: one event, one line. Queue and class names come from job producers
 /// and are logged as given, so a newline in one would start a line of its own (a forged
 /// `ERROR` line, say); inside an event, newlines and carriage returns are written as `\n` and
 /// `\r`. (The JSON format escapes them already.)
-struct OneLine<W>(W);
+/// It writes each event the log queue hands it; `escape` is off for JSON.
+struct OneLine<W> {
+    out: W,
+    escape: bool,
+}
 
 impl<W: std::io::Write> std::io::Write for OneLine<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let body = buf.strip_suffix(b"\n").unwrap_or(buf);
-        if !body.iter().any(|b| *b == b'\n' || *b == b'\r') {
-            self.0.write_all(buf)?;
+        if !self.escape || !body.iter().any(|b| *b == b'\n' || *b == b'\r') {
+            self.out.write_all(buf)?;
             return Ok(buf.len());
         }
         let mut out = Vec::with_capacity(buf.len() + 16);
@@ -211,12 +234,12 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
         if body.len() < buf.len() {
             out.push(b'\n');
         }
-        self.0.write_all(&out)?;
+        self.out.write_all(&out)?;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
+        self.out.flush()
     }
 }
 
@@ -309,7 +332,8 @@ fn run(
         }
     };
     let cfg = loaded.config.clone();
-    init_logging(&cfg);
+    // Dropped last in run(), after the runtime: the final lines are flushed (bounded).
+    let _logs = init_logging(&cfg);
     if !worker_role {
         for w in warnings {
             tracing::warn!("{w}");
@@ -463,12 +487,15 @@ mod tests {
     // A class name with a newline must not start a line of its own in the text log.
     #[test]
     fn one_event_stays_one_line() {
-        let mut out = OneLine(Vec::new());
+        let mut out = OneLine {
+            out: Vec::new(),
+            escape: true,
+        };
         out.write_all(b"WARN no handler class=X\nERROR forged\r\n")
             .unwrap();
         out.write_all(b"INFO plain\n").unwrap();
         assert_eq!(
-            String::from_utf8(out.0).unwrap(),
+            String::from_utf8(out.out).unwrap(),
             "WARN no handler class=X\\nERROR forged\\r\nINFO plain\n"
         );
     }

@@ -1,0 +1,191 @@
+//! The log writer: logging never blocks the daemon (issue 11, finding 5).
+//!
+//! tracing's writer used to be stderr itself, so when whatever reads the daemon's stderr
+//! stopped reading (a journald stall, Docker's blocking log mode, a full pipe), the next log
+//! line blocked the worker's only runtime thread: lock extensions (A-10), the local lock
+//! deadline (L-9) and the process lease all froze while the handler ran on, and a second
+//! holder could start beside it. Here every line is handed to a bounded queue with a
+//! non-blocking send and written by a thread of its own; when the queue is full the line is
+//! dropped and counted, and once the sink takes lines again the thread writes one notice with
+//! the number dropped. At exit [`LogSink::flush`] waits, bounded, for the queue to drain.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Lines queued at most while the sink does not take them (a few MiB of typical lines).
+pub const QUEUE_LINES: usize = 8192;
+
+enum Msg {
+    Line(Vec<u8>),
+    Flush(SyncSender<()>),
+}
+
+/// The queue and its writer thread. Cloned into every [`SinkWriter`].
+#[derive(Clone)]
+pub struct LogSink {
+    tx: SyncSender<Msg>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl LogSink {
+    /// Starts the writer thread over `out`. `json`: the dropped-lines notice is written as a
+    /// JSON object, like the other lines, instead of text.
+    pub fn start<W: Write + Send + 'static>(out: W, json: bool) -> LogSink {
+        let (tx, rx) = sync_channel(QUEUE_LINES);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counter = dropped.clone();
+        let spawned = std::thread::Builder::new()
+            .name("locketd-log".into())
+            .spawn(move || write_lines(out, rx, &counter, json));
+        if let Err(e) = spawned {
+            // No thread: every line is dropped (and counted), the daemon still runs.
+            eprintln!("locketd: cannot start the log writer thread: {e}");
+        }
+        LogSink { tx, dropped }
+    }
+
+    /// A writer for one event (tracing's `MakeWriter` takes a closure returning it).
+    pub fn writer(&self) -> SinkWriter {
+        SinkWriter(self.clone())
+    }
+
+    /// Log lines dropped so far because the sink did not take them.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every line queued before this call is written, at most `timeout`. False
+    /// when the sink did not take them in time (those lines are then lost at exit).
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (done_tx, done_rx) = sync_channel(1);
+        let mut msg = Msg::Flush(done_tx);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(m)) => {
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        done_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
+    }
+}
+
+/// One event's writer: hands the formatted event to the queue without waiting.
+pub struct SinkWriter(LogSink);
+
+impl Write for SinkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.0.tx.try_send(Msg::Line(buf.to_vec())) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                self.0.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn write_lines<W: Write>(mut out: W, rx: Receiver<Msg>, dropped: &AtomicU64, json: bool) {
+    let mut reported = 0;
+    for msg in rx {
+        match msg {
+            Msg::Line(line) => {
+                let now = dropped.load(Ordering::Relaxed);
+                if now > reported {
+                    let _ = out.write_all(notice(now - reported, json).as_bytes());
+                    reported = now;
+                }
+                // A sink that fails (a reader gone for good) loses the line; nothing panics.
+                let _ = out.write_all(&line);
+            }
+            Msg::Flush(done) => {
+                let _ = out.flush();
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn notice(n: u64, json: bool) -> String {
+    if json {
+        format!(
+            "{{\"level\":\"WARN\",\"target\":\"locketd\",\"message\":\"log lines were dropped: stderr was not being read\",\"dropped\":{n}}}\n"
+        )
+    } else {
+        format!(" WARN locketd: {n} log lines were dropped: stderr was not being read\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A sink that blocks until told to go, then records what it was given.
+    #[derive(Clone)]
+    struct Gate(Arc<(Mutex<bool>, std::sync::Condvar)>, Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (open, cv) = &*self.0;
+            let mut o = open.lock().unwrap();
+            while !*o {
+                o = cv.wait(o).unwrap();
+            }
+            self.1.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    // Issue 11, finding 5: a sink that takes nothing never blocks the writer; what does not
+    // fit is dropped, counted, and reported once the sink takes lines again.
+    #[test]
+    fn a_stalled_sink_drops_and_counts_lines_and_never_blocks() {
+        let gate = Gate(Arc::default(), Arc::default());
+        let sink = LogSink::start(gate.clone(), false);
+        let started = Instant::now();
+        let mut w = sink.writer();
+        for i in 0..(QUEUE_LINES + 500) {
+            w.write_all(format!("line {i}\n").as_bytes()).unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the writer blocked"
+        );
+        assert!(sink.dropped() >= 499, "dropped {}", sink.dropped());
+        assert!(
+            !sink.flush(Duration::from_millis(50)),
+            "a stalled sink flushed"
+        );
+        *gate.0 .0.lock().unwrap() = true;
+        gate.0 .1.notify_all();
+        assert!(
+            sink.flush(Duration::from_secs(5)),
+            "the queue did not drain"
+        );
+        w.write_all(b"after\n").unwrap();
+        assert!(sink.flush(Duration::from_secs(5)));
+        let text = String::from_utf8(gate.1.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("log lines were dropped"), "no notice");
+        assert!(text.ends_with("after\n"));
+    }
+}
