@@ -19,6 +19,7 @@ mod ops;
 mod policies;
 mod redis_url;
 mod refusals;
+mod s6_sweep;
 mod service;
 mod stalled_log;
 mod stories;

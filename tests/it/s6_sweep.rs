@@ -1,0 +1,377 @@
+//! S-6 and NEVER-2 swept over the steps that push to keys other tools may write (issue 11
+//! item 2): for every (step, key) of [`STEPS`], the key is given a wrong type (a string, then
+//! a hash), and separately Redis is full (`maxmemory` reached, `noeviction`); the step must
+//! then either have changed nothing (and answered an error) or have applied, and in both cases
+//! the job must be visible in exactly one place (a queue, an inflight record, `delayed`, or
+//! `<ns>:failed`). A new step is covered by adding a row.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use locketd::config::Config;
+use locketd::lock::{
+    self, AcquireRequest, FailureBackend, Finish, FinishRequest, LockSpec, Reserved, SlotRef,
+};
+use locketd::resque::failure::working_on;
+use locketd::resque::keys::Keys;
+use locketd::worker::{random_hex, recover_process, JanitorReport};
+use redis::aio::MultiplexedConnection as Conn;
+
+use crate::support::RedisServer;
+
+const NS: &str = "resque";
+const PAYLOAD: &str = r#"{"class":"Sweep","args":["s6"]}"#;
+
+/// The steps under test.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// RETURN of a reserved job (R-8).
+    Return,
+    /// ENQUEUE with a hold (D-3).
+    Enqueue,
+    /// FINISH of a failed job: a failure record.
+    FinishFailure,
+    /// FINISH of a rescheduled job: back to its queue.
+    FinishRequeue,
+    /// ACQUIRE whose lock is held elsewhere, requeue fallback (P-1).
+    AcquireRequeue,
+    /// PROMOTE of a due delayed job (P-4).
+    Promote,
+    /// RECOVER of a dead process's running job (R-4, `on_worker_death = "fail"`).
+    RecoverRunning,
+    /// RECOVER of a dead process's reserved job.
+    RecoverReserved,
+}
+
+/// Each step with the keys, written by other tools too, that it pushes to.
+const STEPS: &[(Step, &[&str])] = &[
+    (Step::Return, &["queue:q", "queues"]),
+    (Step::Enqueue, &["queue:q", "queues"]),
+    (Step::FinishFailure, &["failed"]),
+    (Step::FinishRequeue, &["queue:q", "queues"]),
+    (Step::AcquireRequeue, &["queue:q", "queues"]),
+    (Step::Promote, &["queue:q", "queues"]),
+    (Step::RecoverRunning, &["failed"]),
+    (Step::RecoverReserved, &["queue:q", "queues"]),
+];
+
+fn keys() -> Keys {
+    Keys::new(NS)
+}
+
+const PROCESS: &str = "sweep:1:aaaaaaaa";
+const SLOT: &str = "sweep:1:aaaaaaaa:0";
+const WORKER: &str = "sweep:1:q";
+
+fn slot(k: &Keys) -> SlotRef<'_> {
+    SlotRef {
+        keys: k,
+        slot_key: SLOT,
+        worker_id: WORKER,
+    }
+}
+
+async fn cmd(c: &mut Conn, args: &[&str]) -> redis::Value {
+    let mut q = redis::cmd(args[0]);
+    for a in &args[1..] {
+        q.arg(*a);
+    }
+    q.query_async(c)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// What a step needs to be sent: the reservation and token of its job.
+#[derive(Default)]
+struct Prepared {
+    rid: String,
+    token: String,
+}
+
+async fn reserve(c: &mut Conn, k: &Keys) -> String {
+    cmd(c, &["SET", &k.alive(PROCESS), "{}", "PX", "600000"]).await;
+    match lock::reserve(c, &slot(k), &random_hex(8), &["q".to_string()], false)
+        .await
+        .expect("RESERVE")
+    {
+        Reserved::Job { rid, .. } => rid,
+        other => panic!("no job reserved: {other:?}"),
+    }
+}
+
+async fn acquire(c: &mut Conn, k: &Keys, rid: &str, token: &str, requeue: bool) -> lock::Acquired {
+    let locks = [LockSpec {
+        id: "L".into(),
+        limit: 1,
+    }];
+    let working = working_on(PAYLOAD, "q", SystemTime::now());
+    let req = AcquireRequest {
+        rid,
+        token,
+        queue: "q",
+        class: "Sweep",
+        digest: "d",
+        locks: &locks,
+        lock_ttl: Duration::from_secs(30),
+        counter_ttl: Duration::from_secs(10),
+        requeue_on_conflict: requeue,
+        working_on: &working,
+        lockinfo: "{}",
+    };
+    lock::acquire(c, &slot(k), &req).await.expect("ACQUIRE")
+}
+
+/// Builds the state in which `step` writes (a job reserved, started, delayed or orphaned).
+async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
+    let push = |c: &mut Conn| {
+        let mut c = c.clone();
+        async move {
+            cmd(&mut c, &["RPUSH", &keys().queue("q"), PAYLOAD]).await;
+            cmd(&mut c, &["SADD", &keys().queues(), "q"]).await;
+        }
+    };
+    match step {
+        Step::Enqueue => Prepared::default(),
+        Step::Promote => {
+            let member = serde_json::json!({"rid": "r1", "queue": "q", "payload": PAYLOAD,
+                "reason": "lock", "resource": "L", "attempt": 1})
+            .to_string();
+            cmd(c, &["ZADD", &k.delayed(), "1", &member]).await;
+            Prepared::default()
+        }
+        Step::Return | Step::RecoverReserved => {
+            push(c).await;
+            let rid = reserve(c, k).await;
+            Prepared {
+                rid,
+                token: String::new(),
+            }
+        }
+        Step::FinishFailure | Step::FinishRequeue | Step::RecoverRunning => {
+            push(c).await;
+            let rid = reserve(c, k).await;
+            let token = random_hex(16);
+            let a = acquire(c, k, &rid, &token, false).await;
+            assert!(matches!(a, lock::Acquired::Started { .. }), "{a:?}");
+            Prepared { rid, token }
+        }
+        Step::AcquireRequeue => {
+            // Another holder has lock L.
+            cmd(c, &["ZADD", &k.lock("L"), "99999999999999", "other"]).await;
+            push(c).await;
+            let rid = reserve(c, k).await;
+            Prepared {
+                rid,
+                token: random_hex(16),
+            }
+        }
+    }
+}
+
+/// Sends `step`; its error, if any, as text.
+async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), String> {
+    let locks = [LockSpec {
+        id: "L".into(),
+        limit: 1,
+    }];
+    let finish = |outcome: Finish| {
+        let mut c = c.clone();
+        let (rid, token) = (p.rid.clone(), p.token.clone());
+        async move {
+            let req = FinishRequest {
+                rid: &rid,
+                token: &token,
+                queue: "q",
+                locks: &locks,
+                outcome: &outcome,
+                backend: FailureBackend::Redis,
+            };
+            lock::finish(&mut c, &slot(&keys()), &req).await.map(drop)
+        }
+    };
+    let r = match step {
+        Step::Return => lock::return_to_queue(c, &slot(k), &p.rid, "q")
+            .await
+            .map(drop),
+        Step::Enqueue => lock::enqueue(
+            c,
+            k,
+            "q",
+            PAYLOAD,
+            "d",
+            &["h".to_string()],
+            Duration::from_secs(60),
+        )
+        .await
+        .map(drop),
+        Step::FinishFailure => {
+            let record = format!("{{\"exception\":\"E\",\"payload\":{PAYLOAD}}}");
+            finish(Finish::Failure(record)).await
+        }
+        Step::FinishRequeue => finish(Finish::Requeue).await,
+        Step::AcquireRequeue => {
+            let locks = [LockSpec {
+                id: "L".into(),
+                limit: 1,
+            }];
+            let working = working_on(PAYLOAD, "q", SystemTime::now());
+            let req = AcquireRequest {
+                rid: &p.rid,
+                token: &p.token,
+                queue: "q",
+                class: "Sweep",
+                digest: "d",
+                locks: &locks,
+                lock_ttl: Duration::from_secs(30),
+                counter_ttl: Duration::from_secs(10),
+                requeue_on_conflict: true,
+                working_on: &working,
+                lockinfo: "{}",
+            };
+            lock::acquire(c, &slot(k), &req).await.map(drop)
+        }
+        Step::Promote => lock::promote_delayed(c, k, 100, None).await.map(drop),
+        Step::RecoverRunning | Step::RecoverReserved => {
+            let _: redis::Value = redis::cmd("DEL")
+                .arg(k.alive(PROCESS))
+                .query_async(c)
+                .await
+                .unwrap();
+            let config = Config::parse("queues = \"q\"\n", "sweep").unwrap();
+            let mut report = JanitorReport::default();
+            recover_process(c, k, &config, PROCESS, "died", &mut report).await
+        }
+    };
+    r.map_err(|e| e.to_string())
+}
+
+/// Every key of the test's server: its type and a dump of its value.
+async fn snapshot(c: &mut Conn) -> BTreeMap<String, (String, Vec<u8>)> {
+    let names: Vec<String> = redis::cmd("KEYS").arg("*").query_async(c).await.unwrap();
+    let mut out = BTreeMap::new();
+    for name in names {
+        let t: String = redis::cmd("TYPE").arg(&name).query_async(c).await.unwrap();
+        let d: Vec<u8> = redis::cmd("DUMP").arg(&name).query_async(c).await.unwrap();
+        out.insert(name, (t, d));
+    }
+    out
+}
+
+/// How many places hold the job: list elements, hash fields and zset members whose text
+/// contains the payload (inflight records, queues, `delayed`, failure records).
+async fn places(c: &mut Conn) -> usize {
+    let names: Vec<String> = redis::cmd("KEYS").arg("*").query_async(c).await.unwrap();
+    let mut n = 0;
+    let marker = "Sweep";
+    for name in names {
+        let t: String = redis::cmd("TYPE").arg(&name).query_async(c).await.unwrap();
+        let values: Vec<String> = match t.as_str() {
+            "list" => redis::cmd("LRANGE")
+                .arg(&name)
+                .arg(0)
+                .arg(-1)
+                .query_async(c)
+                .await
+                .unwrap(),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&name)
+                .arg(0)
+                .arg(-1)
+                .query_async(c)
+                .await
+                .unwrap(),
+            "hash" if name.contains(":locket:inflight:") => redis::cmd("HGET")
+                .arg(&name)
+                .arg("payload")
+                .query_async::<Option<String>>(c)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
+        n += values.iter().filter(|v| v.contains(marker)).count();
+    }
+    n
+}
+
+/// Runs `step` against `spoil` (applied after the step's state is built) and checks S-6 and
+/// NEVER-2. `what` names the case in failures.
+async fn check(step: Step, what: &str, spoil: impl AsyncFnOnce(&mut Conn)) {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let p = prepare(c, &k, step).await;
+    let visible_before = places(c).await;
+    spoil(c).await;
+    let before = snapshot(c).await;
+    let result = run(c, &k, step, &p).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(c)
+        .await
+        .unwrap();
+    if let Err(e) = &result {
+        assert_eq!(
+            snapshot(c).await,
+            before,
+            "{step:?} with {what}: it raised ({e}) after writing"
+        );
+    }
+    let visible = places(c).await;
+    // Enqueue has no job before it runs; every other step keeps its one job visible.
+    let want = if matches!(step, Step::Enqueue) {
+        usize::from(result.is_ok())
+    } else {
+        visible_before
+    };
+    assert_eq!(
+        visible, want,
+        "{step:?} with {what} ({result:?}): the job is in {visible} places"
+    );
+}
+
+// S-6, NEVER-2: a key of another type than the step expects.
+#[tokio::test]
+async fn s6_every_step_with_a_key_of_the_wrong_type_applies_or_changes_nothing() {
+    for (step, names) in STEPS {
+        for name in *names {
+            let key = format!("{NS}:{name}");
+            let k2 = key.clone();
+            check(
+                *step,
+                &format!("{key} a string"),
+                async move |c: &mut Conn| {
+                    cmd(c, &["DEL", &k2]).await;
+                    cmd(c, &["SET", &k2, "another tool's"]).await;
+                },
+            )
+            .await;
+            let k2 = key.clone();
+            check(
+                *step,
+                &format!("{key} a hash"),
+                async move |c: &mut Conn| {
+                    cmd(c, &["DEL", &k2]).await;
+                    cmd(c, &["HSET", &k2, "f", "v"]).await;
+                },
+            )
+            .await;
+        }
+    }
+}
+
+// S-6, NEVER-2: Redis full (maxmemory reached, noeviction): the first write of a step is
+// refused, so a refused step has written nothing.
+#[tokio::test]
+async fn s6_every_step_on_a_full_redis_applies_or_changes_nothing() {
+    for (step, _) in STEPS {
+        check(*step, "maxmemory reached", async |c: &mut Conn| {
+            cmd(c, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+            cmd(c, &["CONFIG", "SET", "maxmemory", "1"]).await;
+        })
+        .await;
+    }
+}
