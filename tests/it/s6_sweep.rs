@@ -99,7 +99,13 @@ async fn reserve(c: &mut Conn, k: &Keys) -> String {
     }
 }
 
-async fn acquire(c: &mut Conn, k: &Keys, rid: &str, token: &str, requeue: bool) -> lock::Acquired {
+async fn acquire(
+    c: &mut Conn,
+    k: &Keys,
+    rid: &str,
+    token: &str,
+    requeue: bool,
+) -> redis::RedisResult<lock::Acquired> {
     let locks = [LockSpec {
         id: "L".into(),
         limit: 1,
@@ -118,7 +124,7 @@ async fn acquire(c: &mut Conn, k: &Keys, rid: &str, token: &str, requeue: bool) 
         working_on: &working,
         lockinfo: "{}",
     };
-    lock::acquire(c, &slot(k), &req).await.expect("ACQUIRE")
+    lock::acquire(c, &slot(k), &req).await
 }
 
 /// Builds the state in which `step` writes (a job reserved, started, delayed or orphaned).
@@ -151,7 +157,7 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
             push(c).await;
             let rid = reserve(c, k).await;
             let token = random_hex(16);
-            let a = acquire(c, k, &rid, &token, false).await;
+            let a = acquire(c, k, &rid, &token, false).await.expect("ACQUIRE");
             assert!(matches!(a, lock::Acquired::Started { .. }), "{a:?}");
             Prepared { rid, token }
         }
@@ -209,27 +215,9 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
             finish(Finish::Failure(record)).await
         }
         Step::FinishRequeue => finish(Finish::Requeue).await,
-        Step::AcquireRequeue => {
-            let locks = [LockSpec {
-                id: "L".into(),
-                limit: 1,
-            }];
-            let working = working_on(PAYLOAD, "q", SystemTime::now());
-            let req = AcquireRequest {
-                rid: &p.rid,
-                token: &p.token,
-                queue: "q",
-                class: "Sweep",
-                digest: "d",
-                locks: &locks,
-                lock_ttl: Duration::from_secs(30),
-                counter_ttl: Duration::from_secs(10),
-                requeue_on_conflict: true,
-                working_on: &working,
-                lockinfo: "{}",
-            };
-            lock::acquire(c, &slot(k), &req).await.map(drop)
-        }
+        Step::AcquireRequeue => acquire(c, k, &p.rid, &p.token, true).await.map(|a| {
+            assert!(matches!(a, lock::Acquired::Conflict { .. }), "{a:?}");
+        }),
         Step::Promote => lock::promote_delayed(c, k, 100, None).await.map(drop),
         Step::RecoverRunning | Step::RecoverReserved => {
             let _: redis::Value = redis::cmd("DEL")
@@ -266,14 +254,7 @@ async fn places(c: &mut Conn) -> usize {
     for name in names {
         let t: String = redis::cmd("TYPE").arg(&name).query_async(c).await.unwrap();
         let values: Vec<String> = match t.as_str() {
-            "list" => redis::cmd("LRANGE")
-                .arg(&name)
-                .arg(0)
-                .arg(-1)
-                .query_async(c)
-                .await
-                .unwrap(),
-            "zset" => redis::cmd("ZRANGE")
+            "list" | "zset" => redis::cmd(if t == "list" { "LRANGE" } else { "ZRANGE" })
                 .arg(&name)
                 .arg(0)
                 .arg(-1)
