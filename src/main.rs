@@ -187,17 +187,16 @@ fn init_logging(cfg: &Config) -> FlushLogs {
     // log shipper, `| head`) is dropped too; tracing's own eprintln! report of it would panic
     // on that same broken pipe, hence log_internal_errors(false).
     let json = cfg.log_format == LogFormat::Json;
-    let sink = LogSink::start(
-        OneLine {
-            out: std::io::stderr(),
-            escape: !json,
-        },
-        json,
-    );
+    let sink = LogSink::start(std::io::stderr(), json);
     let writer = sink.clone();
+    // One event per write here: OneLine escapes the newlines inside an event before it is
+    // queued (the queue's thread writes several events at once).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(move || writer.writer())
+        .with_writer(move || OneLine {
+            out: writer.writer(),
+            escape: !json,
+        })
         .log_internal_errors(false);
     match cfg.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -210,7 +209,7 @@ fn init_logging(cfg: &Config) -> FlushLogs {
 /// and are logged as given, so a newline in one would start a line of its own (a forged
 /// `ERROR` line, say); inside an event, newlines and carriage returns are written as `\n` and
 /// `\r`. (The JSON format escapes them already.)
-/// It writes each event the log queue hands it; `escape` is off for JSON.
+/// It wraps each event's writer, before the event is queued; `escape` is off for JSON.
 struct OneLine<W> {
     out: W,
     escape: bool,
