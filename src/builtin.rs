@@ -119,6 +119,7 @@ mod tests {
             lock_keys: vec![],
             lock_token: String::new(),
             lock_fences: vec![],
+            watch: Default::default(),
         }
     }
 

@@ -39,6 +39,9 @@ pub struct JobContext {
     pub lock_token: String,
     /// Fencing number per lock, in `lock_keys` order (empty without `fencing`, L-10).
     pub lock_fences: Vec<u64>,
+    /// The run's entry on the lease watchdog: a handler that starts a process group attaches
+    /// it, so the group is killed at the lock's deadline even if the worker stalls.
+    pub watch: crate::watchdog::Watch,
 }
 
 /// The exception of a run that asks to be rescheduled: the command exited 75 (EX_TEMPFAIL), or
@@ -362,6 +365,9 @@ impl CommandHandler {
         let guard = GroupGuard {
             pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
         };
+        if let Some(pgid) = guard.pgid {
+            job.watch.attach(pgid);
+        }
 
         let stdin_task = child.stdin.take().map(|mut stdin| {
             let payload = job.payload.clone().into_bytes();

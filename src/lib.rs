@@ -56,6 +56,7 @@ pub mod proctitle;
 pub mod resque;
 pub mod service;
 pub mod shutdown;
+pub mod watchdog;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -788,6 +788,26 @@ pub async fn return_to_queue<C: ConnectionLike + Send>(
     Ok(reply == "ok")
 }
 
+/// PARK (E-3): marks the slot's inflight record, if it is still reservation `rid`'s, as parked
+/// since `at` because Redis refused its FINISH with `why`. True when marked.
+pub async fn park<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    at: &str,
+    why: &str,
+) -> RedisResult<bool> {
+    let marked: i64 = scripts()
+        .park
+        .key(slot.keys.inflight(slot.slot_key))
+        .arg(rid)
+        .arg(at)
+        .arg(why)
+        .invoke_async(conn)
+        .await?;
+    Ok(marked == 1)
+}
+
 /// Purges up to `batch` locks whose earliest deadline has passed (R-3 step 2). Returns the
 /// number of holders removed.
 pub async fn purge_expired<C: ConnectionLike + Send>(

@@ -93,6 +93,8 @@ pub struct Scripts {
     pub enqueue: Script,
     /// Admin releases of locks and holds (O-2).
     pub admin: Script,
+    /// Mark an inflight record whose FINISH Redis refused (E-3).
+    pub park: Script,
     /// FINISH of one job and RESERVE of the next, in one call.
     pub finish_reserve: Script,
     /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
@@ -117,13 +119,14 @@ pub fn scripts() -> &'static Scripts {
         purge_deps: Script::new(script!("purge_deps.lua")),
         enqueue: Script::new(ENQUEUE_SOURCE),
         admin: Script::new(script!("admin.lua")),
+        park: Script::new(script!("park.lua")),
         finish_reserve: Script::new(&combined("finish_reserve_part")),
         batch: Script::new(&combined("batch_part")),
     })
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 16] {
+pub fn sources() -> [(&'static str, &'static str); 17] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -139,6 +142,7 @@ pub fn sources() -> [(&'static str, &'static str); 16] {
         ("purge_deps.lua", script!("purge_deps.lua")),
         ("enqueue.lua", script!("enqueue.lua")),
         ("admin.lua", script!("admin.lua")),
+        ("park.lua", script!("park.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
     ]

@@ -540,8 +540,14 @@ pub async fn listed_total<C: ConnectionLike + Send>(
     for l in all.iter().take(max_lists) {
         pipe.llen(&l.key);
     }
-    let lens: Vec<u64> = pipe.query_async(conn).await?;
-    Ok(lens.iter().sum())
+    // A failure list another tool made a string or a hash answers WRONGTYPE: it counts as
+    // empty rather than failing `status` and `/metrics`, which must show the parked slot it
+    // causes (E-3).
+    let lens: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+    Ok(lens
+        .into_iter()
+        .map(|v| redis::from_redis_value::<u64>(v).unwrap_or(0))
+        .sum())
 }
 
 /// Renders `list` output.

@@ -2,8 +2,9 @@
 //!
 //! Reads only Resque's and locket's own index keys (never `KEYS`): `queues` and `LLEN` of each
 //! queue, the locket counter of each queue, `workers` with each worker's `worker:<id>`,
-//! `:started` and heartbeat, `locket:processes` (which workers are locketd's), `locket:locks`,
-//! the failure list(s) and the global stats.
+//! `:started` and heartbeat, `locket:processes` (which workers are locketd's) with each
+//! process's `slots:` and their inflight records' parked marks (E-3), `locket:locks`, the
+//! failure list(s) and the global stats.
 //!
 //! ```text
 //! $ locketd status
@@ -23,7 +24,7 @@ use crate::resque::time;
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
@@ -86,6 +87,18 @@ pub struct WorkerStatus {
     pub heartbeat: Option<String>,
     /// The running job, when `worker:<id>` is set.
     pub job: Option<JobStatus>,
+    /// Set when the worker is a locketd slot parked because Redis refused its last job's end
+    /// (E-3): the job stays in its inflight record until the key the refusal names is mended.
+    pub parked: Option<Parked>,
+}
+
+/// A parked slot's mark on its inflight record.
+#[derive(Debug, Clone, Serialize)]
+pub struct Parked {
+    /// Since when (Resque's time format).
+    pub since: String,
+    /// The refusal, as Redis gave it.
+    pub why: String,
 }
 
 /// What a worker is working on (`worker:<id>`).
@@ -180,6 +193,11 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         }
     }
 
+    let parked = parked_slots(conn, &k, &processes).await?;
+    for w in &mut ws {
+        w.parked = parked.get(&w.id).cloned();
+    }
+
     let failures_listed = super::failed::listed_total(conn, config, usize::MAX).await?;
     let locks_held: u64 = redis::cmd("ZCOUNT")
         .arg(k.locks())
@@ -200,6 +218,46 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         queues,
         workers: ws,
     })
+}
+
+/// E-3: the parked slots of locketd's processes, by Resque worker id: each process's
+/// `slots:<process>` (slot → worker id), then each slot's inflight record's marks.
+async fn parked_slots<C: ConnectionLike + Send>(
+    conn: &mut C,
+    k: &Keys,
+    processes: &[String],
+) -> RedisResult<HashMap<String, Parked>> {
+    let mut slots: Vec<(String, String)> = Vec::new();
+    for chunk in processes.chunks(100) {
+        let mut pipe = redis::pipe();
+        for p in chunk {
+            pipe.hgetall(k.slots(p));
+        }
+        let maps: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (p, m) in chunk.iter().zip(maps) {
+            let m: HashMap<String, String> = redis::from_redis_value(m).unwrap_or_default();
+            slots.extend(m.into_iter().map(|(n, id)| (format!("{p}:{n}"), id)));
+        }
+    }
+    let mut parked = HashMap::new();
+    for chunk in slots.chunks(100) {
+        let mut pipe = redis::pipe();
+        for (slot_key, _) in chunk {
+            pipe.cmd("HMGET")
+                .arg(k.inflight(slot_key))
+                .arg("parked_at")
+                .arg("parked_why");
+        }
+        let marks: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for ((_, id), m) in chunk.iter().zip(marks) {
+            let (at, why): (Option<String>, Option<String>) =
+                redis::from_redis_value(m).unwrap_or((None, None));
+            if let (Some(since), Some(why)) = (at, why) {
+                parked.insert(id.clone(), Parked { since, why });
+            }
+        }
+    }
+    Ok(parked)
 }
 
 fn worker_status(
@@ -247,6 +305,7 @@ fn worker_status(
         started,
         heartbeat,
         job,
+        parked: None,
     }
 }
 
@@ -293,9 +352,10 @@ impl Status {
             time::run_at(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(self.now))
         );
         let busy = self.workers.iter().filter(|w| w.job.is_some()).count();
+        let parked = self.workers.iter().filter(|w| w.parked.is_some()).count();
         let _ = writeln!(
             out,
-            "processed {}  failed {}  failures listed {}  locks held {}  workers {} ({} busy, {} idle){}",
+            "processed {}  failed {}  failures listed {}  locks held {}  workers {} ({} busy, {} idle){}{}",
             self.processed,
             self.failed,
             self.failures_listed,
@@ -303,6 +363,7 @@ impl Status {
             self.workers.len(),
             busy,
             self.workers.len() - busy,
+            if parked > 0 { format!("  PARKED {parked} (see JOB)") } else { String::new() },
             if self.paused { "  PAUSED (pause-all-workers is set)" } else { "" }
         );
         out.push('\n');
@@ -342,7 +403,7 @@ impl Status {
                 .workers
                 .iter()
                 .map(|w| {
-                    let job = match &w.job {
+                    let mut job = match &w.job {
                         None => "idle".to_string(),
                         Some(j) => format!(
                             "{} on {} since {}{}",
@@ -354,6 +415,12 @@ impl Status {
                                 .unwrap_or_default()
                         ),
                     };
+                    if let Some(p) = &w.parked {
+                        job = format!(
+                            "PARKED since {}: Redis refused the job's end ({}); {job}",
+                            p.since, p.why
+                        );
+                    }
                     vec![
                         w.host.clone(),
                         w.pid.clone(),

@@ -1011,13 +1011,13 @@ impl Worker {
             let acquired = match acquired {
                 Ok(a) => Some(a),
                 Err(GaveUp::Away) => None,
-                Err(GaveUp::Refused) => {
+                Err(GaveUp::Refused(why)) => {
                     // E-3: ACQUIRE changed nothing (S-6) and sending it again would be refused
                     // again: the job is failed where Resque users look, retryable once the
-                    // operator has mended the key the log names.
+                    // operator has mended the key the error names.
                     let f = JobFailure::new(
                         "Locket::StoreError",
-                        "Redis refused the job's lock step (ACQUIRE); the error is in the daemon's log",
+                        format!("Redis refused the job's lock step (ACQUIRE): {why}"),
                     );
                     return self
                         .fail_unstarted(&rid, &queue, &job.raw, &job.class, f, started)
@@ -1125,6 +1125,7 @@ impl Worker {
             lock_keys: locks.iter().map(|l| l.id.clone()).collect(),
             lock_token: token.clone(),
             lock_fences: fences,
+            watch: crate::watchdog::Watch::default(),
         };
         let on_lost = class_cfg
             .on_lock_lost
@@ -1424,13 +1425,19 @@ impl Worker {
                 self.report_finish(&p, None, p.tried);
                 Some(StopReason::PresumedDead)
             }
-            Err(GaveUp::Refused) => {
+            Err(GaveUp::Refused(why)) => {
                 // E-3: FINISH changed nothing (S-6), so the job stays in its inflight record,
                 // its locks and holds kept. The slot parks: it reserves nothing (its record is
                 // taken, K-2) and tries the FINISH again every PARK_RETRY, silently, until the
-                // operator has mended the key the log names.
+                // operator has mended the key the log names. The record says so for `status`.
                 if p.parked_until.is_none() {
                     error!(queue = %p.queue, class = %p.class, outcome = %p.label, retry_s = PARK_RETRY.as_secs(), "the job's end was refused by Redis; the job stays in its inflight record and the slot is parked, trying again periodically");
+                    let at = crate::resque::time::run_at(SystemTime::now());
+                    if let Err(e) =
+                        lock::park(&mut self.conn.clone(), &slot, &p.rid, &at, &why).await
+                    {
+                        warn!(error = %e, "could not mark the inflight record as parked");
+                    }
                 }
                 let mut p = p;
                 p.parked_until = Some(Instant::now() + PARK_RETRY);
@@ -1519,7 +1526,8 @@ enum GaveUp {
     /// Redis stayed away until the control asked to stop, or for ten minutes.
     Away,
     /// Redis refused the call in a way a resend cannot change ([`lock::is_refusal`]); logged.
-    Refused,
+    /// The refusal's text.
+    Refused(String),
 }
 
 /// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
@@ -1548,7 +1556,7 @@ where
             }
             Err(e) if lock::is_refusal(&e) => {
                 error!(step = what, error = %e, "redis refused the step; not sending it again");
-                return Err(GaveUp::Refused);
+                return Err(GaveUp::Refused(e.to_string()));
             }
             Err(e) => {
                 if !logged {

@@ -6,6 +6,7 @@ use crate::handler::{Handler, HandlerResult, JobContext};
 use crate::lock::{self, LockSpec};
 use crate::resque::keys::Keys;
 use crate::resque::registry;
+use crate::watchdog::Watch;
 use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
 use redis::aio::ConnectionManager;
 use redis::RedisResult;
@@ -64,6 +65,10 @@ pub(super) struct Supervision {
     pub on_lock_lost: OnLockLost,
 }
 
+/// How long after the deadline and kill_grace the watchdog thread kills a handler that this
+/// task (stalled) did not stop.
+const WATCHDOG_MARGIN: Duration = Duration::from_secs(1);
+
 /// L-9: the local deadline never falls after the server's.
 fn local_deadline(t: Instant, ttl: Duration) -> Instant {
     t + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
@@ -80,13 +85,23 @@ impl Supervision {
     pub(super) async fn run(
         self,
         handler: Arc<dyn Handler>,
-        ctx: JobContext,
+        mut ctx: JobContext,
         control: &Control,
         dead: &CancellationToken,
     ) -> RunEnd {
         let stop = CancellationToken::new();
-        let mut fut = handler.perform(ctx, stop.clone());
         let locked = !self.locks.is_empty();
+        // The backstop of the deadline below, on a thread no I/O of this one can block: it
+        // follows `lease_end` (plus kill_grace and a margin, so that this task acts first
+        // whenever it runs at all).
+        let watch = if locked {
+            Watch::new()
+        } else {
+            Watch::default()
+        };
+        let backstop = self.kill_grace + WATCHDOG_MARGIN;
+        ctx.watch = watch.clone();
+        let mut fut = handler.perform(ctx, stop.clone());
         let sent_at = Instant::from_std(self.sent_at);
         let mut lease_end = if locked {
             local_deadline(sent_at, self.lock_ttl)
@@ -113,6 +128,7 @@ impl Supervision {
         let mut extension: Extension = Fuse::terminated();
 
         let end = loop {
+            watch.kill_at((lease_end + backstop).into_std());
             tokio::select! {
                 r = &mut fut => return RunEnd::Finished(r),
                 _ = sleep_until(next_extend), if extension.is_terminated() => {
@@ -193,6 +209,7 @@ impl Supervision {
         // What the handler returned once told to stop, if it did within the grace.
         let mut returned: Option<HandlerResult> = None;
         loop {
+            watch.kill_at((lease_end + backstop).into_std());
             tokio::select! {
                 biased;
                 // NEVER-1: a lease that runs out while the job is stopping ends the grace.

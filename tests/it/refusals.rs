@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::daemon::{cfg, workdir, NS, R};
+use crate::ops::{locketd, stdout_ok};
 use std::process::{Command, Stdio};
 
 use crate::support::{wait_until, write_script, Daemon, RedisServer};
@@ -47,7 +48,27 @@ fn assert_parked(redis: &RedisServer, r: &mut R, d: &Daemon, needle: &str, marke
         1,
         "the job is not in its inflight record"
     );
+    // E-3: `status` shows the parked slot and the refusal (issue 11 item 3).
+    let parked = parked_in_status(redis);
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let why = parked[0]["why"].as_str().unwrap_or_default();
+    assert!(why.contains("WRONGTYPE"), "{why}");
+    let text = stdout_ok(&locketd(redis, &["--queues", "q", "status"]));
+    assert!(text.contains("PARKED since "), "{text}");
     worker
+}
+
+/// The `parked` marks of the workers `locketd status --json` lists.
+fn parked_in_status(redis: &RedisServer) -> Vec<serde_json::Value> {
+    let out = stdout_ok(&locketd(redis, &["--queues", "q", "status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
+    v["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .filter(|w| !w["parked"].is_null())
+        .map(|w| w["parked"].clone())
+        .collect()
 }
 
 // E-3, S-6, D-6 (finding 6): a failed job whose failure list another tool made a string.
@@ -77,6 +98,7 @@ fn a_refused_finish_parks_the_slot_and_lands_once_the_key_is_mended() {
         r.llen(&format!("{NS}:failed")) == 1
     });
     assert!(r.keys(&format!("{NS}:locket:inflight:*")).is_empty());
+    assert!(parked_in_status(&redis).is_empty());
     assert_eq!(d.worker_pid(), worker);
     assert_eq!(d.terminate(LONG).code(), Some(0));
 }
@@ -123,6 +145,14 @@ fn a_refused_acquire_fails_the_job_as_a_store_error() {
     });
     let f = &r.failures()[0];
     assert_eq!(f["exception"], "Locket::StoreError", "{f}");
+    // The failure says what Redis refused, where Resque users read it.
+    assert!(
+        f["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("WRONGTYPE"),
+        "{f}"
+    );
     assert_eq!(f["payload"]["class"], "Held");
     assert_eq!(d.terminate(LONG).code(), Some(0));
 }
