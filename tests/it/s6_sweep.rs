@@ -55,6 +55,54 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::RecoverReserved, &["queue:q", "queues"]),
 ];
 
+/// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or
+/// writes. S-6's checks do not cover these (a `TYPE` per lock on every job's path would be
+/// the price), so a step may half-apply when one is spoiled by hand; what must still hold is
+/// NEVER-2: the job stays visible, in as many places as before.
+const OWN_KEYS: &[(Step, &[&str])] = &[
+    (Step::Return, &["locket:counter:q"]),
+    (Step::Enqueue, &["locket:deps", "locket:dep:h"]),
+    (
+        Step::FinishFailure,
+        &[
+            "locket:lock:L",
+            "locket:lockinfo:L",
+            "locket:blocked:lock:L",
+            "locket:locks",
+            "worker:sweep:1:q",
+        ],
+    ),
+    (
+        Step::FinishRequeue,
+        &["locket:lock:L", "locket:locks", "locket:counter:q"],
+    ),
+    (
+        Step::AcquireRequeue,
+        &[
+            "locket:lock:L",
+            "locket:locks",
+            "locket:counter:q",
+            "locket:blocked:lock:L",
+            "locket:attempts",
+        ],
+    ),
+    (Step::Promote, &["locket:counter:q"]),
+    (
+        Step::RecoverRunning,
+        &[
+            "locket:lock:L",
+            "locket:locks",
+            "locket:processes",
+            "locket:slots:sweep:1:aaaaaaaa",
+            "locket:recoveries",
+        ],
+    ),
+    (
+        Step::RecoverReserved,
+        &["locket:processes", "locket:slots:sweep:1:aaaaaaaa"],
+    ),
+];
+
 fn keys() -> Keys {
     Keys::new(NS)
 }
@@ -279,6 +327,11 @@ async fn places(c: &mut Conn) -> usize {
 /// Runs `step` against `spoil` (applied after the step's state is built) and checks S-6 and
 /// NEVER-2. `what` names the case in failures.
 async fn check(step: Step, what: &str, spoil: impl AsyncFnOnce(&mut Conn)) {
+    check_with(step, what, true, spoil).await
+}
+
+/// [`check`]; `atomic: false` checks NEVER-2 alone (for locketd's own keys).
+async fn check_with(step: Step, what: &str, atomic: bool, spoil: impl AsyncFnOnce(&mut Conn)) {
     let server = RedisServer::start();
     let c = &mut server.conn().await;
     let k = keys();
@@ -294,7 +347,7 @@ async fn check(step: Step, what: &str, spoil: impl AsyncFnOnce(&mut Conn)) {
         .query_async(c)
         .await
         .unwrap();
-    if let Err(e) = &result {
+    if let (Err(e), true) = (&result, atomic) {
         assert_eq!(
             snapshot(c).await,
             before,
@@ -340,6 +393,33 @@ async fn s6_every_step_with_a_key_of_the_wrong_type_applies_or_changes_nothing()
                 },
             )
             .await;
+        }
+    }
+}
+
+// NEVER-2, K-1: one of locketd's own keys spoiled by hand (a string, then a list): whatever
+// the step did, the job is still in as many places as before.
+#[tokio::test]
+async fn never2_every_step_with_an_own_key_of_the_wrong_type_keeps_the_job_visible() {
+    for (step, names) in OWN_KEYS {
+        for name in *names {
+            for (kind, value) in [("a string", None), ("a list", Some("x"))] {
+                let key = format!("{NS}:{name}");
+                let k2 = key.clone();
+                check_with(
+                    *step,
+                    &format!("{key} {kind}"),
+                    false,
+                    async move |c: &mut Conn| {
+                        cmd(c, &["DEL", &k2]).await;
+                        match value {
+                            None => cmd(c, &["SET", &k2, "spoiled"]).await,
+                            Some(v) => cmd(c, &["RPUSH", &k2, v]).await,
+                        };
+                    },
+                )
+                .await;
+            }
         }
     }
 }
