@@ -40,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
         Ok(())
     });
 
-    let control = locketd::shutdown::install(false)?;
+    let control = locketd::worker::signals::install(false)?;
     let worker = Worker::start(config, handlers).await?;
     let reason = worker.run(control).await?;
     println!("stopped: {reason:?}");

@@ -5,8 +5,8 @@
 
 use crate::client::{enqueue_script, Client};
 use crate::config::Config;
-use crate::lock::{self, AdminRelease};
 use crate::resque::keys::Keys;
+use crate::store::{self, AdminRelease};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use redis::aio::ConnectionManager;
@@ -325,7 +325,7 @@ impl Admin {
             } else {
                 AdminRelease::LockToken(lock_id, &token)
             };
-            let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
+            let n = store::admin_release(&mut self.conn, &self.keys, &what).await?;
             if *force {
                 tracing::warn!(lock_id = %lock_id, holders = n, "lock force-released by an operator");
                 eprintln!("locketd: warning: force-released {n} holder(s) of lock {lock_id}");
@@ -358,7 +358,7 @@ impl Admin {
                     continue;
                 }
             }
-            let holders = lock::holders(&mut self.conn, &self.keys, &id).await?;
+            let holders = store::holders(&mut self.conn, &self.keys, &id).await?;
             let mut hs = Vec::new();
             for h in holders {
                 let left = h.deadline_ms as i64 - now;
@@ -497,7 +497,7 @@ impl Admin {
             } else {
                 AdminRelease::HoldDigest(name, &digest)
             };
-            let n = lock::admin_release(&mut self.conn, &self.keys, &what).await?;
+            let n = store::admin_release(&mut self.conn, &self.keys, &what).await?;
             tracing::warn!(hold = %name, released = n, "hold released by an operator");
             println!("released {n} hold(s) of {name}");
             return Ok(if n > 0 {
@@ -577,7 +577,7 @@ impl Admin {
                 eprintln!("locketd: no delayed job with rid {rid}");
                 return Ok(ExitCode::from(1));
             };
-            let n = lock::promote_delayed(&mut self.conn, &self.keys, 1, Some(m)).await?;
+            let n = store::promote_delayed(&mut self.conn, &self.keys, 1, Some(m)).await?;
             println!("promoted {n} job(s)");
             return Ok(if n > 0 {
                 ExitCode::SUCCESS

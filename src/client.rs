@@ -17,12 +17,13 @@
 //! `src/lock/lua/enqueue.lua` (printed by `locketd enqueue --print-script`), whose header lists
 //! its keys and arguments.
 
+use crate::config::plans::Plans;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::lock::template::RenderInput;
-use crate::lock::{self, canonical};
-use crate::policy::Plans;
+use crate::locks::canonical;
+use crate::locks::template::RenderInput;
 use crate::resque::keys::Keys;
+use crate::store;
 use redis::aio::ConnectionManager;
 use serde_json::Value;
 use std::sync::Arc;
@@ -94,15 +95,14 @@ pub fn minify_json(text: &str) -> String {
 /// The script a client in another language loads to enqueue with holds: the one the daemon
 /// runs (the shared helpers, ENQUEUE, and the write of its O-3 counts).
 pub fn enqueue_script() -> &'static str {
-    crate::lock::scripts::ENQUEUE_SOURCE
+    crate::store::scripts::ENQUEUE_SOURCE
 }
 
 impl Client {
     /// Connects to the configured Redis; the configuration's class tables say which holds each
     /// class places.
     pub async fn connect(config: &Config) -> Result<Client> {
-        let conn =
-            crate::worker::connect(&config.redis, config.redis_connect_timeout.get()).await?;
+        let conn = crate::conn::connect(&config.redis, config.redis_connect_timeout.get()).await?;
         Client::with_connection(conn, config)
     }
 
@@ -171,7 +171,7 @@ impl Client {
                 false,
             )
             .map_err(|e| Error::Enqueue(format!("Locket::BadLockKey: {e}")))?;
-        let queue_length = lock::enqueue(
+        let queue_length = store::enqueue(
             &mut self.conn,
             &self.keys,
             queue,

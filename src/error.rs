@@ -1,7 +1,8 @@
-//! The top-level error type of the library.
+//! The library's error types: [`Error`], why a worker could not start or had to stop, and
+//! [`ConfigError`], a bad configuration.
 
-use crate::config::ConfigError;
 use crate::resque::patterns::QueueSpecError;
+use std::path::PathBuf;
 
 /// Why a worker could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,36 @@ pub enum Error {
         /// The last error.
         #[source]
         source: redis::RedisError,
+    },
+}
+
+/// A bad configuration: the message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or had an unknown key or a bad value.
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// The file (or `<inline>`).
+        path: String,
+        /// toml's message, with line and key.
+        message: String,
+    },
+    /// A value parsed but is not allowed.
+    #[error("invalid setting {setting}: {message}")]
+    Invalid {
+        /// Dotted name, e.g. `locket.heartbeat_interval`.
+        setting: String,
+        /// What is wrong.
+        message: String,
     },
 }
 

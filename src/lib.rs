@@ -39,23 +39,23 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
-pub mod builtin;
 pub mod client;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod handler;
 pub mod host;
-pub mod lock;
+pub mod locks;
 pub mod logsink;
 pub mod master;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
-pub mod policy;
+pub mod process;
 pub mod proctitle;
 pub mod resque;
 pub mod service;
-pub mod shutdown;
+pub mod store;
 pub mod watchdog;
 pub mod worker;
 

@@ -305,7 +305,7 @@ fn run(
         return locketd::admin::run(cmd, &cfg);
     }
 
-    let worker_role = std::env::var(locketd::master::ROLE_ENV).is_ok_and(|r| r == "worker");
+    let worker_role = std::env::var(locketd::process::ROLE_ENV).is_ok_and(|r| r == "worker");
     let loaded = if worker_role {
         // The master validated this text and sends it on stdin.
         let mut text = String::new();
@@ -350,8 +350,8 @@ fn run(
         return runtime.block_on(run_master(cli, args, loaded));
     }
     runtime.block_on(async move {
-        let control =
-            locketd::shutdown::install(cfg.graceful_term).context("installing signal handlers")?;
+        let control = locketd::worker::signals::install(cfg.graceful_term)
+            .context("installing signal handlers")?;
         let handlers = Handlers::from_config(&cfg);
         let worker = match Worker::start(cfg, handlers).await {
             Ok(w) => w,
@@ -457,10 +457,10 @@ async fn run_master(
 ) -> anyhow::Result<ExitCode> {
     let cfg = &loaded.config;
     // Fail fast, before any worker starts: Redis must answer (69) and must not evict (78).
-    match locketd::worker::connect(&cfg.redis, cfg.redis_connect_timeout.get()).await {
+    match locketd::conn::connect(&cfg.redis, cfg.redis_connect_timeout.get()).await {
         Ok(mut conn) => {
             if let Err(e) =
-                locketd::worker::check_eviction(&mut conn, cfg.locket.allow_evicting_redis).await
+                locketd::conn::check_eviction(&mut conn, cfg.locket.allow_evicting_redis).await
             {
                 return start_error(e);
             }

@@ -13,6 +13,7 @@
 
 use crate::config::Config;
 use crate::metrics::{self, Aggregate};
+use crate::process::{INCARNATION_ENV, PAUSED_ENV, ROLE_ENV, WORKER_INDEX_ENV};
 use crate::resque::keys::Keys;
 use crate::service::{self, Sidecars};
 use crate::worker::{self, JanitorReport};
@@ -34,18 +35,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-/// The environment variable that makes the binary a worker.
-pub const ROLE_ENV: &str = "LOCKETD_ROLE";
-/// Set to "1" for a worker started while the master is paused (USR2, not yet CONT): it starts
-/// paused, as the workers it joins or replaces are.
-pub const PAUSED_ENV: &str = "LOCKETD_PAUSED";
-/// The worker's index (0..workers), set in its environment.
-pub const WORKER_INDEX_ENV: &str = "LOCKETD_WORKER_INDEX";
-/// The incarnation the master chose for the worker's process id (`host:pid:<incarnation>`,
-/// locking-semantics.md §1.1), so that it recovers exactly that process when the worker dies,
-/// never another daemon's worker whose pid merely matches (pid reuse, or another pid
-/// namespace on the same host name).
-pub const INCARNATION_ENV: &str = "LOCKETD_INCARNATION";
 /// The largest config text a worker reads from stdin (a larger one is refused by the master
 /// when it loads the file).
 pub const MAX_CONFIG_BYTES: u64 = crate::config::MAX_CONFIG_BYTES;
@@ -170,7 +159,7 @@ impl Master {
         become_subreaper();
         let mut signals =
             Signals::new([SIGQUIT, SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGHUP])?;
-        self.conn = worker::connect(&self.current.config.redis, Duration::from_secs(5))
+        self.conn = crate::conn::connect(&self.current.config.redis, Duration::from_secs(5))
             .await
             .ok();
         for index in 0..self.current.config.workers {
@@ -377,7 +366,7 @@ impl Master {
                     self.paused = false;
                 }
                 info!(
-                    signal = crate::shutdown::signal_name(sig),
+                    signal = crate::process::signal_name(sig),
                     "forwarding to every worker"
                 );
                 for s in self.slots.values() {
@@ -389,7 +378,7 @@ impl Master {
                 let graceful = sig == SIGQUIT || (sig == SIGTERM && cfg.graceful_term);
                 let second = self.stopping.is_some();
                 info!(
-                    signal = crate::shutdown::signal_name(sig),
+                    signal = crate::process::signal_name(sig),
                     graceful, second, "stopping: forwarding to every worker"
                 );
                 self.stopping = Some(sig);
@@ -446,7 +435,7 @@ impl Master {
                     signal(pid, SIGQUIT);
                 }
                 if let Ok(c) =
-                    worker::connect(&self.current.config.redis, Duration::from_secs(5)).await
+                    crate::conn::connect(&self.current.config.redis, Duration::from_secs(5)).await
                 {
                     self.conn = Some(c);
                 }
@@ -459,7 +448,7 @@ impl Master {
     }
 
     async fn spawn(&mut self, index: u32) {
-        let incarnation = worker::random_hex(4);
+        let incarnation = crate::store::random_hex(4);
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.args(&self.args)
             .env(ROLE_ENV, "worker")
@@ -629,7 +618,7 @@ impl Master {
             let mut delay = Duration::from_millis(100);
             for attempt in 0..40 {
                 if conn.is_none() {
-                    conn = worker::connect(&cfg.redis, Duration::from_secs(2))
+                    conn = crate::conn::connect(&cfg.redis, Duration::from_secs(2))
                         .await
                         .ok();
                 }
@@ -717,7 +706,7 @@ fn describe(status: &ExitStatus) -> String {
         (Some(c), _) => format!("exit status {c}"),
         (None, Some(s)) => format!(
             "killed by {}",
-            crate::handler::signal_status_text(0, s).trim_start_matches("pid 0 ")
+            crate::resque::failure::signal_status_text(0, s).trim_start_matches("pid 0 ")
         ),
         _ => "unknown status".into(),
     }

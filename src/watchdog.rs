@@ -2,11 +2,11 @@
 //! handler's process group once the job lock's local deadline (L-9) plus `kill_grace` has
 //! passed, whatever the worker's runtime is doing.
 //!
-//! The runtime's supervisor ([`crate::worker`]) stops handlers on time as long as it runs; this
-//! thread covers the case where it does not (a blocked write, a stalled thread): then nothing
-//! else would stop the handler while a second holder is admitted by the server (NEVER-1). It
-//! takes no lock that the runtime holds across I/O and writes nothing but its log line, which
-//! goes to the bounded log queue ([`crate::logsink`]).
+//! The worker's supervisor stops handlers on time as long as its runtime runs; this thread
+//! covers the case where it does not (a blocked write, a stalled thread): then nothing else
+//! would stop the handler while a second holder is admitted by the server (NEVER-1). It takes
+//! no lock that the runtime holds across I/O and writes nothing but its log line, which goes to
+//! the bounded log queue.
 //!
 //! A [`Watch`] is one run's entry: the supervisor moves its deadline on every lock extension,
 //! the command handler attaches the process group it started, and dropping the last clone

@@ -27,7 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("the lock model", &["locks"]),
     ("errors", &["error"]),
-    ("the connection", &["redis"]),
+    ("the connection", &["conn"]),
     ("configuration", &["config"]),
     ("the Redis-side state machine", &["store"]),
     ("handlers", &["handler"]),
@@ -214,9 +214,9 @@ fn the_check_names_the_file_and_the_import_of_an_upward_or_circular_reference() 
         "use crate::config::Config;\n#[cfg(test)]\nuse crate::worker::X;\n",
     )
     .unwrap();
-    std::fs::write(src.join("config.rs"), "use crate::{error::E, redis};\n").unwrap();
+    std::fs::write(src.join("config.rs"), "use crate::{error::E, conn};\n").unwrap();
     std::fs::write(
-        src.join("redis.rs"),
+        src.join("conn.rs"),
         "fn f() -> crate::Result<()> { Ok(()) }\n",
     )
     .unwrap();

@@ -8,15 +8,13 @@
 //!   so merged counters never go down.
 //! - [`spawn_reporter`] writes a snapshot line every second to the descriptor named by
 //!   `LOCKETD_METRICS_FD`; [`read_reports`] reads such a stream into an [`Aggregate`].
-//! - [`http`]: the `/metrics` endpoint, which adds queue lengths, lock counters and totals read
-//!   from Redis at scrape time.
+//! - The `/metrics` endpoint (`service::http`) serves them, with queue lengths, lock counters
+//!   and totals read from Redis at scrape time.
 //!
 //! A single-process daemon records into its own [`Metrics`] and serves
 //! `Aggregate::single(metrics)`. A master with N worker processes gives each worker a pipe as
 //! `LOCKETD_METRICS_FD`, runs [`read_reports`] on the read end per worker pid, and serves the
 //! shared [`Aggregate`].
-
-pub mod http;
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};

@@ -17,7 +17,7 @@
 //! `failed_queues`; `--failed-queue Q` picks one list, and `list` without it shows them all.
 
 use crate::config::Config;
-use crate::lock::FailureBackend;
+use crate::resque::failure::FailureBackend;
 use crate::resque::keys::Keys;
 use crate::resque::time;
 use redis::aio::ConnectionLike;
@@ -467,7 +467,7 @@ pub async fn remove<C: ConnectionLike + Send>(
     index: u64,
 ) -> Result<Vec<u8>, FailedError> {
     let text = show(conn, list, index).await?;
-    let sentinel = format!("locketd-remove-{}", crate::worker::random_hex(16));
+    let sentinel = format!("locketd-remove-{}", crate::store::random_hex(16));
     let done: i64 = redis::Script::new(REMOVE_LUA)
         .key(&list.key)
         .arg(index)

@@ -15,7 +15,7 @@ pub async fn connect(config: &Config) -> Result<ConnectionManager> {
         .redis_connect_timeout
         .get()
         .min(Duration::from_secs(5));
-    crate::worker::connect(&config.redis, wait).await
+    crate::conn::connect(&config.redis, wait).await
 }
 
 /// [`connect`] for the CLI: prints why on failure, and the caller exits 69 (EX_UNAVAILABLE).

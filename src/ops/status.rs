@@ -207,7 +207,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         .await?;
 
     Ok(Status {
-        redis: crate::worker::redact(&config.redis),
+        redis: crate::conn::redact(&config.redis),
         namespace: config.namespace.clone(),
         now,
         paused,
@@ -274,7 +274,7 @@ fn worker_status(
     let pid = parts.next().unwrap_or("").to_string();
     let queues = parts.next().unwrap_or("").to_string();
     // A slot id `host:pid+k:queues` belongs to the process `host:pid:<incarnation>`.
-    let prefix = format!("{host}:{}:", crate::resque::registry::pid_of(&pid));
+    let prefix = format!("{host}:{}:", crate::store::registry::pid_of(&pid));
     let kind = if processes.iter().any(|p| p.starts_with(&prefix)) {
         "locketd"
     } else {

@@ -17,6 +17,17 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use std::time::SystemTime;
 
+/// Where failure records go (resque-protocol.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureBackend {
+    /// `RPUSH <ns>:failed` (Resque's default).
+    #[default]
+    Redis,
+    /// `RPUSH <ns>:<q>_failed` and `SADD <ns>:failed_queues <q>_failed`.
+    RedisMultiQueue,
+}
+
 /// What went wrong with a job, before it is placed in a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobFailure {
@@ -105,6 +116,32 @@ pub fn working_on(payload: &str, queue: &str, at: SystemTime) -> String {
         payload: json.as_deref(),
     })
     .unwrap_or_default()
+}
+
+/// Text Ruby's `Process::Status#to_s` gives for a signalled child: `pid 9521 SIGKILL (signal 9)`.
+pub fn signal_status_text(pid: u32, sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => "",
+    };
+    if name.is_empty() {
+        format!("pid {pid} signal {sig}")
+    } else {
+        format!("pid {pid} {name} (signal {sig})")
+    }
 }
 
 #[cfg(test)]

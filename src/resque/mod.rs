@@ -5,5 +5,4 @@ pub mod failure;
 pub mod keys;
 pub mod patterns;
 pub mod payload;
-pub mod registry;
 pub mod time;

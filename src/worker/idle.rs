@@ -137,7 +137,7 @@ fn refused_for_good(e: &redis::RedisError) -> bool {
 }
 
 async fn connect(url: &str, interval: Duration) -> Option<redis::aio::MultiplexedConnection> {
-    let client = super::client(url).ok()?;
+    let client = crate::conn::client(url).ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(interval + Duration::from_secs(10)));

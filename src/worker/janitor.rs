@@ -3,9 +3,10 @@
 //! recovers the slots of dead processes.
 
 use crate::config::{Config, OnWorkerDeath};
-use crate::lock::{self, scripts::scripts, FailureBackend};
+use crate::resque::failure::FailureBackend;
 use crate::resque::failure::JobFailure;
 use crate::resque::keys::Keys;
+use crate::store::{self, scripts::scripts};
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 use std::collections::HashMap;
@@ -60,13 +61,16 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
     let mut first_error = None;
     report.promoted = keep_first(
         &mut first_error,
-        lock::promote_delayed(conn, keys, 100, None).await,
+        store::promote_delayed(conn, keys, 100, None).await,
     )
     .unwrap_or(0);
-    report.expired =
-        keep_first(&mut first_error, lock::purge_expired(conn, keys, 100).await).unwrap_or(0);
+    report.expired = keep_first(
+        &mut first_error,
+        store::purge_expired(conn, keys, 100).await,
+    )
+    .unwrap_or(0);
     report.holds_expired =
-        keep_first(&mut first_error, lock::purge_holds(conn, keys, 100).await).unwrap_or(0);
+        keep_first(&mut first_error, store::purge_holds(conn, keys, 100).await).unwrap_or(0);
     keep_first(
         &mut first_error,
         recover_dead(conn, keys, config, &mut report).await,
@@ -242,7 +246,7 @@ async fn recover_slot<C: ConnectionLike + Send>(
         .key(keys.stat_processed_by(worker_id))
         .key(keys.stat_failed_by(worker_id))
         .key(keys.locks());
-    lock::lock_keys(&mut inv, keys, locks.iter().map(String::as_str));
+    store::lock_keys(&mut inv, keys, locks.iter().map(String::as_str));
     inv.arg(&rid)
         .arg(policy)
         .arg(failure)
@@ -273,7 +277,7 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
     config: Config,
     stop: CancellationToken,
 ) {
-    let token = super::random_hex(16);
+    let token = crate::store::random_hex(16);
     let every = config.locket.janitor_interval.get();
     // One warning per outage, not one per pass.
     let mut failing = false;

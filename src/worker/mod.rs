@@ -7,28 +7,31 @@
 mod idle;
 mod janitor;
 mod run;
+pub mod signals;
 
 pub use janitor::{janitor_pass, recover_process, JanitorReport};
 
+use crate::config::plans::{Plans, RenderedPlan};
 use crate::config::{Config, OnLockLost};
-use crate::error::{Error, Result};
+use crate::conn::{check_eviction, connect};
+use crate::error::Result;
 use crate::handler::{Handlers, JobContext};
-use crate::lock::batch::Conn;
-use crate::lock::canonical;
-use crate::lock::template::RenderInput;
-use crate::lock::{
-    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, FinishRequest,
-    LockSpec, Reserved, Settled, SlotRef,
-};
-use crate::policy::{Plans, Policy, RenderedPlan};
+use crate::locks::canonical;
+use crate::locks::template::RenderInput;
+use crate::locks::LockSpec;
+use crate::locks::Policy;
 use crate::resque::failure::{self, JobFailure};
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
 use crate::resque::payload::Job;
-use crate::resque::registry::{self, Registration};
+use crate::store::batch::Conn;
+use crate::store::random_hex;
+use crate::store::registry::{self, Registration};
+use crate::store::{
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, FinishRequest,
+    Reserved, Settled, SlotRef,
+};
 use crate::{host, proctitle};
-use rand::RngCore;
-use redis::aio::ConnectionManager;
 use run::RunEnd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -130,7 +133,7 @@ impl Identity {
         let pid = std::process::id();
         // The master chooses the incarnation (INCARNATION_ENV), so that it can recover exactly
         // this process when it dies; a process started on its own picks one.
-        let incarnation = std::env::var(crate::master::INCARNATION_ENV)
+        let incarnation = std::env::var(crate::process::INCARNATION_ENV)
             .ok()
             .filter(|i| {
                 i.len() == 8
@@ -158,13 +161,6 @@ impl Identity {
             worker_id: format!("{host}:{pid}+{slot}:{}", spec.id_part()),
         }
     }
-}
-
-/// `n` random bytes as lowercase hex (OS CSPRNG via `rand`'s thread RNG, reseeded from the OS).
-pub fn random_hex(n: usize) -> String {
-    let mut buf = vec![0u8; n];
-    rand::rng().fill_bytes(&mut buf);
-    hex::encode(buf)
 }
 
 fn epoch_secs() -> u64 {
@@ -206,146 +202,6 @@ impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker").field("id", &self.id).finish()
     }
-}
-
-/// A client for `url` whose TCP connections set `TCP_NODELAY`, as Redis itself does: a small
-/// request written while an earlier one is unacknowledged (slots, batches, the heartbeat beside
-/// a job) must not wait for the ACK.
-pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
-    use redis::IntoConnectionInfo;
-    let info = url
-        .into_connection_info()?
-        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    redis::Client::open(info)
-}
-
-/// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
-pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
-    let client = client(url)?;
-    let cfg = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(30)))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_secs(2));
-    let started = Instant::now();
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let attempt = async {
-            let mut conn = ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?;
-            let _: String = redis::cmd("PING").query_async(&mut conn).await?;
-            Ok::<_, redis::RedisError>(conn)
-        };
-        match attempt.await {
-            Ok(conn) => return Ok(conn),
-            // A wrong password or a bad TLS setting will not fix itself: report it at once.
-            Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
-                warn!(error = %e, "redis not answering yet, retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            Err(source) => {
-                return Err(Error::Unreachable {
-                    url: redact(url),
-                    secs: wait.as_secs(),
-                    refused: refused_at_once(&source),
-                    source,
-                })
-            }
-        }
-    }
-}
-
-/// A connection error that retrying cannot fix: a wrong password, a bad TLS setting.
-fn refused_at_once(e: &redis::RedisError) -> bool {
-    matches!(
-        e.kind(),
-        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
-    )
-}
-
-/// A Redis URL with any password replaced by `***`: the user-info's (`redis://user:pw@host`)
-/// and a socket URL's `pass` parameter (`redis+unix:///run/redis.sock?pass=pw`).
-///
-/// Written for passwords that are not URL-safe, since users paste them raw: the user-info
-/// ends at the last `@` of a TCP URL (so a `?`, `#`, `/` or `@` inside the password stays
-/// hidden), and in a socket URL's query everything after `pass=` up to the next known
-/// parameter (`db`, `user`, `username`, `protocol`) is the password, `&` included. Only a
-/// final `#insecure` is kept as a fragment.
-pub fn redact(url: &str) -> String {
-    const KNOWN: [&str; 4] = ["db", "user", "username", "protocol"];
-    let Some(s) = url.find("://") else {
-        return url.to_string();
-    };
-    let (scheme, rest) = url.split_at(s + 3);
-    let mut out = scheme.to_string();
-    let unix = scheme.contains("unix");
-    let tail = match rest.rfind('@').filter(|_| !unix) {
-        Some(at) => {
-            let creds = &rest[..at];
-            match creds.find(':') {
-                Some(c) => {
-                    out.push_str(&creds[..c]);
-                    out.push_str(":***");
-                }
-                None => out.push_str("***"),
-            }
-            &rest[at..]
-        }
-        None => rest,
-    };
-    let (tail, fragment) = match tail.strip_suffix("#insecure") {
-        Some(t) => (t, "#insecure"),
-        None => (tail, ""),
-    };
-    let Some((path, query)) = tail.split_once('?') else {
-        out.push_str(tail);
-        out.push_str(fragment);
-        return out;
-    };
-    out.push_str(path);
-    let mut params: Vec<String> = Vec::new();
-    let mut in_password = false;
-    for p in query.split('&') {
-        let key = p.split_once('=').map_or(p, |(k, _)| k);
-        if key == "pass" || key == "password" {
-            params.push(format!("{key}=***"));
-            in_password = true;
-        } else if in_password && !KNOWN.contains(&key) {
-            // An `&` inside the password: still the password.
-        } else {
-            in_password = false;
-            params.push(p.to_string());
-        }
-    }
-    out.push('?');
-    out.push_str(&params.join("&"));
-    out.push_str(fragment);
-    out
-}
-
-/// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
-/// trusted.
-pub async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result<()> {
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(conn)
-        .await;
-    let policy = match reply {
-        Ok(v) => v.get(1).cloned().unwrap_or_default(),
-        Err(e) => {
-            debug!(error = %e, "cannot read maxmemory-policy; assuming noeviction");
-            return Ok(());
-        }
-    };
-    if policy.is_empty() || policy == "noeviction" {
-        return Ok(());
-    }
-    if allow {
-        warn!(policy = %policy, "redis may evict keys; running anyway (allow_evicting_redis)");
-        return Ok(());
-    }
-    Err(Error::EvictingRedis(policy))
 }
 
 impl Worker {
@@ -680,7 +536,7 @@ impl Worker {
             } else if let Some(mut p) = self.pending.take() {
                 // The last job's FINISH and this RESERVE in one round trip.
                 let slot = self.slot();
-                let fused = lock::finish_and_reserve(
+                let fused = store::finish_and_reserve(
                     &mut self.conn.clone(),
                     &slot,
                     &p.request(self.config.failure_backend),
@@ -696,7 +552,7 @@ impl Worker {
                         self.report_finish(&p, Some(finished), p.tried);
                         reserved
                     }
-                    Err(e) if lock::is_refusal(&e) => {
+                    Err(e) if crate::conn::is_refusal(&e) => {
                         // Refused before any write (S-6): not a resend. Flushed on its own,
                         // which logs it once and parks the slot.
                         self.pending = Some(p);
@@ -713,7 +569,7 @@ impl Worker {
                 }
             } else {
                 let slot = self.slot();
-                lock::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
+                store::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
             };
             match reserved {
                 Err(e) => {
@@ -821,7 +677,7 @@ impl Worker {
     /// nothing), where `status` shows it and recovery finds it; that is logged, once per job.
     async fn return_job(&mut self, rid: &str, queue: &str) {
         let slot = self.slot();
-        if let Err(e) = lock::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
+        if let Err(e) = store::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
             error!(step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
         }
     }
@@ -1004,7 +860,7 @@ impl Worker {
                 let o = (!plain).then_some(&opts);
                 retry(&mut self.conn.clone(), "acquire", control, |mut c| {
                     let (slot, req, o) = (slot.clone(), req.clone(), o.cloned());
-                    async move { lock::acquire_with(&mut c, &slot, &req, o.as_ref()).await }
+                    async move { store::acquire_with(&mut c, &slot, &req, o.as_ref()).await }
                 })
                 .await
             };
@@ -1261,7 +1117,7 @@ impl Worker {
         queue: &str,
         digest: &str,
         action: &Settled,
-        conflicts: &[lock::Conflict],
+        conflicts: &[store::Conflict],
         counted_wait: bool,
     ) {
         let resources: Vec<String> = conflicts
@@ -1413,7 +1269,7 @@ impl Worker {
                 ..holds.clone()
             };
             resent = true;
-            async move { lock::finish_with(&mut c, &slot, &req, &holds).await }
+            async move { store::finish_with(&mut c, &slot, &req, &holds).await }
         })
         .await;
         match done {
@@ -1434,7 +1290,7 @@ impl Worker {
                     error!(queue = %p.queue, class = %p.class, outcome = %p.label, retry_s = PARK_RETRY.as_secs(), "the job's end was refused by Redis; the job stays in its inflight record and the slot is parked, trying again periodically");
                     let at = crate::resque::time::run_at(SystemTime::now());
                     if let Err(e) =
-                        lock::park(&mut self.conn.clone(), &slot, &p.rid, &at, &why).await
+                        store::park(&mut self.conn.clone(), &slot, &p.rid, &at, &why).await
                     {
                         warn!(error = %e, "could not mark the inflight record as parked");
                     }
@@ -1497,7 +1353,7 @@ struct PendingFinish {
 }
 
 impl PendingFinish {
-    fn request(&self, backend: crate::lock::FailureBackend) -> FinishRequest<'_> {
+    fn request(&self, backend: crate::resque::failure::FailureBackend) -> FinishRequest<'_> {
         FinishRequest {
             rid: &self.rid,
             token: &self.token,
@@ -1525,13 +1381,13 @@ const PARK_RETRY: Duration = Duration::from_secs(30);
 enum GaveUp {
     /// Redis stayed away until the control asked to stop, or for ten minutes.
     Away,
-    /// Redis refused the call in a way a resend cannot change ([`lock::is_refusal`]); logged.
+    /// Redis refused the call in a way a resend cannot change ([`crate::conn::is_refusal`]); logged.
     /// The refusal's text.
     Refused(String),
 }
 
 /// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
-/// or ten minutes pass. A refusal ([`lock::is_refusal`]: a key of another type, a full Redis, a
+/// or ten minutes pass. A refusal ([`crate::conn::is_refusal`]: a key of another type, a full Redis, a
 /// Lua error) is logged once and ends it at once: the same call is never resent in a loop.
 async fn retry<T, F, Fut>(
     conn: &mut Conn,
@@ -1554,7 +1410,7 @@ where
                 }
                 return Ok(v);
             }
-            Err(e) if lock::is_refusal(&e) => {
+            Err(e) if crate::conn::is_refusal(&e) => {
                 error!(step = what, error = %e, "redis refused the step; not sending it again");
                 return Err(GaveUp::Refused(e.to_string()));
             }
@@ -1607,64 +1463,5 @@ async fn wait_unpaused(control: &Control, dead: &CancellationToken) {
         _ = control.quit.cancelled() => {}
         _ = control.term.cancelled() => {}
         _ = dead.cancelled() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    // Redis URLs are logged and shown by `status`: no form of password may get through.
-    #[test]
-    fn redact_hides_every_form_of_password() {
-        assert_eq!(
-            redact("redis://user:pw@h:6379/0"),
-            "redis://user:***@h:6379/0"
-        );
-        assert_eq!(redact("redis://:pw@h/0"), "redis://:***@h/0");
-        assert_eq!(redact("rediss://pw@h/0"), "rediss://***@h/0");
-        assert_eq!(
-            redact("redis+unix:///run/r.sock?db=1&pass=pw"),
-            "redis+unix:///run/r.sock?db=1&pass=***"
-        );
-        assert_eq!(
-            redact("unix:///run/r.sock?user=u&password=pw"),
-            "unix:///run/r.sock?user=u&password=***"
-        );
-        assert_eq!(redact("redis://h:6379/0"), "redis://h:6379/0");
-    }
-
-    // Issue 11, finding 9: passwords that are not URL-safe, as users paste them.
-    #[test]
-    fn redact_hides_passwords_that_are_not_url_safe() {
-        for (url, want) in [
-            ("redis://:se?cr@t@h:6379/0", "redis://:***@h:6379/0"),
-            ("redis://u:a/b#c?d@h/0", "redis://u:***@h/0"),
-            (
-                "rediss://:p%40ss@h/0#insecure",
-                "rediss://:***@h/0#insecure",
-            ),
-            (
-                "rediss://:p#ss@h/0?protocol=resp3",
-                "rediss://:***@h/0?protocol=resp3",
-            ),
-            (
-                "redis+unix:///run/r.sock?pass=ab&cd&db=1",
-                "redis+unix:///run/r.sock?pass=***&db=1",
-            ),
-            (
-                "redis+unix:///run/r.sock?db=2&password=x@y?z=w",
-                "redis+unix:///run/r.sock?db=2&password=***",
-            ),
-            ("unix:///run/r.sock?pass=a#b", "unix:///run/r.sock?pass=***"),
-        ] {
-            let got = redact(url);
-            assert_eq!(got, want, "{url}");
-            for secret in ["se?cr", "a/b", "p%40ss", "p#ss", "cd", "x@y", "a#b"] {
-                if url.contains(secret) {
-                    assert!(!got.contains(secret), "{url} -> {got}");
-                }
-            }
-        }
     }
 }

@@ -3,9 +3,10 @@
 
 use crate::config::OnLockLost;
 use crate::handler::{Handler, HandlerResult, JobContext};
-use crate::lock::{self, LockSpec};
+use crate::locks::LockSpec;
 use crate::resque::keys::Keys;
-use crate::resque::registry;
+use crate::store;
+use crate::store::registry;
 use crate::watchdog::Watch;
 use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
 use redis::aio::ConnectionManager;
@@ -291,7 +292,7 @@ impl Supervision {
         );
         async move {
             let t = Instant::now();
-            let r = lock::extend(&mut conn, &keys, &token, &locks, ttl).await;
+            let r = store::extend(&mut conn, &keys, &token, &locks, ttl).await;
             (t, r)
         }
         .boxed()

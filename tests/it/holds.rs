@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use locketd::lock::{self, AcquireOptions, AcquireOutcome, ConflictKind, Finish, Settled};
-use locketd::policy::{DelaySettings, Policy};
+use locketd::locks::{DelaySettings, Policy};
+use locketd::store::{self, AcquireOptions, AcquireOutcome, ConflictKind, Finish, Settled};
 use redis::aio::MultiplexedConnection as Conn;
 use serde_json::json;
 
@@ -35,9 +35,9 @@ async fn enqueue(
     ttl: Duration,
 ) {
     let payload = payload_of(class, &args);
-    let digest = lock::canonical::digest(class, &args);
+    let digest = locketd::locks::canonical::digest(class, &args);
     let holds: Vec<String> = holds.iter().map(|s| s.to_string()).collect();
-    lock::enqueue(c, &keys(), queue, &payload, &digest, &holds, ttl)
+    store::enqueue(c, &keys(), queue, &payload, &digest, &holds, ttl)
         .await
         .expect("ENQUEUE");
 }
@@ -96,7 +96,7 @@ async fn d3_enqueue_pushes_the_payload_and_adds_its_holds_in_one_step() {
     );
     let qs: Vec<String> = cmd(c, &["SMEMBERS", &k.queues()]).await;
     assert_eq!(qs, ["a"]);
-    let digest = lock::canonical::digest("Hook", &json!([7]));
+    let digest = locketd::locks::canonical::digest("Hook", &json!([7]));
     for name in ["order:7", "any"] {
         let f = hold_fields(c, name).await;
         let (n, deadline) = f[&digest];
@@ -248,7 +248,7 @@ async fn d8_counted_holds_need_as_many_releases_and_never_go_negative() {
     let server = RedisServer::start();
     let c = &mut server.conn().await;
     let names = vec!["order:7".to_string()];
-    let other = lock::canonical::digest("Other", &json!([7]));
+    let other = locketd::locks::canonical::digest("Other", &json!([7]));
     for _ in 0..3 {
         enqueue(
             c,
@@ -269,7 +269,7 @@ async fn d8_counted_holds_need_as_many_releases_and_never_go_negative() {
         Duration::from_secs(60),
     )
     .await;
-    let digest = lock::canonical::digest("A", &json!([7]));
+    let digest = locketd::locks::canonical::digest("A", &json!([7]));
     assert_eq!(hold_fields(c, "order:7").await[&digest].0, 3);
     let mut last = 3;
     for i in 0..5 {
@@ -438,7 +438,7 @@ async fn d1_holds_expire_after_hold_ttl() {
     ));
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(!exists(c, &k.dep("h")).await, "key expired on its own");
-    assert_eq!(lock::purge_holds(c, &k, 100).await.unwrap(), 0);
+    assert_eq!(store::purge_holds(c, &k, 100).await.unwrap(), 0);
     let n: i64 = cmd(c, &["ZCARD", &k.deps()]).await;
     assert_eq!(n, 0, "index cleaned by the purge");
     assert!(matches!(
@@ -486,7 +486,7 @@ async fn a14_a_hold_released_to_zero_resets_the_counters_it_blocked() {
 // every holder (counted); a hold by digest one count; --all every count.
 #[tokio::test]
 async fn o2_admin_releases_of_locks_and_holds() {
-    use lock::AdminRelease;
+    use store::AdminRelease;
     let server = RedisServer::start();
     let c = &mut server.conn().await;
     let k = keys();
@@ -496,13 +496,13 @@ async fn o2_admin_releases_of_locks_and_holds() {
     let mut h2 = reserved(c, "s2", "q", "H", json!([2])).await;
     h2.acquire(c, &locks, &AcquireOptions::default()).await;
     assert_eq!(
-        lock::admin_release(c, &k, &AdminRelease::LockToken("L", "nope"))
+        store::admin_release(c, &k, &AdminRelease::LockToken("L", "nope"))
             .await
             .unwrap(),
         0
     );
     assert_eq!(
-        lock::admin_release(c, &k, &AdminRelease::LockToken("L", &h1.token))
+        store::admin_release(c, &k, &AdminRelease::LockToken("L", &h1.token))
             .await
             .unwrap(),
         1
@@ -510,14 +510,14 @@ async fn o2_admin_releases_of_locks_and_holds() {
     let left: Vec<String> = cmd(c, &["ZRANGE", &k.lock("L"), "0", "-1"]).await;
     assert_eq!(left, [h2.token.clone()]);
     assert_eq!(
-        lock::admin_release(c, &k, &AdminRelease::LockForce("L"))
+        store::admin_release(c, &k, &AdminRelease::LockForce("L"))
             .await
             .unwrap(),
         1
     );
     assert!(!exists(c, &k.lock("L")).await);
     assert_eq!(stat(c, "force_released").await, 1);
-    let (_, lost) = lock::extend(c, &k, &h2.token, &locks, Duration::from_secs(5))
+    let (_, lost) = store::extend(c, &k, &h2.token, &locks, Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(
@@ -529,16 +529,16 @@ async fn o2_admin_releases_of_locks_and_holds() {
     enqueue(c, "a", "A", json!([1]), &["h"], Duration::from_secs(60)).await;
     enqueue(c, "a", "A", json!([1]), &["h"], Duration::from_secs(60)).await;
     enqueue(c, "a", "A", json!([2]), &["h"], Duration::from_secs(60)).await;
-    let d1 = lock::canonical::digest("A", &json!([1]));
+    let d1 = locketd::locks::canonical::digest("A", &json!([1]));
     assert_eq!(
-        lock::admin_release(c, &k, &AdminRelease::HoldDigest("h", &d1))
+        store::admin_release(c, &k, &AdminRelease::HoldDigest("h", &d1))
             .await
             .unwrap(),
         1
     );
     assert_eq!(hold_fields(c, "h").await[&d1].0, 1);
     assert_eq!(
-        lock::admin_release(c, &k, &AdminRelease::HoldAll("h"))
+        store::admin_release(c, &k, &AdminRelease::HoldAll("h"))
             .await
             .unwrap(),
         2

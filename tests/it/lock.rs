@@ -1,6 +1,6 @@
 //! Locket locks at the script level (locking-semantics.md §5, §7, §9, §12).
 //!
-//! Each test drives the typed API of `locketd::lock` (RESERVE, ACQUIRE+START, EXTEND, FINISH,
+//! Each test drives the typed API of `locketd::store` (RESERVE, ACQUIRE+START, EXTEND, FINISH,
 //! purge), the janitor and the registry against its own `redis-server`, and checks the Redis
 //! state the rules promise. Every test names the rules it covers.
 
@@ -10,16 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use locketd::config::Config;
-use locketd::lock::canonical::sha256_hex;
-use locketd::lock::scripts::scripts;
-use locketd::lock::{
-    self, AcquireRequest, Acquired, FailureBackend, Finish, FinishRequest, LockSpec, Reserved,
-    SlotRef,
-};
+use locketd::locks::canonical::sha256_hex;
+use locketd::locks::LockSpec;
+use locketd::resque::failure::FailureBackend;
 use locketd::resque::failure::{working_on, JobFailure};
 use locketd::resque::keys::Keys;
-use locketd::resque::registry::{self, Registration};
-use locketd::worker::{janitor_pass, random_hex};
+use locketd::store::random_hex;
+use locketd::store::registry::{self, Registration};
+use locketd::store::scripts::scripts;
+use locketd::store::{self, AcquireRequest, Acquired, Finish, FinishRequest, Reserved, SlotRef};
+use locketd::worker::janitor_pass;
 use rand::Rng;
 use redis::aio::MultiplexedConnection as Conn;
 use serde_json::{json, Value};
@@ -142,7 +142,7 @@ pub(crate) async fn mark_alive(conn: &mut Conn, slot_key: &str) {
 async fn reserve(conn: &mut Conn, slot: &Slot, queues: &[&str], clear: bool) -> Reserved {
     mark_alive(conn, &slot.slot_key).await;
     let qs: Vec<String> = queues.iter().map(|q| q.to_string()).collect();
-    lock::reserve(conn, &slot.r(), &random_hex(8), &qs, clear)
+    store::reserve(conn, &slot.r(), &random_hex(8), &qs, clear)
         .await
         .expect("RESERVE")
 }
@@ -213,7 +213,7 @@ async fn try_acquire(
         working_on: &working,
         lockinfo: &info,
     };
-    lock::acquire(conn, &slot.r(), &req).await
+    store::acquire(conn, &slot.r(), &req).await
 }
 
 #[track_caller]
@@ -242,7 +242,7 @@ fn finish_request<'a>(
 }
 
 /// FINISH's holds for a job that releases none.
-const NO_HOLDS: lock::FinishHolds<'static> = lock::FinishHolds {
+const NO_HOLDS: store::FinishHolds<'static> = store::FinishHolds {
     class: "Job",
     digest: "d",
     release: &[],
@@ -258,7 +258,7 @@ async fn finish(
     outcome: Finish,
 ) -> bool {
     let req = finish_request(res, token, locks, &outcome);
-    lock::finish(conn, &slot.r(), &req).await.expect("FINISH")
+    store::finish(conn, &slot.r(), &req).await.expect("FINISH")
 }
 
 /// A job that holds `locks`: pushed to its own queue, reserved on its own slot, started.
@@ -615,7 +615,9 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
     let before = server_ms(c).await;
     let rid = random_hex(8);
     let qs: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-    let got = lock::reserve(c, &slot.r(), &rid, &qs, false).await.unwrap();
+    let got = store::reserve(c, &slot.r(), &rid, &qs, false)
+        .await
+        .unwrap();
     let after = server_ms(c).await;
     assert_eq!(
         got,
@@ -795,7 +797,7 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
         .get_connection_manager()
         .await
         .expect("connection manager");
-    let conn = locketd::lock::batch::Conn::batched(manager);
+    let conn = locketd::store::batch::Conn::batched(manager);
     let slots: Vec<Slot> = (1..=6)
         .map(|i| Slot::new(format!("p:1:{i}"), format!("testhost:1+{i}:q")))
         .collect();
@@ -806,7 +808,7 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
         let mut conn = conn.clone();
         let queue = if i == 2 { "bad" } else { "q" };
         async move {
-            lock::reserve(
+            store::reserve(
                 &mut conn,
                 &slot.r(),
                 &random_hex(8),
@@ -1035,7 +1037,7 @@ async fn conflicts_leave_resque_stats_failures_and_working_on_untouched() {
         .await;
         assert!(matches!(a, Acquired::Conflict { .. }), "attempt {i}: {a:?}");
         if !requeue {
-            assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+            assert!(store::return_to_queue(c, &slot.r(), &res.rid, "q")
                 .await
                 .unwrap());
         }
@@ -1118,7 +1120,7 @@ async fn acquire_success_starts_the_job_resets_its_queue_counter_and_writes_work
         Some(j)
     );
 
-    let holders = lock::holders(c, &k, &l.id).await.unwrap();
+    let holders = store::holders(c, &k, &l.id).await.unwrap();
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].token, token);
     assert_eq!(holders[0].deadline_ms, deadline);
@@ -1187,7 +1189,7 @@ async fn acquire_for_a_reservation_no_longer_in_the_slot_returns_missing_and_cha
     assert_eq!(lrange(c, &k.queue("q")).await, vec![next.clone()]);
 
     // Returned to the head of its queue; the old rid then finds nothing.
-    assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+    assert!(store::return_to_queue(c, &slot.r(), &res.rid, "q")
         .await
         .unwrap());
     assert_eq!(
@@ -1206,7 +1208,7 @@ async fn acquire_for_a_reservation_no_longer_in_the_slot_returns_missing_and_cha
     assert_eq!(a, Acquired::Missing);
     assert_eq!(lrange(c, &k.queue("q")).await, vec![j, next]);
     assert!(!exists(c, &k.counter("q")).await);
-    assert!(!lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+    assert!(!store::return_to_queue(c, &slot.r(), &res.rid, "q")
         .await
         .unwrap());
 }
@@ -1322,7 +1324,7 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
         server_ms(c).await < hl.deadline,
         "test too slow: L expired too"
     );
-    let (_, lost) = lock::extend(
+    let (_, lost) = store::extend(
         c,
         &k,
         &hn2.token,
@@ -1346,7 +1348,7 @@ async fn an_expiry_purge_resets_the_counters_of_queues_the_lock_blocked() {
         server_ms(c).await < hm.deadline,
         "test too slow: M expired too"
     );
-    assert_eq!(lock::purge_expired(c, &k, 100).await.unwrap(), 1);
+    assert_eq!(store::purge_expired(c, &k, 100).await.unwrap(), 1);
     assert!(
         !exists(c, &k.counter("q1")).await,
         "counter of q1 survived the purge"
@@ -1421,7 +1423,7 @@ async fn a_lock_key_that_lapsed_on_its_own_still_resets_the_counters_it_blocked(
     assert_eq!(zscore(c, &k.locks(), "L").await, Some(hl.deadline));
 
     // The janitor's purge: L lost its holder by expiry, so q1 may run again.
-    lock::purge_expired(c, &k, 1).await.unwrap();
+    store::purge_expired(c, &k, 1).await.unwrap();
     assert_eq!(zscore(c, &k.locks(), "L").await, None);
     assert!(
         !exists(c, &k.counter("q1")).await,
@@ -1566,7 +1568,7 @@ async fn only_conflict_requeues_increment_a_queue_counter() {
             ..
         }
     ));
-    assert!(lock::return_to_queue(c, &slot.r(), &res.rid, "q")
+    assert!(store::return_to_queue(c, &slot.r(), &res.rid, "q")
         .await
         .unwrap());
     assert!(!exists(c, &k.counter("q")).await);
@@ -1892,7 +1894,7 @@ async fn lock_keys_expire_one_second_after_the_latest_deadline() {
         "lockinfo after B",
     );
 
-    let (da2, lost) = lock::extend(
+    let (da2, lost) = store::extend(
         c,
         &k,
         &ha.token,
@@ -1946,7 +1948,7 @@ async fn the_locks_index_holds_the_earliest_deadline_and_forgets_empty_locks() {
     assert!(hb.deadline < ha.deadline);
     assert_eq!(zscore(c, &k.locks(), "L").await, Some(hb.deadline));
 
-    let (db2, lost) = lock::extend(
+    let (db2, lost) = store::extend(
         c,
         &k,
         &hb.token,
@@ -1977,7 +1979,7 @@ async fn extend_moves_a_live_lease_but_never_revives_an_expired_or_released_one(
     let ha = hold(c, "a", ls, 1000).await;
 
     let before = server_ms(c).await;
-    let (d1, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(1000))
+    let (d1, lost) = store::extend(c, &k, &ha.token, ls, Duration::from_millis(1000))
         .await
         .unwrap();
     assert_eq!(lost, vec![false]);
@@ -1989,7 +1991,7 @@ async fn extend_moves_a_live_lease_but_never_revives_an_expired_or_released_one(
 
     // Lapsed: reported lost, not re-added although the lock has room.
     sleep_past_server_ms(c, d1).await;
-    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![true]);
@@ -2001,7 +2003,7 @@ async fn extend_moves_a_live_lease_but_never_revives_an_expired_or_released_one(
     // Released: the same.
     let hb = hold(c, "b", ls, 5000).await;
     assert!(hb.finish(c).await);
-    let (_, lost) = lock::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![true]);
@@ -2009,7 +2011,7 @@ async fn extend_moves_a_live_lease_but_never_revives_an_expired_or_released_one(
 
     // With another live holder present, the lapsed token is still not re-added.
     let hc = hold(c, "c", ls, 5000).await;
-    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![true]);
@@ -2050,7 +2052,7 @@ async fn the_deadline_returned_is_redis_server_time_plus_the_ttl() {
     assert_eq!(zscore(c, &k.lock("L"), &token).await, Some(deadline));
 
     let before = server_ms(c).await;
-    let (d2, lost) = lock::extend(
+    let (d2, lost) = store::extend(
         c,
         &k,
         &token,
@@ -2146,7 +2148,7 @@ async fn hammer(limit: u32) {
                                 if abandon {
                                     abandons.fetch_sub(1, Ordering::SeqCst);
                                 }
-                                lock::return_to_queue(c, &slot.r(), &res.rid, &queue)
+                                store::return_to_queue(c, &slot.r(), &res.rid, &queue)
                                     .await
                                     .unwrap();
                                 break 'work;
@@ -2915,7 +2917,7 @@ async fn an_abandoned_lock_and_its_counters_are_physically_gone_a_second_after_t
     let left = no_stats(audit_locket_keys(c, "after expiry").await);
     assert_eq!(left, set_of(["locks", "inflight:holder-a:0"]));
     // The index's stale entry goes with the next purge (R-3 step 2).
-    lock::purge_expired(c, &k, 100).await.unwrap();
+    store::purge_expired(c, &k, 100).await.unwrap();
     let left = no_stats(audit_locket_keys(c, "after the purge").await);
     assert_eq!(left, set_of(["inflight:holder-a:0"]));
 }
@@ -2936,7 +2938,7 @@ async fn a_holder_whose_lease_lapsed_can_neither_extend_nor_release_the_new_hold
     let exp = expire_at(c, &k.lock("L")).await;
     assert_eq!(zrange_scores(c, &k.lock("L")).await, members);
 
-    let (_, lost) = lock::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &ha.token, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![true]);
@@ -2949,7 +2951,7 @@ async fn a_holder_whose_lease_lapsed_can_neither_extend_nor_release_the_new_hold
     assert_eq!(hgetall(c, &k.lockinfo("L")).await, info);
     assert_near(expire_at(c, &k.lock("L")).await, exp, 3, "B's lock expiry");
     assert_eq!(zscore(c, &k.locks(), "L").await, Some(hb.deadline));
-    let (_, lost) = lock::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &hb.token, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![false]);
@@ -3077,7 +3079,7 @@ async fn a_full_reserve_acquire_finish_cycle_leaves_no_locket_keys_but_the_index
         mid.contains("counter:q2") && mid.contains("blocked:lock:Cycle:1"),
         "{mid:?}"
     );
-    let (_, lost) = lock::extend(c, &k, &ta, ls, Duration::from_millis(5000))
+    let (_, lost) = store::extend(c, &k, &ta, ls, Duration::from_millis(5000))
         .await
         .unwrap();
     assert_eq!(lost, vec![false]);
@@ -3089,7 +3091,7 @@ async fn a_full_reserve_acquire_finish_cycle_leaves_no_locket_keys_but_the_index
     let tb = random_hex(16);
     started(acquire(c, &sb, &rb, &tb, ls, o).await);
     assert!(finish(c, &sb, &rb, &tb, ls, Finish::Success).await);
-    assert_eq!(lock::purge_expired(c, &k, 100).await.unwrap(), 0);
+    assert_eq!(store::purge_expired(c, &k, 100).await.unwrap(), 0);
 
     let left = audit_locket_keys(c, "after the cycle").await;
     let allowed: BTreeSet<String> = set_of(["locks", "deps", "processes", "fence", "delayed"]);
@@ -3163,7 +3165,7 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     let queues = vec!["q".to_string()];
     let rid2 = random_hex(8);
     let (finished, next) =
-        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &rid2, &queues, false)
+        store::finish_and_reserve(c, &slot.r(), &req, &holds, &rid2, &queues, false)
             .await
             .expect("FINISH+RESERVE");
     let next = next.expect("RESERVE");
@@ -3186,7 +3188,7 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
 
     // The same call again, as after a lost reply: nothing is recorded twice, the slot is busy.
     let (finished, again) =
-        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
+        store::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
             .await
             .unwrap();
     let again = again.unwrap();
@@ -3214,7 +3216,7 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     );
     let req2 = finish_request(&second, "tok2", &locks2, &outcome);
     let (finished, next) =
-        lock::finish_and_reserve(c, &slot.r(), &req2, &holds, &random_hex(8), &queues, false)
+        store::finish_and_reserve(c, &slot.r(), &req2, &holds, &random_hex(8), &queues, false)
             .await
             .unwrap();
     let next = next.unwrap();
@@ -3250,7 +3252,7 @@ async fn a_reserve_that_raises_after_its_finish_leaves_the_finish_landed_and_cou
     let holds = NO_HOLDS;
     let queues = vec!["bad".to_string()];
     let (finished, next) =
-        lock::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
+        store::finish_and_reserve(c, &slot.r(), &req, &holds, &random_hex(8), &queues, false)
             .await
             .expect("the FINISH part landed");
     assert!(finished);
@@ -3273,7 +3275,7 @@ async fn a_reserve_that_raises_after_its_finish_leaves_the_finish_landed_and_cou
     assert!(!exists(c, &slot.inflight()).await);
 
     // RESERVE alone raises as before.
-    let res = lock::reserve(c, &slot.r(), &random_hex(8), &queues, false).await;
+    let res = store::reserve(c, &slot.r(), &random_hex(8), &queues, false).await;
     let err = res.expect_err("a queue key of the wrong type");
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
 }
@@ -3337,7 +3339,7 @@ async fn s6_a_return_that_cannot_push_keeps_the_reservation() {
     let r = reserve_job(c, &s, &["q"]).await;
     let _: () = rcmd!(c, "SET", k.queue("q"), "not a list");
     let before = snapshot(c).await;
-    let err = lock::return_to_queue(c, &s.r(), &r.rid, "q")
+    let err = store::return_to_queue(c, &s.r(), &r.rid, "q")
         .await
         .expect_err("the push to a string raised");
     assert!(err.to_string().contains("LOCKET_STORE"), "{err}");
@@ -3368,7 +3370,7 @@ async fn s6_promote_keeps_a_delayed_job_whose_queue_is_not_a_list() {
     .to_string();
     let _: () = rcmd!(c, "SET", k.queue("broken"), "not a list");
     let _: i64 = rcmd!(c, "ZADD", k.delayed(), 1, &bad, 1, &good);
-    let pushed = lock::promote_delayed(c, &k, 100, None)
+    let pushed = store::promote_delayed(c, &k, 100, None)
         .await
         .expect("PROMOTE passes over the bad member");
     assert_eq!(pushed, 1);
@@ -3396,7 +3398,7 @@ async fn s6_a_finish_that_cannot_record_releases_nothing() {
     let h = hold(c, "f6", std::slice::from_ref(&l), 20_000).await;
     // Two holds of "dep-6" by the job's digest: a release would take one.
     for _ in 0..2 {
-        lock::enqueue(
+        store::enqueue(
             c,
             &k,
             "other",
@@ -3413,14 +3415,14 @@ async fn s6_a_finish_that_cannot_record_releases_nothing() {
     let outcome = Finish::Failure("{\"exception\":\"E\"}".into());
     let req = finish_request(&h.res, &h.token, &h.locks, &outcome);
     let release = vec!["dep-6".to_string()];
-    let holds = lock::FinishHolds {
+    let holds = store::FinishHolds {
         class: "Holder",
         digest: "d6",
         release: &release,
         resent: false,
     };
     for _ in 0..3 {
-        let err = lock::finish_with(c, &h.slot.r(), &req, &holds)
+        let err = store::finish_with(c, &h.slot.r(), &req, &holds)
             .await
             .expect_err("the failure record could not be pushed");
         assert!(err.to_string().contains("LOCKET_STORE"), "{err}");
@@ -3453,7 +3455,7 @@ async fn s6_a_hold_name_with_ten_thousand_expired_fields_is_purged_in_chunks() {
         }
         let _: i64 = cmd.query_async(c).await.expect("HSET");
     }
-    lock::enqueue(
+    store::enqueue(
         c,
         &k,
         "q",
@@ -3480,7 +3482,7 @@ async fn s6_an_enqueue_that_cannot_push_adds_no_hold() {
     let _: () = rcmd!(c, "SET", k.queue("q"), "not a list");
     let before = snapshot(c).await;
     for _ in 0..2 {
-        let err = lock::enqueue(
+        let err = store::enqueue(
             c,
             &k,
             "q",

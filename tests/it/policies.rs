@@ -5,15 +5,17 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use locketd::lock::canonical::digest as payload_digest;
-use locketd::lock::{
-    self, AcquireOptions, AcquireOutcome, AcquireRequest, ConflictKind, FailureBackend, Finish,
-    FinishHolds, FinishRequest, LockSpec, Reserved, Settled, SlotRef,
-};
-use locketd::policy::{DelaySettings, Policy};
+use locketd::locks::canonical::digest as payload_digest;
+use locketd::locks::LockSpec;
+use locketd::locks::{DelaySettings, Policy};
+use locketd::resque::failure::FailureBackend;
 use locketd::resque::failure::{working_on, JobFailure};
 use locketd::resque::keys::Keys;
-use locketd::worker::random_hex;
+use locketd::store::random_hex;
+use locketd::store::{
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, ConflictKind, Finish, FinishHolds,
+    FinishRequest, Reserved, Settled, SlotRef,
+};
 use redis::aio::MultiplexedConnection as Conn;
 use serde_json::{json, Value};
 
@@ -107,7 +109,7 @@ impl Job {
             working_on: &working,
             lockinfo: &info,
         };
-        lock::acquire_with(c, &self.slot(), &req, Some(opts))
+        store::acquire_with(c, &self.slot(), &req, Some(opts))
             .await
             .expect("ACQUIRE")
     }
@@ -147,7 +149,7 @@ impl Job {
             release,
             resent,
         };
-        lock::finish_with(c, &self.slot(), &req, &holds)
+        store::finish_with(c, &self.slot(), &req, &holds)
             .await
             .expect("FINISH")
     }
@@ -183,7 +185,7 @@ pub(crate) async fn reserve_next(c: &mut Conn, slot: &str, queue: &str) -> Job {
         worker_id: &worker_id,
     };
     crate::lock::mark_alive(c, &slot_key).await;
-    match lock::reserve(c, &sref, &random_hex(8), &[queue.to_string()], false)
+    match store::reserve(c, &sref, &random_hex(8), &[queue.to_string()], false)
         .await
         .expect("RESERVE")
     {
@@ -538,7 +540,7 @@ async fn p4_due_delayed_jobs_are_promoted_to_the_tail_exactly_once() {
     ));
     let _: i64 = cmd(c, &["RPUSH", &k.queue("q"), "already-there"]).await;
     assert_eq!(
-        lock::promote_delayed(c, &k, 100, None).await.unwrap(),
+        store::promote_delayed(c, &k, 100, None).await.unwrap(),
         0,
         "nothing due yet"
     );
@@ -546,8 +548,8 @@ async fn p4_due_delayed_jobs_are_promoted_to_the_tail_exactly_once() {
     let mut c2 = server.conn().await;
     let k2 = k.clone();
     let (a, b) = tokio::join!(
-        lock::promote_delayed(c, &k, 100, None),
-        lock::promote_delayed(&mut c2, &k2, 100, None)
+        store::promote_delayed(c, &k, 100, None),
+        store::promote_delayed(&mut c2, &k2, 100, None)
     );
     assert_eq!(a.unwrap() + b.unwrap(), 5);
     let mut expect = vec!["already-there".to_string()];
@@ -744,7 +746,7 @@ async fn o3_events_are_counted_in_totals_and_per_minute_buckets() {
         j.acquire(c, &locks, &opts(Policy::Requeue)).await,
         AcquireOutcome::Started { .. }
     ));
-    let (_, lost) = lock::extend(c, &k, &j.token, &locks, Duration::from_secs(5))
+    let (_, lost) = store::extend(c, &k, &j.token, &locks, Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(lost, vec![false]);

@@ -9,12 +9,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use locketd::config::Config;
-use locketd::lock::{
-    self, AcquireRequest, FailureBackend, Finish, FinishRequest, LockSpec, Reserved, SlotRef,
-};
+use locketd::locks::LockSpec;
 use locketd::resque::failure::working_on;
+use locketd::resque::failure::FailureBackend;
 use locketd::resque::keys::Keys;
-use locketd::worker::{random_hex, recover_process, JanitorReport};
+use locketd::store::random_hex;
+use locketd::store::{self, AcquireRequest, Finish, FinishRequest, Reserved, SlotRef};
+use locketd::worker::{recover_process, JanitorReport};
 use redis::aio::MultiplexedConnection as Conn;
 
 use crate::support::RedisServer;
@@ -138,7 +139,7 @@ struct Prepared {
 
 async fn reserve(c: &mut Conn, k: &Keys) -> String {
     cmd(c, &["SET", &k.alive(PROCESS), "{}", "PX", "600000"]).await;
-    match lock::reserve(c, &slot(k), &random_hex(8), &["q".to_string()], false)
+    match store::reserve(c, &slot(k), &random_hex(8), &["q".to_string()], false)
         .await
         .expect("RESERVE")
     {
@@ -153,7 +154,7 @@ async fn acquire(
     rid: &str,
     token: &str,
     requeue: bool,
-) -> redis::RedisResult<lock::Acquired> {
+) -> redis::RedisResult<store::Acquired> {
     let locks = [LockSpec {
         id: "L".into(),
         limit: 1,
@@ -172,7 +173,7 @@ async fn acquire(
         working_on: &working,
         lockinfo: "{}",
     };
-    lock::acquire(c, &slot(k), &req).await
+    store::acquire(c, &slot(k), &req).await
 }
 
 /// Builds the state in which `step` writes (a job reserved, started, delayed or orphaned).
@@ -206,7 +207,7 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
             let rid = reserve(c, k).await;
             let token = random_hex(16);
             let a = acquire(c, k, &rid, &token, false).await.expect("ACQUIRE");
-            assert!(matches!(a, lock::Acquired::Started { .. }), "{a:?}");
+            assert!(matches!(a, store::Acquired::Started { .. }), "{a:?}");
             Prepared { rid, token }
         }
         Step::AcquireRequeue => {
@@ -240,14 +241,14 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
                 outcome: &outcome,
                 backend: FailureBackend::Redis,
             };
-            lock::finish(&mut c, &slot(&keys()), &req).await.map(drop)
+            store::finish(&mut c, &slot(&keys()), &req).await.map(drop)
         }
     };
     let r = match step {
-        Step::Return => lock::return_to_queue(c, &slot(k), &p.rid, "q")
+        Step::Return => store::return_to_queue(c, &slot(k), &p.rid, "q")
             .await
             .map(drop),
-        Step::Enqueue => lock::enqueue(
+        Step::Enqueue => store::enqueue(
             c,
             k,
             "q",
@@ -264,9 +265,9 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
         }
         Step::FinishRequeue => finish(Finish::Requeue).await,
         Step::AcquireRequeue => acquire(c, k, &p.rid, &p.token, true).await.map(|a| {
-            assert!(matches!(a, lock::Acquired::Conflict { .. }), "{a:?}");
+            assert!(matches!(a, store::Acquired::Conflict { .. }), "{a:?}");
         }),
-        Step::Promote => lock::promote_delayed(c, k, 100, None).await.map(drop),
+        Step::Promote => store::promote_delayed(c, k, 100, None).await.map(drop),
         Step::RecoverRunning | Step::RecoverReserved => {
             let _: redis::Value = redis::cmd("DEL")
                 .arg(k.alive(PROCESS))

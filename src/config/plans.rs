@@ -1,57 +1,17 @@
 //! Per-class locking plans (locking-semantics.md §3, §4, §6, §8): which locks a job takes and
 //! with what limit, what happens on a conflict, which dependency holds it places and waits for.
 //!
-//! The TOML shapes live here ([`LockSetting`], [`LockEntry`], [`HoldEntry`], [`Policy`]); the
+//! The TOML shapes live here ([`LockSetting`], [`LockEntry`], [`HoldEntry`]; the conflict
+//! [`Policy`] is the lock model's); the
 //! configuration is compiled once at start-up into [`Plans`] with every template parsed (T-7)
 //! and every C-1 check made, so a job only renders.
 
-use crate::config::{ClassConfig, Config, ConfigError, Secs};
-use crate::lock::template::{RenderError, RenderInput, Template, DEFAULT_TEMPLATE};
-use crate::lock::LockSpec;
+use super::{ClassConfig, Config, ConfigError, Secs};
+use crate::locks::template::{RenderError, RenderInput, Template, DEFAULT_TEMPLATE};
+use crate::locks::{DelaySettings, LockSpec, Policy};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::time::Duration;
-
-/// What happens to a job whose lock (or dependency) is taken (§6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Back to the tail of its queue, counted (P-1).
-    #[default]
-    Requeue,
-    /// Dropped on purpose, logged and counted, not a failure (P-2).
-    Discard,
-    /// Keep the reservation and retry for up to `wait_timeout` (P-3).
-    Wait,
-    /// Put aside with exponential backoff; the janitor promotes it back (P-4).
-    Delay,
-    /// Recorded as a `Locket::LockConflict` failure (P-5).
-    Fail,
-}
-
-impl Policy {
-    /// The word the ACQUIRE script takes as a fallback (`wait` keeps the job: `none`).
-    pub fn script_word(self) -> &'static str {
-        match self {
-            Policy::Requeue => "requeue",
-            Policy::Discard => "discard",
-            Policy::Wait => "none",
-            Policy::Delay => "delay",
-            Policy::Fail => "fail",
-        }
-    }
-
-    /// The config word.
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Requeue => "requeue",
-            Policy::Discard => "discard",
-            Policy::Wait => "wait",
-            Policy::Delay => "delay",
-            Policy::Fail => "fail",
-        }
-    }
-}
 
 /// `lock = false | true | "template"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -112,31 +72,6 @@ pub struct HoldEntry {
     /// `success` (default) or `completion`.
     #[serde(default)]
     pub release_on: ReleaseOn,
-}
-
-/// The `delay` policy's backoff (P-4).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DelaySettings {
-    /// First delay.
-    pub base: Duration,
-    /// Cap before jitter.
-    pub max: Duration,
-    /// Jitter fraction.
-    pub jitter: f64,
-    /// Delays before failing; 0 = unlimited.
-    pub max_delays: u32,
-}
-
-impl DelaySettings {
-    /// The delay before attempt `attempt` (1-based) with jitter draw `r` in `[0, jitter)`:
-    /// `min(base × 2^(attempt−1), max) × (1 + r)`. The ACQUIRE script computes the same from
-    /// the attempt number it reads in Redis; this is the reference the tests compare against.
-    pub fn delay(&self, attempt: u32, r: f64) -> Duration {
-        let exp = attempt.saturating_sub(1).min(40);
-        let raw = self.base.as_secs_f64() * 2f64.powi(exp as i32);
-        let capped = raw.min(self.max.as_secs_f64());
-        Duration::from_secs_f64(capped * (1.0 + r))
-    }
 }
 
 /// One hold of a class, template parsed.

@@ -5,24 +5,23 @@
 //! the script itself.
 
 pub mod batch;
-pub mod canonical;
+pub mod registry;
 pub mod scripts;
-pub mod template;
 
-use crate::policy::{DelaySettings, Policy};
+use crate::conn::evalsha;
+use crate::locks::{DelaySettings, LockSpec, Policy};
+use crate::resque::failure::FailureBackend;
 use crate::resque::keys::Keys;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisResult, Value};
 use scripts::scripts;
 use std::time::Duration;
 
-/// One lock a job needs: its rendered id and how many holders it may have.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockSpec {
-    /// The lock id (rendered key template, T-4/T-5).
-    pub id: String,
-    /// Most live holders (L-1), at least 1.
-    pub limit: u32,
+/// `n` random bytes as lowercase hex (OS CSPRNG via `rand`'s thread RNG, reseeded from the OS).
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut buf);
+    hex::encode(buf)
 }
 
 /// What RESERVE found.
@@ -192,32 +191,6 @@ fn reserve_args(
         .arg(slot.keys.queue(""));
     for q in queues {
         cmd.arg(q.as_str());
-    }
-}
-
-/// `EVALSHA <script> <numkeys> ...` with the keys and arguments `fill` writes, and, when the
-/// server does not know the script (a restart, SCRIPT FLUSH), one SCRIPT LOAD and a second
-/// try (S-1). Building the command directly spares the per-argument buffers of a
-/// `ScriptInvocation` on the job path.
-async fn evalsha<C, T>(
-    conn: &mut C,
-    script: &redis::Script,
-    numkeys: usize,
-    fill: impl FnOnce(&mut Cmd),
-) -> RedisResult<T>
-where
-    C: ConnectionLike + Send,
-    T: redis::FromRedisValue,
-{
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(numkeys);
-    fill(&mut cmd);
-    match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.prepare_invoke().load_async(conn).await?;
-            cmd.query_async(conn).await
-        }
-        other => other,
     }
 }
 
@@ -637,17 +610,6 @@ pub async fn extend<C: ConnectionLike + Send>(
     }
 }
 
-/// Where failure records go (resque-protocol.md §6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureBackend {
-    /// `RPUSH <ns>:failed` (Resque's default).
-    #[default]
-    Redis,
-    /// `RPUSH <ns>:<q>_failed` and `SADD <ns>:failed_queues <q>_failed`.
-    RedisMultiQueue,
-}
-
 /// Inputs of FINISH.
 #[derive(Debug, Clone)]
 pub struct FinishRequest<'a> {
@@ -963,26 +925,4 @@ pub async fn admin_release<C: ConnectionLike + Send>(
 /// Reads a value that scripts return as a status or bulk string.
 pub fn reply_text(v: &Value) -> String {
     text(v)
-}
-
-/// Whether Redis refused a call in a way that sending it again cannot change (E-3): a key of
-/// another type (`WRONGTYPE`, or a script's own `LOCKET_STORE` check), a full Redis (`OOM`), a
-/// Lua error, a reply of an unexpected shape. Such a call is reported once and not resent in a
-/// loop. Everything else (the connection, `LOADING`, `BUSY`, `READONLY`, `MASTERDOWN`,
-/// `TRYAGAIN`, `MISCONF`, `NOSCRIPT` before its EVAL fallback) is an outage, retried with backoff.
-pub fn is_refusal(e: &redis::RedisError) -> bool {
-    match e.code() {
-        None => matches!(
-            e.kind(),
-            redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
-        ),
-        Some(
-            "LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MISCONF"
-            | "NOSCRIPT" | "MOVED" | "ASK" | "NOREPLICAS" | "NOAUTH",
-        ) => false,
-        Some("ERR") => !e
-            .detail()
-            .is_some_and(|d| d.contains("max number of clients")),
-        Some(_) => true,
-    }
 }

@@ -4,7 +4,8 @@
 //! QUIT with `graceful_term` (INT never does, as in Resque); USR1 kills the running job and keeps working; USR2 pauses; CONT
 //! resumes. HUP is the master's (reload) and is only logged here.
 
-use crate::worker::Control;
+use super::Control;
+use crate::process::signal_name;
 use futures::StreamExt;
 use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook_tokio::Signals;
@@ -13,7 +14,7 @@ use tracing::{info, warn};
 /// Installs the handlers and returns the control they drive. Must be called inside a runtime.
 pub fn install(graceful_term: bool) -> std::io::Result<Control> {
     let control = Control::default();
-    if std::env::var(crate::master::PAUSED_ENV).is_ok_and(|v| v == "1") {
+    if std::env::var(crate::process::PAUSED_ENV).is_ok_and(|v| v == "1") {
         info!("starting paused: the master is paused (USR2); CONT resumes");
         control.set_paused(true);
     }
@@ -71,22 +72,5 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
         }
         SIGHUP => info!("HUP is handled by the master; ignored by a worker"),
         _ => {}
-    }
-}
-
-/// The name a log line gives a signal (`signal` field): `QUIT`, `TERM`, `USR2`, ... in the
-/// master's lines and the workers' alike.
-pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        SIGQUIT => "QUIT",
-        SIGTERM => "TERM",
-        SIGINT => "INT",
-        SIGUSR1 => "USR1",
-        SIGUSR2 => "USR2",
-        SIGCONT => "CONT",
-        SIGHUP => "HUP",
-        libc::SIGKILL => "KILL",
-        libc::SIGCHLD => "CHLD",
-        _ => "other",
     }
 }

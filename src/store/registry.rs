@@ -11,11 +11,11 @@
 //! ```
 
 use crate::host;
-use crate::lock::scripts::scripts;
-use crate::lock::FailureBackend;
+use crate::resque::failure::FailureBackend;
 use crate::resque::failure::JobFailure;
 use crate::resque::keys::Keys;
 use crate::resque::time;
+use crate::store::scripts::scripts;
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 use serde_json::value::RawValue;

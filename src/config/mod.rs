@@ -1,7 +1,7 @@
 //! The TOML configuration: defaults, parsing and the start-up check (locking-semantics.md §3,
 //! C-1, C-2). The commented example lives in `config/locketd.toml` and a test loads it.
 
-use crate::lock::FailureBackend;
+use crate::resque::failure::FailureBackend;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -9,38 +9,39 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod plans;
+
+/// The names `builtin` accepts.
+pub const BUILTIN_NAMES: &[&str] = &["noop", "probe", "sleep"];
+
+/// A built-in handler (`builtin = "<name>"`; the handlers themselves are
+/// `handler::builtin`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// Succeeds at once.
+    Noop,
+    /// Succeeds at once and logs the enqueue-to-start latency of jobs that carry one.
+    Probe,
+    /// Sleeps `args[0]` seconds.
+    Sleep,
+}
+
+impl Builtin {
+    /// The builtin called `name`, or `None` when there is none.
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        match name {
+            "noop" => Some(Builtin::Noop),
+            "probe" => Some(Builtin::Probe),
+            "sleep" => Some(Builtin::Sleep),
+            _ => None,
+        }
+    }
+}
+
 /// Where the daemon looks for its config when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/locketd/locketd.toml";
 
-/// A bad configuration: the message names the setting.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The TOML did not parse or had an unknown key or a bad value.
-    #[error("invalid config {path}: {message}")]
-    Parse {
-        /// The file (or `<inline>`).
-        path: String,
-        /// toml's message, with line and key.
-        message: String,
-    },
-    /// A value parsed but is not allowed.
-    #[error("invalid setting {setting}: {message}")]
-    Invalid {
-        /// Dotted name, e.g. `locket.heartbeat_interval`.
-        setting: String,
-        /// What is wrong.
-        message: String,
-    },
-}
+pub use crate::error::ConfigError;
 
 fn invalid(setting: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -369,7 +370,7 @@ pub struct ClassConfig {
     #[serde(default)]
     pub command: Option<Vec<String>>,
     /// A built-in in-process handler instead of a command: `"noop"`, `"probe"` or `"sleep"`
-    /// (see `crate::builtin`).
+    /// (see [`Builtin`]).
     #[serde(default)]
     pub builtin: Option<String>,
     /// Longest run of one job; then it is stopped and failed with `Locket::Timeout`.
@@ -435,7 +436,8 @@ pub struct ClassConfig {
     pub locked_by: Vec<String>,
 }
 
-pub use crate::policy::{HoldEntry, LockEntry, LockSetting, Policy};
+pub use crate::locks::Policy;
+pub use plans::{HoldEntry, LockEntry, LockSetting};
 
 fn default_redis() -> String {
     "redis://127.0.0.1:6379/0".to_string()
@@ -603,7 +605,7 @@ impl Config {
         if let Err(e) = redis::Client::open(self.redis.as_str()) {
             return Err(invalid(
                 "redis",
-                format!("bad Redis URL {}: {e}", crate::worker::redact(&self.redis)),
+                format!("bad Redis URL {}: {e}", crate::conn::redact(&self.redis)),
             ));
         }
         if self.redis.ends_with("#insecure") {
@@ -718,12 +720,12 @@ impl Config {
                         "give either `command` or `builtin`, not both",
                     ));
                 }
-                if crate::builtin::Builtin::from_name(b).is_none() {
+                if Builtin::from_name(b).is_none() {
                     return Err(invalid(
                         &format!("{setting}.builtin"),
                         format!(
                             "unknown builtin {b:?} (known: {})",
-                            crate::builtin::NAMES.join(", ")
+                            BUILTIN_NAMES.join(", ")
                         ),
                     ));
                 }
@@ -746,7 +748,7 @@ impl Config {
                 }
             }
         }
-        crate::policy::Plans::compile(self)?;
+        plans::Plans::compile(self)?;
         if self.classes.is_empty() {
             warnings.push(
                 "no [classes] configured: every job fails unless an in-process handler is registered"

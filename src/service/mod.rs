@@ -4,13 +4,15 @@
 //! - sd_notify ([`crate::notify`]): `READY=1` at start, `STATUS=` lines, `WATCHDOG=1` from a
 //!   health loop (Redis answers `PING` and `workers_alive()`), `STOPPING=1` when `stopping`
 //!   fires;
-//! - `/metrics` ([`crate::metrics::http`]) when `metrics` is configured.
+//! - `/metrics` ([`http`]) when `metrics` is configured.
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::metrics::http::{self, SharedSource, Source};
+pub mod http;
+
 use crate::metrics::Aggregate;
 use crate::notify::{self, Notifier};
+use http::{SharedSource, Source};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -80,7 +82,7 @@ where
     S: FnMut() -> String + Send + 'static,
     W: Fn() -> bool + Send + Sync + 'static,
 {
-    let conn = crate::worker::connect(&config.redis, config.redis_connect_timeout.get()).await?;
+    let conn = crate::conn::connect(&config.redis, config.redis_connect_timeout.get()).await?;
     let source: SharedSource = Arc::new(RwLock::new(Arc::new(Source {
         conn,
         config: config.clone(),
@@ -148,7 +150,7 @@ impl Sidecars {
                 .redis_connect_timeout
                 .get()
                 .min(Duration::from_secs(5));
-            crate::worker::connect(&config.redis, wait).await?
+            crate::conn::connect(&config.redis, wait).await?
         };
         if config.metrics != self.metrics.as_ref().map(|m| m.listen.clone()) {
             self.move_endpoint(config.metrics.as_deref()).await?;

@@ -10,39 +10,14 @@
 //! - `sleep`: sleeps for its first argument in seconds (a number, default 1), and returns as
 //!   soon as the job is asked to stop.
 
-use crate::handler::{Handler, HandlerResult, JobContext};
+use super::{Handler, HandlerResult, JobContext};
+pub use crate::config::{Builtin, BUILTIN_NAMES as NAMES};
 use futures::future::BoxFuture;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
-/// The names `builtin` accepts.
-pub const NAMES: &[&str] = &["noop", "probe", "sleep"];
-
 /// Longest `sleep` a job can ask for (a day); longer values are capped.
 const MAX_SLEEP: Duration = Duration::from_secs(86_400);
-
-/// A built-in handler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Builtin {
-    /// Succeeds at once.
-    Noop,
-    /// Succeeds at once and logs the enqueue-to-start latency of jobs that carry one.
-    Probe,
-    /// Sleeps `args[0]` seconds.
-    Sleep,
-}
-
-impl Builtin {
-    /// The builtin called `name`, or `None` when there is none.
-    pub fn from_name(name: &str) -> Option<Builtin> {
-        match name {
-            "noop" => Some(Builtin::Noop),
-            "probe" => Some(Builtin::Probe),
-            "sleep" => Some(Builtin::Sleep),
-            _ => None,
-        }
-    }
-}
 
 fn now_us() -> u64 {
     SystemTime::now()

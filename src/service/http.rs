@@ -6,8 +6,8 @@
 //! and at most [`MAX_QUEUES`] queues: queue lengths and lock counters of the configured queues,
 //! locks held, failures listed, Resque's processed/failed totals and registered workers.
 
-use super::{Aggregate, Snapshot, CONFLICT_ACTIONS};
 use crate::config::Config;
+use crate::metrics::{Aggregate, JobCounts, Snapshot, CONFLICT_ACTIONS};
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
 use prometheus_client::collector::Collector;
@@ -192,7 +192,7 @@ fn as_i64(v: u64) -> i64 {
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let s = &self.jobs;
-        let per_job = |f: &dyn Fn(&super::JobCounts) -> u64| -> Vec<(Labels, u64)> {
+        let per_job = |f: &dyn Fn(&JobCounts) -> u64| -> Vec<(Labels, u64)> {
             s.jobs
                 .iter()
                 .map(|j| (l(&[("queue", &j.queue), ("class", &j.class)]), f(j)))
@@ -377,7 +377,7 @@ pub fn render(jobs: Snapshot, redis: RedisGauges) -> String {
 }
 
 /// What `/metrics` reads Redis with and for: the running config and a connection to its Redis.
-/// The master replaces it on HUP ([`crate::service::Sidecars::reload`]), so the gauges follow
+/// The master replaces it on HUP ([`super::Sidecars::reload`]), so the gauges follow
 /// the new queues, namespace and server without a restart.
 #[derive(Debug)]
 pub struct Source {
