@@ -1,0 +1,679 @@
+//! One reserved job's path, a function per step of README's "How it works": decode and plan,
+//! ACQUIRE (with the conflict path and lock waits), run under supervision, and the end handed
+//! to FINISH (`finish.rs`).
+
+use super::epoch_secs;
+use super::retry::{retry, sleep_unless_stopped, GaveUp};
+use super::run::{self, RunEnd};
+use super::{Control, StopReason, Worker};
+use crate::config::plans::{ClassPlan, Plans, RenderedPlan};
+use crate::config::OnLockLost;
+use crate::handler::{Handler, HandlerResult, JobContext};
+use crate::locks::canonical;
+use crate::locks::template::RenderInput;
+use crate::locks::LockSpec;
+use crate::locks::Policy;
+use crate::resque::failure::{self, JobFailure};
+use crate::resque::payload::Job;
+use crate::store::random_hex;
+use crate::store::{
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+impl Worker {
+    /// whether jobs reserved from this queue take their class's execution locks
+    /// (`lock_queues`); whether the class has any is its plan's business.
+    pub(super) fn is_locked(&self, job: &Job) -> bool {
+        match &self.lock_queues {
+            None => true,
+            Some(spec) => {
+                if spec.is_dynamic() {
+                    spec.patterns()
+                        .iter()
+                        .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
+                        && !spec
+                            .skips()
+                            .iter()
+                            .any(|p| crate::resque::patterns::fnmatch(p, &job.queue))
+                } else {
+                    spec.patterns().iter().any(|p| p == &job.queue)
+                }
+            }
+        }
+    }
+
+    /// Runs one reserved job to its end, a step per function (README "How it works"): plan,
+    /// ACQUIRE, run, FINISH. Returns a stop reason when the worker must stop.
+    pub(super) async fn process(
+        &mut self,
+        queue: String,
+        payload: Vec<u8>,
+        rid: String,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Option<StopReason> {
+        let started = Instant::now();
+        let p = match self.plan_job(queue, payload, rid, started) {
+            Ok(p) => p,
+            Err(u) => {
+                return self
+                    .fail_unstarted(&u.rid, &u.queue, &u.raw, &u.class, u.failure, started)
+                    .await
+            }
+        };
+        if control.stopping() {
+            // shutting down before the job started: it goes back to the head of its queue.
+            self.return_job(&p.rid, &p.queue).await;
+            return Some(StopReason::Shutdown);
+        }
+        let (fences, sent_at) = match self.acquire(&p, control, dead).await {
+            Acquire::Started { fences, sent_at } => (fences, sent_at),
+            Acquire::Ended(stop) => return stop,
+        };
+        let (end, on_lost) = self.run_job(&p, fences, sent_at, control, dead).await;
+        self.end_job(&p, end, on_lost, dead).await
+    }
+
+    /// Decode, handler and lock plan (T-*): a job that cannot start is failed as it is, never
+    /// run unlocked and never dropped (E-1, E-2).
+    fn plan_job(
+        &self,
+        queue: String,
+        payload: Vec<u8>,
+        rid: String,
+        started: Instant,
+    ) -> Result<Planned, Box<Unstarted>> {
+        let job = match Job::decode(&payload, &queue, self.config.max_payload_bytes) {
+            Ok(job) => job,
+            Err(e) => {
+                let raw = String::from_utf8_lossy(&payload).into_owned();
+                warn!(queue = %queue, error = %e, "bad payload recorded as failed");
+                let failure = JobFailure::new("Locket::BadPayload", e.to_string());
+                let class = "?".to_string();
+                return Err(Box::new(Unstarted {
+                    rid,
+                    queue,
+                    raw,
+                    class,
+                    failure,
+                }));
+            }
+        };
+        let unstarted = |job: &Job, failure| Unstarted {
+            rid: rid.clone(),
+            queue: queue.clone(),
+            raw: job.raw.clone(),
+            class: job.class.clone(),
+            failure,
+        };
+        let Some(handler) = self.handlers.get(&job.class) else {
+            let f = JobFailure::new(
+                "NameError",
+                format!(
+                    "uninitialized constant {} (locketd has no handler for class {:?})",
+                    job.class, job.class
+                ),
+            );
+            warn!(queue = %queue, class = %job.class, "no handler for class");
+            return Err(Box::new(unstarted(&job, f)));
+        };
+        let digest = canonical::digest(&job.class, &job.args);
+        let plans = self.plans.clone();
+        let input = RenderInput {
+            class: &job.class,
+            queue: &queue,
+            digest: &digest,
+            args: &job.args,
+        };
+        let rendered = match plans.get(&job.class).render(&input, self.is_locked(&job)) {
+            Ok(r) => r,
+            Err(e) => {
+                // T-6, E-2: never run unlocked, never dropped.
+                warn!(queue = %queue, class = %job.class, error = %e, "lock key cannot be rendered; job failed");
+                let f = JobFailure::new("Locket::BadLockKey", e.to_string());
+                return Err(Box::new(unstarted(&job, f)));
+            }
+        };
+        let token = if rendered.locks.is_empty() {
+            String::new()
+        } else {
+            random_hex(16)
+        };
+        Ok(Planned {
+            rid,
+            queue,
+            job,
+            handler,
+            started,
+            digest,
+            plans,
+            rendered,
+            token,
+        })
+    }
+
+    /// What a conflict can lead to for this job (§6), worked out once before ACQUIRE.
+    fn conflict_setup(&self, p: &Planned) -> ConflictSetup {
+        let (plan, rendered) = (p.plan(), &p.rendered);
+        // The plain path (requeue policy, no holds, no fencing) sends no options at all.
+        let plain = plan.on_conflict == Policy::Requeue
+            && !plan.has_dependencies()
+            && !plan.fencing
+            && rendered
+                .lock_sources
+                .iter()
+                .zip(&rendered.locks)
+                .all(|(s, l)| *s == l.id);
+        // The policies this job can meet: the dependency policy only with locked_by, the lock
+        // policy only with locks, wait_then only after a wait.
+        let mut policies = Vec::with_capacity(3);
+        if !rendered.locks.is_empty() {
+            policies.push(plan.on_conflict);
+        }
+        if !rendered.locked_by.is_empty() {
+            policies.push(plan.on_dependency_conflict);
+        }
+        let waits = policies.contains(&Policy::Wait);
+        if waits {
+            policies.push(plan.wait_then);
+        }
+        let delay_possible = policies.contains(&Policy::Delay);
+        let failure_record =
+            if policies.contains(&Policy::Fail) || (delay_possible && plan.delay.max_delays > 0) {
+                Some(
+                    JobFailure::new("Locket::LockConflict", "__LOCKET_CONFLICT__").record(
+                        &p.job.raw,
+                        &self.id.worker_id,
+                        &p.queue,
+                        SystemTime::now(),
+                    ),
+                )
+            } else {
+                None
+            };
+        let jitter: f64 = if plan.delay.jitter > 0.0 {
+            rand::random::<f64>() * plan.delay.jitter
+        } else {
+            0.0
+        };
+        ConflictSetup {
+            plain,
+            waits,
+            delay_possible,
+            failure_record,
+            jitter,
+        }
+    }
+
+    /// ACQUIRE's options for this job (A-6..A-9, §6), borrowed from its plan.
+    fn acquire_options<'p>(&self, p: &'p Planned, setup: &'p ConflictSetup) -> AcquireOptions<'p> {
+        let plan = p.plan();
+        AcquireOptions {
+            on_lock_conflict: plan.on_conflict,
+            on_dep_conflict: plan.on_dependency_conflict,
+            locked_by: &p.rendered.locked_by,
+            enqueue_holds: &p.rendered.enqueue_holds,
+            start_holds: &p.rendered.start_holds,
+            hold_ttl: plan.hold_ttl,
+            fencing: plan.fencing,
+            sources: &p.rendered.lock_sources,
+            delay: setup.delay_possible.then_some((plan.delay, setup.jitter)),
+            failure_record: setup.failure_record.as_deref(),
+            backend: self.config.failure_backend,
+            last_wait: false,
+        }
+    }
+
+    /// The holder metadata stored with the job's locks (`lockinfo`, shown by `locketd locks`).
+    fn lockinfo(&self, p: &Planned) -> String {
+        serde_json::json!({
+            "process": self.id.process_id,
+            "slot": self.id.slot,
+            "resque_worker": self.id.worker_id,
+            "queue": p.queue,
+            "class": p.job.class,
+            "digest": p.digest,
+        })
+        .to_string()
+    }
+
+    /// ACQUIRE (+START, A-6..A-9), and P-3's bounded wait while the lock is taken.
+    async fn acquire(
+        &mut self,
+        p: &Planned,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Acquire {
+        let plan = p.plan();
+        let setup = self.conflict_setup(p);
+        let mut opts = self.acquire_options(p, &setup);
+        let lockinfo = self.lockinfo(p);
+        let wait_until = Instant::now() + plan.wait_timeout;
+        let mut pause = Duration::from_millis(50);
+        let mut waiting = false;
+        loop {
+            let sent_at = Instant::now();
+            let o = (!setup.plain).then_some(&opts);
+            let acquired = match self.acquire_once(p, o, &lockinfo, control).await {
+                Ok(a) => a,
+                Err(why) => {
+                    // E-3: ACQUIRE changed nothing (S-6) and sending it again would be refused
+                    // again: the job is failed where Resque users look, retryable once the
+                    // operator has mended the key the error names.
+                    let f = JobFailure::new(
+                        "Locket::StoreError",
+                        format!("Redis refused the job's lock step (ACQUIRE): {why}"),
+                    );
+                    let (rid, queue, raw, class) = (&p.rid, &p.queue, &p.job.raw, &p.job.class);
+                    let stop = self.fail_unstarted(rid, queue, raw, class, f, p.started);
+                    return Acquire::Ended(stop.await);
+                }
+            };
+            // P-3: still reserved, so wait (bounded) and try again; the last try settles the
+            // job by `wait_then` in the same script as the check.
+            let unsettled = matches!(
+                acquired,
+                Some(AcquireOutcome::Conflict {
+                    action: Settled::None,
+                    ..
+                })
+            );
+            if !(setup.waits && !opts.last_wait && unsettled) {
+                return self
+                    .settle(p, acquired, sent_at, opts.last_wait, waiting, dead)
+                    .await;
+            }
+            if !waiting {
+                // The job starts waiting (O-1's `wait` action); how the wait ends is counted
+                // too, when it is settled.
+                waiting = true;
+                self.metrics.lock_conflict("wait");
+            }
+            let now = Instant::now();
+            if now >= wait_until {
+                if opts.on_lock_conflict == Policy::Wait {
+                    opts.on_lock_conflict = plan.wait_then;
+                }
+                if opts.on_dep_conflict == Policy::Wait {
+                    opts.on_dep_conflict = plan.wait_then;
+                }
+                opts.last_wait = true;
+                continue;
+            }
+            let nap = pause.min(wait_until - now);
+            // A pause (USR2) only stops new reservations: a job already waiting on its lock
+            // keeps waiting (P-3); QUIT, TERM and presumed death end the wait.
+            if !sleep_unless_stopped(nap, control, dead).await {
+                // a waiting job goes back to the head of its queue (rid-checked).
+                self.return_job(&p.rid, &p.queue).await;
+                return Acquire::Ended(Some(if dead.is_cancelled() {
+                    StopReason::PresumedDead
+                } else {
+                    StopReason::Shutdown
+                }));
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// One ACQUIRE, resent while Redis is away (E-3). `Ok(None)`: Redis stayed away until the
+    /// worker was told to stop; `Err`: Redis refused it (the refusal's text).
+    async fn acquire_once(
+        &mut self,
+        p: &Planned,
+        opts: Option<&AcquireOptions<'_>>,
+        lockinfo: &str,
+        control: &Control,
+    ) -> Result<Option<AcquireOutcome>, String> {
+        let lt = &self.config.locket;
+        // Resque's run_at is when the job starts: taken per attempt, so that a lock wait
+        // before it is not shown as time spent working.
+        let working_on = failure::working_on(&p.job.raw, &p.queue, SystemTime::now());
+        let req = AcquireRequest {
+            rid: &p.rid,
+            token: &p.token,
+            queue: &p.queue,
+            class: &p.job.class,
+            digest: &p.digest,
+            locks: &p.rendered.locks,
+            lock_ttl: lt.lock_ttl.get(),
+            counter_ttl: lt.counter_ttl.get(),
+            requeue_on_conflict: true,
+            working_on: &working_on,
+            lockinfo,
+        };
+        let slot = self.slot();
+        let acquired = retry(&mut self.conn.clone(), "acquire", control, |mut c| {
+            let (slot, req, o) = (slot.clone(), req.clone(), opts.cloned());
+            async move { store::acquire_with(&mut c, &slot, &req, o.as_ref()).await }
+        })
+        .await;
+        match acquired {
+            Ok(a) => Ok(Some(a)),
+            Err(GaveUp::Away) => Ok(None),
+            Err(GaveUp::Refused(why)) => Err(why),
+        }
+    }
+
+    /// What ACQUIRE's answer means for the job: it started, or its path ends here (the
+    /// conflict path: requeued, discarded, delayed or failed by the script, O-1 logged).
+    async fn settle(
+        &mut self,
+        p: &Planned,
+        acquired: Option<AcquireOutcome>,
+        sent_at: Instant,
+        last_wait: bool,
+        waiting: bool,
+        dead: &CancellationToken,
+    ) -> Acquire {
+        let (queue, class) = (&p.queue, &p.job.class);
+        match acquired {
+            // Redis stayed away until we were told to stop: the reservation stays in the
+            // inflight record for recovery (E-3).
+            None => Acquire::Ended(Some(StopReason::Shutdown)),
+            Some(AcquireOutcome::Started { fences, .. }) => Acquire::Started { fences, sent_at },
+            Some(AcquireOutcome::Conflict { action, conflicts }) => {
+                if last_wait {
+                    let plan = p.plan();
+                    info!(queue = %queue, class = %class, digest = %&p.digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
+                }
+                self.log_conflict(class, queue, &p.digest, &action, &conflicts, waiting);
+                if action == Settled::None {
+                    // Not settled (a wait interrupted): back to the head, where it was.
+                    self.return_job(&p.rid, queue).await;
+                }
+                Acquire::Ended(None)
+            }
+            Some(AcquireOutcome::Dead) => {
+                // nothing was started; the reservation stays for recovery.
+                error!(queue = %queue, class = %class, process = %self.id.process_id, "process lease gone: presumed dead, the job is left reserved for recovery");
+                dead.cancel();
+                Acquire::Ended(Some(StopReason::PresumedDead))
+            }
+            Some(AcquireOutcome::Missing) => {
+                error!(queue = %queue, class = %class, "reservation was recovered elsewhere before it started");
+                Acquire::Ended(None)
+            }
+        }
+    }
+
+    /// Runs the started job through its handler under supervision (A-10..A-12, L-9).
+    async fn run_job(
+        &mut self,
+        p: &Planned,
+        fences: Vec<u64>,
+        sent_at: Instant,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> (RunEnd, OnLockLost) {
+        let (queue, class) = (&p.queue, &p.job.class);
+        self.title(&format!(
+            "Processing {queue} since {} [{class}]",
+            epoch_secs()
+        ));
+        info!(queue = %queue, class = %class, worker = %self.id.worker_id, "job started");
+        self.metrics.job_started(queue, class);
+        // Its own table, else the "*" fallback (as for its handler and lock plan).
+        let class_cfg = self
+            .config
+            .classes
+            .get(class)
+            .or_else(|| self.config.classes.get("*"))
+            .cloned()
+            .unwrap_or_default();
+        let ctx = JobContext {
+            class: class.clone(),
+            queue: queue.clone(),
+            payload: p.job.raw.clone(),
+            args: p.job.args.clone(),
+            args_raw: p.job.args_raw.clone(),
+            worker: self.id.worker_id.clone(),
+            lock_keys: p.rendered.locks.iter().map(|l| l.id.clone()).collect(),
+            lock_token: p.token.clone(),
+            lock_fences: fences,
+            watch: crate::watchdog::Watch::default(),
+        };
+        let lt = &self.config.locket;
+        let on_lost = class_cfg.on_lock_lost.unwrap_or(lt.on_lock_lost);
+        let sup = run::Supervision {
+            conn: self.conn.manager().clone(),
+            keys: self.keys.clone(),
+            token: p.token.clone(),
+            locks: p.rendered.locks.clone(),
+            lock_ttl: lt.lock_ttl.get(),
+            heartbeat_interval: lt.heartbeat_interval.get(),
+            sent_at,
+            max_runtime: class_cfg.timeout.map(|t| t.get()),
+            kill_grace: class_cfg.kill_grace.unwrap_or(lt.kill_grace).get(),
+            shutdown_timeout: lt.shutdown_timeout.get(),
+            term_timeout: self.config.term_timeout.get(),
+            on_lock_lost: on_lost,
+        };
+        let end = sup.run(p.handler.clone(), ctx, control, dead).await;
+        (end, on_lost)
+    }
+
+    /// The run's end handed to FINISH: a lost lock with `on_lock_lost = "requeue"` goes back to
+    /// its queue; every other end is recorded as Resque records it.
+    async fn end_job(
+        &mut self,
+        p: &Planned,
+        end: RunEnd,
+        on_lost: OnLockLost,
+        dead: &CancellationToken,
+    ) -> Option<StopReason> {
+        let (queue, class, locks, token) = (&p.queue, &p.job.class, &p.rendered.locks, &p.token);
+        if matches!(end, RunEnd::LockLost) {
+            self.metrics.lock_lost();
+            error!(queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
+            if on_lost == OnLockLost::Requeue {
+                let release = p.rendered.releases(false);
+                let holds = FinishHolds {
+                    class,
+                    digest: &p.digest,
+                    release: &release,
+                    resent: false,
+                };
+                return self
+                    .finish_outcome(
+                        &p.rid,
+                        queue,
+                        token,
+                        locks,
+                        Finish::Requeue,
+                        class,
+                        p.started,
+                        "requeued",
+                        &holds,
+                    )
+                    .await;
+            }
+        }
+        let result = result_of(end, locks);
+        let stop = self
+            .finish_job(
+                &p.rid,
+                queue,
+                token,
+                locks,
+                &p.job.raw,
+                result,
+                class,
+                p.started,
+                Some((&p.digest, &p.rendered)),
+            )
+            .await;
+        if dead.is_cancelled() {
+            return Some(StopReason::PresumedDead);
+        }
+        stop
+    }
+
+    /// Records a reserved job that never ran (bad payload, no handler, bad lock key) as failed:
+    /// no lock, no token, nothing to release.
+    pub(super) async fn fail_unstarted(
+        &mut self,
+        rid: &str,
+        queue: &str,
+        payload: &str,
+        class: &str,
+        failure: JobFailure,
+        started: Instant,
+    ) -> Option<StopReason> {
+        self.finish_job(
+            rid,
+            queue,
+            "",
+            &[],
+            payload,
+            Err(failure),
+            class,
+            started,
+            None,
+        )
+        .await
+    }
+
+    /// Logs a conflict the way O-1 says: requeues at debug, discards, delays and wait
+    /// timeouts at info, conflict failures at warn.
+    pub(super) fn log_conflict(
+        &self,
+        class: &str,
+        queue: &str,
+        digest: &str,
+        action: &Settled,
+        conflicts: &[store::Conflict],
+        counted_wait: bool,
+    ) {
+        let resources: Vec<String> = conflicts
+            .iter()
+            .map(|c| format!("{}:{} ({}/{})", c.kind.word(), c.id, c.holders, c.limit))
+            .collect();
+        let lock_id = conflicts.first().map(|c| c.id.as_str()).unwrap_or("");
+        let digest = &digest[..12.min(digest.len())];
+        let counted = match action {
+            Settled::None if counted_wait => None,
+            Settled::None => Some("wait"),
+            Settled::Requeued => Some("requeue"),
+            Settled::Discarded => Some("discard"),
+            Settled::Delayed { .. } => Some("delay"),
+            Settled::Failed { .. } => Some("fail"),
+        };
+        if let Some(action) = counted {
+            self.metrics.lock_conflict(action);
+        }
+        match action {
+            Settled::Requeued | Settled::None => {
+                debug!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
+            }
+            Settled::Discarded => {
+                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, "lock conflict: job discarded")
+            }
+            Settled::Delayed { due_ms, attempt } => {
+                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, due_ms, "lock conflict: job delayed")
+            }
+            Settled::Failed { attempt } => {
+                warn!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, "lock conflict: job failed as Locket::LockConflict")
+            }
+        }
+    }
+}
+
+/// A reserved job, decoded and planned: what every later step of its path needs.
+struct Planned {
+    rid: String,
+    queue: String,
+    job: Job,
+    handler: Arc<dyn Handler>,
+    /// When it was reserved (for the job's duration).
+    started: Instant,
+    /// The payload digest (holds, lockinfo).
+    digest: String,
+    plans: Arc<Plans>,
+    rendered: RenderedPlan,
+    /// The attempt's lock token (L-3); empty without locks.
+    token: String,
+}
+
+impl Planned {
+    fn plan(&self) -> &ClassPlan {
+        self.plans.get(&self.job.class)
+    }
+}
+
+/// A reserved job that cannot start, to be failed as it is.
+struct Unstarted {
+    rid: String,
+    queue: String,
+    /// The payload as text (lossy when it was not UTF-8).
+    raw: String,
+    class: String,
+    failure: JobFailure,
+}
+
+/// What a conflict can lead to for one job.
+struct ConflictSetup {
+    /// Requeue policy, no holds, no fencing: ACQUIRE is sent without options.
+    plain: bool,
+    /// A `wait` policy applies (P-3).
+    waits: bool,
+    /// A `delay` policy applies (P-4).
+    delay_possible: bool,
+    /// The failure record a `fail` (or an exhausted `delay`) pushes, prepared in advance.
+    failure_record: Option<String>,
+    /// This attempt's jitter draw for `delay`.
+    jitter: f64,
+}
+
+/// How ACQUIRE ended for the job's path.
+enum Acquire {
+    /// The job started: its fencing numbers, and when the ACQUIRE that started it was sent
+    /// (L-9's `t`).
+    Started { fences: Vec<u64>, sent_at: Instant },
+    /// The path ends here (a conflict settled, the job returned or failed); `Some` when the
+    /// worker must stop.
+    Ended(Option<StopReason>),
+}
+
+/// The job's result as Resque records it, for each way a supervised run ends.
+fn result_of(end: RunEnd, locks: &[LockSpec]) -> HandlerResult {
+    match end {
+        RunEnd::Finished(r) => r,
+        RunEnd::LockLost => Err(JobFailure::new(
+            "Locket::LockLost",
+            format!(
+                "lost the job lock {} while the job ran; it was stopped",
+                locks.first().map(|l| l.id.as_str()).unwrap_or("")
+            ),
+        )),
+        RunEnd::TimedOut(limit) => Err(JobFailure::new(
+            "Locket::Timeout",
+            format!(
+                "job ran longer than its timeout of {}s and was stopped",
+                limit.as_secs_f64()
+            ),
+        )),
+        RunEnd::Terminated { killed: false } => {
+            Err(JobFailure::new("Resque::TermException", "SIGTERM"))
+        }
+        RunEnd::Terminated { killed: true } => Err(JobFailure::new(
+            "Resque::DirtyExit",
+            "Child process received unhandled signal SIGKILL (signal 9): stopped by a shutdown",
+        )
+        .dirty()),
+        RunEnd::KilledByUsr1 => Err(JobFailure::new(
+            "Resque::DirtyExit",
+            "Child process received unhandled signal SIGKILL (signal 9): killed by USR1",
+        )
+        .dirty()),
+        RunEnd::PresumedDead => Err(JobFailure::new(
+            "Resque::DirtyExit",
+            "locketd process was presumed dead and stopped the job",
+        )
+        .dirty()),
+    }
+}

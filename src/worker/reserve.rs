@@ -1,0 +1,219 @@
+//! The first step of a job's path: RESERVE in the worker's loop, fused with the last
+//! job's FINISH when one is pending; and what the loop does when nothing was reserved (the
+//! idle wait, a pause, a parked slot, presumed death).
+
+use super::retry::{sleep_or_stop, wait_unpaused};
+use super::{Control, StopReason, Worker};
+use crate::store::random_hex;
+use crate::store::{self, Reserved};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+impl Worker {
+    pub(super) async fn work_loop(
+        &mut self,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> StopReason {
+        let interval = self.config.interval.get();
+        let waiting = format!("Waiting for {}", self.spec.id_part());
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if dead.is_cancelled() {
+                return StopReason::PresumedDead;
+            }
+            if control.stopping() {
+                return StopReason::Shutdown;
+            }
+            if control.is_paused() {
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
+                self.title("Paused");
+                info!("paused (USR2): reserving nothing until CONT");
+                wait_unpaused(control, dead).await;
+                if !control.is_paused() {
+                    info!("resumed (CONT)");
+                }
+                continue;
+            }
+            if let Some(until) = self.pending.as_ref().and_then(|p| p.parked_until) {
+                self.title("Parked: Redis refused the end of its last job (see the log)");
+                let now = Instant::now();
+                if now < until && !sleep_or_stop(until - now, control, dead).await {
+                    continue;
+                }
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
+                continue;
+            }
+            let queues = match self.expand_queues().await {
+                Ok(q) => q,
+                Err(e) => {
+                    self.redis_error("queues", &e);
+                    sleep_or_stop(backoff, control, dead).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let rid = random_hex(8);
+            let clear = self.config.locket.clear_counters_when_idle;
+            let reserved = if queues.is_empty() {
+                if let Some(r) = self.flush_pending().await {
+                    return r;
+                }
+                Ok(Reserved::Nothing {
+                    skipped: vec![],
+                    unreadable: vec![],
+                })
+            } else if let Some(mut p) = self.pending.take() {
+                // The last job's FINISH and this RESERVE in one round trip.
+                let slot = self.slot();
+                let fused = store::finish_and_reserve(
+                    &mut self.conn.clone(),
+                    &slot,
+                    &p.request(self.config.failure_backend),
+                    &p.holds(),
+                    &rid,
+                    &queues,
+                    clear,
+                )
+                .await;
+                match fused {
+                    // The FINISH landed; a RESERVE error is handled below like any other.
+                    Ok((finished, reserved)) => {
+                        self.report_finish(&p, Some(finished), p.tried);
+                        reserved
+                    }
+                    Err(e) if crate::conn::is_refusal(&e) => {
+                        // Refused before any write (S-6): not a resend. Flushed on its own,
+                        // which logs it once and parks the slot.
+                        self.pending = Some(p);
+                        if let Some(r) = self.flush_pending().await {
+                            return r;
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        p.tried = true;
+                        self.pending = Some(p);
+                        Err(e)
+                    }
+                }
+            } else {
+                let slot = self.slot();
+                store::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
+            };
+            match reserved {
+                Err(e) => {
+                    self.redis_error("reserve", &e);
+                    sleep_or_stop(backoff, control, dead).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Ok(Reserved::Job {
+                    queue,
+                    payload,
+                    rid,
+                }) => {
+                    self.redis_ok();
+                    backoff = Duration::from_millis(100);
+                    if let Some(reason) = self.process(queue, payload, rid, control, dead).await {
+                        return reason;
+                    }
+                    self.title(&waiting);
+                }
+                Ok(Reserved::Nothing {
+                    skipped,
+                    unreadable,
+                }) => {
+                    self.redis_ok();
+                    self.title(&waiting);
+                    self.metrics.queues_skipped(&skipped);
+                    if !skipped.is_empty() {
+                        debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
+                    }
+                    for q in &unreadable {
+                        if self.unreadable_warned.insert(q.clone()) {
+                            warn!(queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
+                        }
+                    }
+                    if interval.is_zero() {
+                        return StopReason::Drained;
+                    }
+                    // The highest-priority queue that was empty (not merely skipped).
+                    let empty = queues
+                        .iter()
+                        .find(|q| !skipped.contains(q) && !unreadable.contains(q));
+                    let key = empty.map(|q| self.keys.queue(q));
+                    let mut paused = control.paused.subscribe();
+                    let stop = async {
+                        tokio::select! {
+                            _ = control.quit.cancelled() => {}
+                            _ = control.term.cancelled() => {}
+                            _ = dead.cancelled() => {}
+                            _ = paused.wait_for(|p| *p) => {}
+                        }
+                    };
+                    self.idle
+                        .wait(&self.config.redis, key.as_deref(), interval, stop)
+                        .await;
+                }
+                Ok(Reserved::Paused) => {
+                    self.redis_ok();
+                    self.title("Paused");
+                    sleep_or_stop(interval.max(Duration::from_millis(100)), control, dead).await;
+                }
+                Ok(Reserved::Dead) => {
+                    // the lease lapsed (a stall or a partition longer than process_ttl)
+                    // and this process may have been recovered: it reserves nothing more.
+                    error!(process = %self.id.process_id, "process lease gone: presumed dead, reserving nothing");
+                    dead.cancel();
+                    return StopReason::PresumedDead;
+                }
+                Ok(Reserved::Busy) => {
+                    // Only after a RESERVE whose reply was lost (connection dropped after the
+                    // script ran): the job is safe in the inflight record and goes back to the
+                    // head of its queue, where it was.
+                    warn!(slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
+                    self.return_stale().await;
+                    sleep_or_stop(backoff, control, dead).await;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn expand_queues(&mut self) -> redis::RedisResult<Vec<String>> {
+        if !self.spec.is_dynamic() {
+            return Ok(self.spec.expand(&[]));
+        }
+        let known: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys.queues())
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(self.spec.expand(&known))
+    }
+
+    pub(super) async fn return_stale(&mut self) {
+        let fields: redis::RedisResult<(Option<String>, Option<String>)> = redis::cmd("HMGET")
+            .arg(self.keys.inflight(&self.id.slot_key))
+            .arg("rid")
+            .arg("queue")
+            .query_async(&mut self.conn)
+            .await;
+        if let Ok((Some(rid), Some(queue))) = fields {
+            self.return_job(&rid, &queue).await;
+        }
+    }
+
+    /// RETURN: a reservation that never started goes back to the head of its queue. If
+    /// Redis refuses or is away, the job stays in its inflight record (S-6: RETURN changed
+    /// nothing), where `status` shows it and recovery finds it; that is logged, once per job.
+    pub(super) async fn return_job(&mut self, rid: &str, queue: &str) {
+        let slot = self.slot();
+        if let Err(e) = store::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
+            error!(step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
+        }
+    }
+}
