@@ -131,10 +131,50 @@ impl Handler for CommandHandler {
 
 impl CommandHandler {
     async fn run(&self, job: JobContext, stop: CancellationToken) -> HandlerResult {
-        use std::os::unix::process::ExitStatusExt;
-
         let program = &self.argv[0];
-        let mut cmd = tokio::process::Command::new(program);
+        let mut child = match self.command(&job).spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(JobFailure::new(
+                    "Locket::HandlerError",
+                    format!(
+                        "cannot start handler {program:?} for class {}: {e}",
+                        job.class
+                    ),
+                ))
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        let guard = GroupGuard {
+            pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
+        };
+        if let Some(pgid) = guard.pgid {
+            job.watch.attach(pgid);
+        }
+        let pipes = Pipes::start(&mut child, &job);
+        let status = tokio::select! {
+            s = child.wait() => s,
+            _ = stop.cancelled() => {
+                guard.signal(libc::SIGTERM);
+                child.wait().await
+            }
+        };
+        // The handler is gone; anything it left in its group goes too.
+        drop(guard);
+        let tail = pipes.finish().await;
+        match status {
+            Ok(status) => outcome(program, pid, status, tail),
+            Err(e) => Err(JobFailure::new(
+                "Locket::HandlerError",
+                format!("waiting for handler {program:?}: {e}"),
+            )),
+        }
+    }
+
+    /// The handler's command: its argv, directory and environment, the job described in
+    /// `LOCKETD_*` variables, pipes, a process group of its own, and death with its parent.
+    fn command(&self, job: &JobContext) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.argv[0]);
         cmd.args(&self.argv[1..])
             // The service manager's, the metrics pipe's and the master's variables are the
             // daemon's own: a handler that runs locketd itself must not start as a worker.
@@ -184,27 +224,22 @@ impl CommandHandler {
                 Ok(())
             });
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                return Err(JobFailure::new(
-                    "Locket::HandlerError",
-                    format!(
-                        "cannot start handler {program:?} for class {}: {e}",
-                        job.class
-                    ),
-                ))
-            }
-        };
-        let pid = child.id().unwrap_or(0);
-        let guard = GroupGuard {
-            pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
-        };
-        if let Some(pgid) = guard.pgid {
-            job.watch.attach(pgid);
-        }
+        cmd
+    }
+}
 
-        let stdin_task = child.stdin.take().map(|mut stdin| {
+/// The tasks serving a handler's pipes: the payload written to its stdin, its stdout and
+/// stderr logged line by line, and the last lines of stderr kept for the failure record.
+struct Pipes {
+    stdin: Option<tokio::task::JoinHandle<()>>,
+    out: tokio::task::JoinHandle<()>,
+    err: tokio::task::JoinHandle<()>,
+    tail: Arc<std::sync::Mutex<VecDeque<String>>>,
+}
+
+impl Pipes {
+    fn start(child: &mut tokio::process::Child, job: &JobContext) -> Pipes {
+        let stdin = child.stdin.take().map(|mut stdin| {
             let payload = job.payload.clone().into_bytes();
             tokio::spawn(async move {
                 // A handler that does not read stdin closes the pipe: that is not an error.
@@ -215,7 +250,7 @@ impl CommandHandler {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let (class, queue) = (job.class.clone(), job.queue.clone());
-        let out_task = tokio::spawn(async move {
+        let out = tokio::spawn(async move {
             if let Some(out) = stdout {
                 for_each_line(out, |line| {
                     tracing::info!(target: "locketd::handler", class = %class, queue = %queue, stream = "stdout", "{}", line);
@@ -226,7 +261,7 @@ impl CommandHandler {
         // Shared, so the tail is there even when the reader is cut off below.
         let tail = Arc::new(std::sync::Mutex::new(VecDeque::new()));
         let (class, queue, err_tail) = (job.class.clone(), job.queue.clone(), tail.clone());
-        let err_task = tokio::spawn(async move {
+        let err = tokio::spawn(async move {
             if let Some(err) = stderr {
                 for_each_line(err, |line| {
                     tracing::warn!(target: "locketd::handler", class = %class, queue = %queue, stream = "stderr", "{}", line);
@@ -239,81 +274,80 @@ impl CommandHandler {
                 .await;
             }
         });
+        Pipes {
+            stdin,
+            out,
+            err,
+            tail,
+        }
+    }
 
-        let status = tokio::select! {
-            s = child.wait() => s,
-            _ = stop.cancelled() => {
-                guard.signal(libc::SIGTERM);
-                child.wait().await
-            }
-        };
-        // The handler is gone; anything it left in its group goes too.
-        drop(guard);
-        // A process that left the group (setsid) may still hold the pipes: give the readers a
-        // moment to drain what the handler wrote, then stop them and the stdin writer, so
-        // nothing of this job outlives it.
+    /// Once the handler is gone: the stderr tail. A process that left the group (setsid) may
+    /// still hold the pipes: the readers get a moment to drain what the handler wrote, then
+    /// they and the stdin writer are stopped, so nothing of this job outlives it.
+    async fn finish(self) -> Vec<String> {
         let drain = Duration::from_secs(1);
-        let (out_abort, err_abort) = (out_task.abort_handle(), err_task.abort_handle());
+        let (out_abort, err_abort) = (self.out.abort_handle(), self.err.abort_handle());
+        let (out, err) = (self.out, self.err);
         let _ = tokio::time::timeout(drain, async {
-            let _ = out_task.await;
-            let _ = err_task.await;
+            let _ = out.await;
+            let _ = err.await;
         })
         .await;
         out_abort.abort();
         err_abort.abort();
-        if let Some(t) = stdin_task {
+        if let Some(t) = self.stdin {
             t.abort();
         }
-        let tail: Vec<String> = tail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        let status = match status {
-            Ok(s) => s,
-            Err(e) => {
-                return Err(JobFailure::new(
-                    "Locket::HandlerError",
-                    format!("waiting for handler {program:?}: {e}"),
-                ))
-            }
-        };
-        if status.success() {
-            return Ok(());
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        tail.iter().cloned().collect()
+    }
+}
+
+/// The job's result from the handler's exit: 0 is success, 75 asks to run again, another
+/// status fails with the last stderr line, a signal is Resque's DirtyExit.
+fn outcome(
+    program: &str,
+    pid: u32,
+    status: std::process::ExitStatus,
+    tail: Vec<String>,
+) -> HandlerResult {
+    use std::os::unix::process::ExitStatusExt;
+
+    if status.success() {
+        return Ok(());
+    }
+    let last = tail
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .cloned()
+        .unwrap_or_default();
+    if status.code() == Some(EX_TEMPFAIL) {
+        return Err(JobFailure::new(
+            RESCHEDULE,
+            format!("{program} exited with status 75 (EX_TEMPFAIL): run again"),
+        ));
+    }
+    if let Some(code) = status.code() {
+        let mut error = format!("{program} exited with status {code}");
+        if !last.is_empty() {
+            error.push_str(": ");
+            error.push_str(last.trim());
         }
-        let last = tail
-            .iter()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .cloned()
-            .unwrap_or_default();
-        if status.code() == Some(EX_TEMPFAIL) {
-            return Err(JobFailure::new(
-                RESCHEDULE,
-                format!("{program} exited with status 75 (EX_TEMPFAIL): run again"),
-            ));
-        }
-        if let Some(code) = status.code() {
-            let mut error = format!("{program} exited with status {code}");
-            if !last.is_empty() {
-                error.push_str(": ");
-                error.push_str(last.trim());
-            }
-            Err(JobFailure::new("Locket::CommandFailed", error).with_backtrace(tail))
-        } else {
-            let sig = status.signal().unwrap_or(0);
-            Err(JobFailure::new(
-                "Resque::DirtyExit",
-                format!(
-                    "Child process received unhandled signal {}",
-                    signal_status_text(pid, sig)
-                ),
-            )
-            // Resque's DirtyExit records carry an empty backtrace (resque-protocol.md §6);
-            // the handler's stderr is in the log.
-            .dirty())
-        }
+        Err(JobFailure::new("Locket::CommandFailed", error).with_backtrace(tail))
+    } else {
+        let sig = status.signal().unwrap_or(0);
+        Err(JobFailure::new(
+            "Resque::DirtyExit",
+            format!(
+                "Child process received unhandled signal {}",
+                signal_status_text(pid, sig)
+            ),
+        )
+        // Resque's DirtyExit records carry an empty backtrace (resque-protocol.md §6);
+        // the handler's stderr is in the log.
+        .dirty())
     }
 }
 

@@ -198,7 +198,7 @@ async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>) {
 /// One batch.lua call; every call gets its own reply, or the batch's error.
 async fn send(conn: &mut ConnectionManager, calls: Vec<Call>) {
     let numkeys: usize = calls.iter().map(|c| c.numkeys).sum();
-    let result = super::evalsha::<_, Value>(conn, &scripts().batch, numkeys, |cmd| {
+    let result = crate::conn::evalsha::<_, Value>(conn, &scripts().batch, numkeys, |cmd| {
         for c in &calls {
             for k in c.part(true) {
                 cmd.arg(k);

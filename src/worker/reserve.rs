@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 impl Worker {
+    /// The worker's loop: RESERVE, then the job's path (`job.rs`), until a stop.
     pub(super) async fn work_loop(
         &mut self,
         control: &Control,
@@ -20,34 +21,10 @@ impl Worker {
         let waiting = format!("Waiting for {}", self.spec.id_part());
         let mut backoff = Duration::from_millis(100);
         loop {
-            if dead.is_cancelled() {
-                return StopReason::PresumedDead;
-            }
-            if control.stopping() {
-                return StopReason::Shutdown;
-            }
-            if control.is_paused() {
-                if let Some(r) = self.flush_pending().await {
-                    return r;
-                }
-                self.title("Paused");
-                info!("paused (USR2): reserving nothing until CONT");
-                wait_unpaused(control, dead).await;
-                if !control.is_paused() {
-                    info!("resumed (CONT)");
-                }
-                continue;
-            }
-            if let Some(until) = self.pending.as_ref().and_then(|p| p.parked_until) {
-                self.title("Parked: Redis refused the end of its last job (see the log)");
-                let now = Instant::now();
-                if now < until && !sleep_or_stop(until - now, control, dead).await {
-                    continue;
-                }
-                if let Some(r) = self.flush_pending().await {
-                    return r;
-                }
-                continue;
+            match self.before_reserve(control, dead).await {
+                Next::Go(()) => {}
+                Next::Again => continue,
+                Next::Stop(r) => return r,
             }
             let queues = match self.expand_queues().await {
                 Ok(q) => q,
@@ -58,53 +35,10 @@ impl Worker {
                     continue;
                 }
             };
-            let rid = random_hex(8);
-            let clear = self.config.locket.clear_counters_when_idle;
-            let reserved = if queues.is_empty() {
-                if let Some(r) = self.flush_pending().await {
-                    return r;
-                }
-                Ok(Reserved::Nothing {
-                    skipped: vec![],
-                    unreadable: vec![],
-                })
-            } else if let Some(mut p) = self.pending.take() {
-                // The last job's FINISH and this RESERVE in one round trip.
-                let slot = self.slot();
-                let fused = store::finish_and_reserve(
-                    &mut self.conn.clone(),
-                    &slot,
-                    &p.request(self.config.failure_backend),
-                    &p.holds(),
-                    &rid,
-                    &queues,
-                    clear,
-                )
-                .await;
-                match fused {
-                    // The FINISH landed; a RESERVE error is handled below like any other.
-                    Ok((finished, reserved)) => {
-                        self.report_finish(&p, Some(finished), p.tried);
-                        reserved
-                    }
-                    Err(e) if crate::conn::is_refusal(&e) => {
-                        // Refused before any write (S-6): not a resend. Flushed on its own,
-                        // which logs it once and parks the slot.
-                        self.pending = Some(p);
-                        if let Some(r) = self.flush_pending().await {
-                            return r;
-                        }
-                        continue;
-                    }
-                    Err(e) => {
-                        p.tried = true;
-                        self.pending = Some(p);
-                        Err(e)
-                    }
-                }
-            } else {
-                let slot = self.slot();
-                store::reserve(&mut self.conn.clone(), &slot, &rid, &queues, clear).await
+            let reserved = match self.reserve_next(&queues).await {
+                Next::Go(r) => r,
+                Next::Again => continue,
+                Next::Stop(r) => return r,
             };
             match reserved {
                 Err(e) => {
@@ -130,34 +64,11 @@ impl Worker {
                 }) => {
                     self.redis_ok();
                     self.title(&waiting);
-                    self.metrics.queues_skipped(&skipped);
-                    if !skipped.is_empty() {
-                        debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
-                    }
-                    for q in &unreadable {
-                        if self.unreadable_warned.insert(q.clone()) {
-                            warn!(queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
-                        }
-                    }
                     if interval.is_zero() {
+                        self.nothing_reserved(&skipped, &unreadable);
                         return StopReason::Drained;
                     }
-                    // The highest-priority queue that was empty (not merely skipped).
-                    let empty = queues
-                        .iter()
-                        .find(|q| !skipped.contains(q) && !unreadable.contains(q));
-                    let key = empty.map(|q| self.keys.queue(q));
-                    let mut paused = control.paused.subscribe();
-                    let stop = async {
-                        tokio::select! {
-                            _ = control.quit.cancelled() => {}
-                            _ = control.term.cancelled() => {}
-                            _ = dead.cancelled() => {}
-                            _ = paused.wait_for(|p| *p) => {}
-                        }
-                    };
-                    self.idle
-                        .wait(&self.config.redis, key.as_deref(), interval, stop)
+                    self.idle_wait(&queues, &skipped, &unreadable, control, dead)
                         .await;
                 }
                 Ok(Reserved::Paused) => {
@@ -182,6 +93,138 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// What comes before a RESERVE: a stop, a pause (USR2) or a parked slot (E-3) hold it up.
+    async fn before_reserve(&mut self, control: &Control, dead: &CancellationToken) -> Next<()> {
+        if dead.is_cancelled() {
+            return Next::Stop(StopReason::PresumedDead);
+        }
+        if control.stopping() {
+            return Next::Stop(StopReason::Shutdown);
+        }
+        if control.is_paused() {
+            if let Some(r) = self.flush_pending().await {
+                return Next::Stop(r);
+            }
+            self.title("Paused");
+            info!("paused (USR2): reserving nothing until CONT");
+            wait_unpaused(control, dead).await;
+            if !control.is_paused() {
+                info!("resumed (CONT)");
+            }
+            return Next::Again;
+        }
+        if let Some(until) = self.pending.as_ref().and_then(|p| p.parked_until) {
+            self.title("Parked: Redis refused the end of its last job (see the log)");
+            let now = Instant::now();
+            if now < until && !sleep_or_stop(until - now, control, dead).await {
+                return Next::Again;
+            }
+            if let Some(r) = self.flush_pending().await {
+                return Next::Stop(r);
+            }
+            return Next::Again;
+        }
+        Next::Go(())
+    }
+
+    /// RESERVE from `queues`, carrying the last job's FINISH when one is pending.
+    async fn reserve_next(&mut self, queues: &[String]) -> Next<redis::RedisResult<Reserved>> {
+        let rid = random_hex(8);
+        let clear = self.config.locket.clear_counters_when_idle;
+        if queues.is_empty() {
+            if let Some(r) = self.flush_pending().await {
+                return Next::Stop(r);
+            }
+            return Next::Go(Ok(Reserved::Nothing {
+                skipped: vec![],
+                unreadable: vec![],
+            }));
+        }
+        let Some(mut p) = self.pending.take() else {
+            let slot = self.slot();
+            return Next::Go(
+                store::reserve(&mut self.conn.clone(), &slot, &rid, queues, clear).await,
+            );
+        };
+        // The last job's FINISH and this RESERVE in one round trip.
+        let slot = self.slot();
+        let fused = store::finish_and_reserve(
+            &mut self.conn.clone(),
+            &slot,
+            &p.request(self.config.failure_backend),
+            &p.holds(),
+            &rid,
+            queues,
+            clear,
+        )
+        .await;
+        match fused {
+            // The FINISH landed; a RESERVE error is handled like any other.
+            Ok((finished, reserved)) => {
+                self.report_finish(&p, Some(finished), p.tried);
+                Next::Go(reserved)
+            }
+            Err(e) if crate::conn::is_refusal(&e) => {
+                // Refused before any write (S-6): not a resend. Flushed on its own, which
+                // logs it once and parks the slot.
+                self.pending = Some(p);
+                match self.flush_pending().await {
+                    Some(r) => Next::Stop(r),
+                    None => Next::Again,
+                }
+            }
+            Err(e) => {
+                p.tried = true;
+                self.pending = Some(p);
+                Next::Go(Err(e))
+            }
+        }
+    }
+
+    /// Counts and logs what RESERVE passed over: queues skipped by the counter rule and
+    /// queue keys another tool made something other than a list (once per queue).
+    fn nothing_reserved(&mut self, skipped: &[String], unreadable: &[String]) {
+        self.metrics.queues_skipped(skipped);
+        if !skipped.is_empty() {
+            debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
+        }
+        for q in unreadable {
+            if self.unreadable_warned.insert(q.clone()) {
+                warn!(queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
+            }
+        }
+    }
+
+    /// Nothing reserved: waits up to `interval` for a push to the highest-priority queue that
+    /// was empty (not merely skipped), or for a stop or a pause.
+    async fn idle_wait(
+        &mut self,
+        queues: &[String],
+        skipped: &[String],
+        unreadable: &[String],
+        control: &Control,
+        dead: &CancellationToken,
+    ) {
+        self.nothing_reserved(skipped, unreadable);
+        let empty = queues
+            .iter()
+            .find(|q| !skipped.contains(q) && !unreadable.contains(q));
+        let key = empty.map(|q| self.keys.queue(q));
+        let mut paused = control.paused.subscribe();
+        let stop = async {
+            tokio::select! {
+                _ = control.quit.cancelled() => {}
+                _ = control.term.cancelled() => {}
+                _ = dead.cancelled() => {}
+                _ = paused.wait_for(|p| *p) => {}
+            }
+        };
+        let interval = self.config.interval.get();
+        self.idle
+            .wait(&self.config.redis, key.as_deref(), interval, stop)
+            .await;
     }
 
     pub(super) async fn expand_queues(&mut self) -> redis::RedisResult<Vec<String>> {
@@ -216,4 +259,14 @@ impl Worker {
             error!(step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
         }
     }
+}
+
+/// What the loop does next when a step, rather than Redis's answer, decides it.
+enum Next<T> {
+    /// Go on with this.
+    Go(T),
+    /// Back to the top of the loop.
+    Again,
+    /// The worker stops.
+    Stop(StopReason),
 }

@@ -82,6 +82,31 @@ fn far_future() -> Instant {
 /// One lock extension on the wire: when it was sent, and EXTEND's answer.
 type Extension = Fuse<BoxFuture<'static, (Instant, RedisResult<(u64, Vec<bool>)>)>>;
 
+/// A supervised run in progress: the handler's future and what the supervisor tracks beside it.
+struct Running {
+    fut: BoxFuture<'static, HandlerResult>,
+    /// Asks the handler to stop politely.
+    stop: CancellationToken,
+    /// L-9's local deadline (far in the future when unlocked, or once a lost lock is kept
+    /// running under `on_lock_lost = "continue"`).
+    lease_end: Instant,
+    next_extend: Instant,
+    /// The extension in flight runs beside the other branches: a Redis that is slow to answer
+    /// (up to the 30 s response timeout) must not hold up the lease end, the signals or the
+    /// handler's exit (NEVER-1).
+    extension: Extension,
+    /// The lease's backstop on its own thread (see [`WATCHDOG_MARGIN`]).
+    watch: Watch,
+    kills: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Running {
+    /// Moves the watchdog to the lease's current end, plus kill_grace and the margin.
+    fn arm(&self, backstop: Duration) {
+        self.watch.kill_at((self.lease_end + backstop).into_std());
+    }
+}
+
 impl Supervision {
     pub(super) async fn run(
         self,
@@ -90,7 +115,6 @@ impl Supervision {
         control: &Control,
         dead: &CancellationToken,
     ) -> RunEnd {
-        let stop = CancellationToken::new();
         let locked = !self.locks.is_empty();
         // The backstop of the deadline below, on a thread no I/O of this one can block: it
         // follows `lease_end` (plus kill_grace and a margin, so that this task acts first
@@ -100,171 +124,34 @@ impl Supervision {
         } else {
             Watch::default()
         };
-        let backstop = self.kill_grace + WATCHDOG_MARGIN;
         ctx.watch = watch.clone();
-        let mut fut = handler.perform(ctx, stop.clone());
+        let stop = CancellationToken::new();
         let sent_at = Instant::from_std(self.sent_at);
-        let mut lease_end = if locked {
-            local_deadline(sent_at, self.lock_ttl)
-        } else {
-            far_future()
-        };
-        let mut next_extend = if locked {
-            sent_at + self.heartbeat_interval
-        } else {
-            far_future()
-        };
-        let runtime_end = self
-            .max_runtime
-            .map(|d| Instant::now() + d)
-            .unwrap_or_else(far_future);
-        let mut shutdown_end = far_future();
-        let mut quitting = false;
-        let mut extend_failing = false;
         let mut kills = control.kills.subscribe();
         kills.mark_unchanged();
-        // The extension in flight runs beside the other branches: a Redis that is slow to
-        // answer (up to the 30 s response timeout) must not hold up the lease end, the
-        // signals or the handler's exit (NEVER-1).
-        let mut extension: Extension = Fuse::terminated();
-
-        let end = loop {
-            watch.kill_at((lease_end + backstop).into_std());
-            tokio::select! {
-                r = &mut fut => return RunEnd::Finished(r),
-                _ = sleep_until(next_extend), if extension.is_terminated() => {
-                    extension = self.extend();
-                }
-                (t, extended) = &mut extension => {
-                    match extended {
-                        Ok((_, lost)) if lost.iter().any(|l| *l) => {
-                            if let Some(end) = self.lost() { break end; }
-                            lease_end = far_future();
-                            next_extend = far_future();
-                        }
-                        Ok(_) => {
-                            if extend_failing {
-                                info!("lock extension succeeded again");
-                                extend_failing = false;
-                            }
-                            debug!(token = %&self.token[..8], "job lock extended");
-                            lease_end = local_deadline(t, self.lock_ttl);
-                            next_extend = t + self.heartbeat_interval;
-                        }
-                        Err(e) => {
-                            // retry every second until the local deadline passes; one
-                            // warning per outage.
-                            if extend_failing {
-                                debug!(error = %e, "lock extension failed again");
-                            } else {
-                                warn!(error = %e, "lock extension failed; retrying every second");
-                                extend_failing = true;
-                            }
-                            next_extend = Instant::now() + Duration::from_secs(1);
-                        }
-                    }
-                }
-                _ = sleep_until(lease_end) => {
-                    error!(token = %&self.token[..8.min(self.token.len())], "lock lease ran out without a successful extension");
-                    if let Some(end) = self.lost() { break end; }
-                    lease_end = far_future();
-                    next_extend = far_future();
-                }
-                _ = sleep_until(runtime_end) => {
-                    break RunEnd::TimedOut(self.max_runtime.unwrap_or_default());
-                }
-                _ = control.quit.cancelled(), if !quitting => {
-                    quitting = true;
-                    info!(timeout = self.shutdown_timeout.as_secs_f64(), "shutting down: waiting for the running job");
-                    shutdown_end = Instant::now() + self.shutdown_timeout;
-                }
-                _ = sleep_until(shutdown_end) => break RunEnd::Terminated { killed: false },
-                _ = control.term.cancelled() => {
-                    info!(term_timeout = self.term_timeout.as_secs_f64(), "TERM: stopping the running job");
-                    break RunEnd::Terminated { killed: false };
-                }
-                _ = control.kill.cancelled() => break RunEnd::Terminated { killed: true },
-                Ok(()) = kills.changed() => {
-                    info!("USR1: killing the running job");
-                    break RunEnd::KilledByUsr1;
-                }
-                _ = dead.cancelled() => break RunEnd::PresumedDead,
-            }
+        let mut r = Running {
+            fut: handler.perform(ctx, stop.clone()),
+            stop,
+            lease_end: if locked {
+                local_deadline(sent_at, self.lock_ttl)
+            } else {
+                far_future()
+            },
+            next_extend: if locked {
+                sent_at + self.heartbeat_interval
+            } else {
+                far_future()
+            },
+            extension: Fuse::terminated(),
+            watch,
+            kills,
         };
-
-        // Polite stop, then hard stop after the grace (A-11: kill_grace; shutdowns:
-        // term_timeout; USR1 and a second TERM: none). The lock heartbeat keeps going meanwhile
-        // so the lease does not lapse under a job that is still stopping.
-        let grace = match end {
-            RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true } => Duration::ZERO,
-            RunEnd::Terminated { .. } => self.term_timeout,
-            _ => self.kill_grace,
+        let end = match self.until_end(&mut r, control, dead).await {
+            Ok(result) => return RunEnd::Finished(result),
+            Err(end) => end,
         };
-        let mut end = end;
-        stop.cancel();
-        let mut grace_end = Instant::now() + grace;
-        let lease_counts = locked && !matches!(end, RunEnd::LockLost);
-        // A TERM during another stop's grace (a timeout's or a lost lock's kill_grace) shortens
-        // it to term_timeout; a second TERM or a USR1 ends it at once, as they would a run.
-        let mut term_seen = matches!(end, RunEnd::Terminated { .. });
-        // What the handler returned once told to stop, if it did within the grace.
-        let mut returned: Option<HandlerResult> = None;
-        loop {
-            watch.kill_at((lease_end + backstop).into_std());
-            tokio::select! {
-                biased;
-                // NEVER-1: a lease that runs out while the job is stopping ends the grace.
-                _ = sleep_until(lease_end), if lease_counts => {
-                    warn!("the job lock's lease ran out while the job was stopping; killing it");
-                    end.mark_killed();
-                    break;
-                }
-                _ = sleep_until(grace_end) => {
-                    if !grace.is_zero() {
-                        warn!(grace = grace.as_secs_f64(), "handler did not stop in time; killing it");
-                    }
-                    end.mark_killed();
-                    break;
-                }
-                _ = control.kill.cancelled() => {
-                    info!("second stop signal: killing the stopping job now");
-                    end.mark_killed();
-                    break;
-                }
-                Ok(()) = kills.changed() => {
-                    info!("USR1: killing the stopping job now");
-                    end.mark_killed();
-                    break;
-                }
-                _ = control.term.cancelled(), if !term_seen => {
-                    term_seen = true;
-                    grace_end = grace_end.min(Instant::now() + self.term_timeout);
-                }
-                r = &mut fut => {
-                    debug!(result = ?r.as_ref().err().map(|f| &f.exception), "handler stopped");
-                    returned = Some(r);
-                    break;
-                }
-                _ = sleep_until(next_extend), if lease_counts && extension.is_terminated() => {
-                    extension = self.extend();
-                }
-                (t, extended) = &mut extension => {
-                    match extended {
-                        Ok((_, lost)) if lost.iter().any(|l| *l) => {
-                            warn!("job lock lost while the job was stopping; killing it");
-                            end.mark_killed();
-                            break;
-                        }
-                        Ok(_) => {
-                            lease_end = local_deadline(t, self.lock_ttl);
-                            next_extend = t + self.heartbeat_interval;
-                        }
-                        Err(_) => next_extend = Instant::now() + Duration::from_secs(1),
-                    }
-                }
-            }
-        }
-        drop(fut);
+        let (end, returned) = self.stop_handler(&mut r, end, locked, control).await;
+        drop(r);
         // A shutdown's polite stop is the handler's to answer, as a Ruby job may rescue
         // Resque::TermException: one that still finished its work (returned Ok, exit 0) counts
         // as a success, and one that asks to run again (exit 75) is rescheduled. Anything else
@@ -279,6 +166,181 @@ impl Supervision {
             }
         }
         end
+    }
+
+    /// Runs the handler with its lock heartbeat until it returns (`Ok`) or something ends the
+    /// run (`Err`): the lease, the runtime limit, a shutdown, USR1, presumed death.
+    async fn until_end(
+        &self,
+        r: &mut Running,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Result<HandlerResult, RunEnd> {
+        let backstop = self.kill_grace + WATCHDOG_MARGIN;
+        let runtime_end = self
+            .max_runtime
+            .map(|d| Instant::now() + d)
+            .unwrap_or_else(far_future);
+        let mut shutdown_end = far_future();
+        let mut quitting = false;
+        let mut extend_failing = false;
+        loop {
+            r.arm(backstop);
+            tokio::select! {
+                result = &mut r.fut => return Ok(result),
+                _ = sleep_until(r.next_extend), if r.extension.is_terminated() => {
+                    r.extension = self.extend();
+                }
+                (t, extended) = &mut r.extension => {
+                    if let Some(end) = self.extended(r, t, extended, &mut extend_failing) {
+                        return Err(end);
+                    }
+                }
+                _ = sleep_until(r.lease_end) => {
+                    error!(token = %&self.token[..8.min(self.token.len())], "lock lease ran out without a successful extension");
+                    if let Some(end) = self.lost() { return Err(end); }
+                    r.lease_end = far_future();
+                    r.next_extend = far_future();
+                }
+                _ = sleep_until(runtime_end) => {
+                    return Err(RunEnd::TimedOut(self.max_runtime.unwrap_or_default()));
+                }
+                _ = control.quit.cancelled(), if !quitting => {
+                    quitting = true;
+                    info!(timeout = self.shutdown_timeout.as_secs_f64(), "shutting down: waiting for the running job");
+                    shutdown_end = Instant::now() + self.shutdown_timeout;
+                }
+                _ = sleep_until(shutdown_end) => return Err(RunEnd::Terminated { killed: false }),
+                _ = control.term.cancelled() => {
+                    info!(term_timeout = self.term_timeout.as_secs_f64(), "TERM: stopping the running job");
+                    return Err(RunEnd::Terminated { killed: false });
+                }
+                _ = control.kill.cancelled() => return Err(RunEnd::Terminated { killed: true }),
+                Ok(()) = r.kills.changed() => {
+                    info!("USR1: killing the running job");
+                    return Err(RunEnd::KilledByUsr1);
+                }
+                _ = dead.cancelled() => return Err(RunEnd::PresumedDead),
+            }
+        }
+    }
+
+    /// An EXTEND's answer while the job runs: the lease moves, a failure is
+    /// retried every second, a lost lock ends the run unless the class keeps running.
+    fn extended(
+        &self,
+        r: &mut Running,
+        t: Instant,
+        extended: RedisResult<(u64, Vec<bool>)>,
+        failing: &mut bool,
+    ) -> Option<RunEnd> {
+        match extended {
+            Ok((_, lost)) if lost.iter().any(|l| *l) => {
+                let end = self.lost();
+                if end.is_none() {
+                    r.lease_end = far_future();
+                    r.next_extend = far_future();
+                }
+                return end;
+            }
+            Ok(_) => {
+                if *failing {
+                    info!("lock extension succeeded again");
+                    *failing = false;
+                }
+                debug!(token = %&self.token[..8], "job lock extended");
+                r.lease_end = local_deadline(t, self.lock_ttl);
+                r.next_extend = t + self.heartbeat_interval;
+            }
+            Err(e) => {
+                // retry every second until the local deadline passes; one warning per
+                // outage.
+                if *failing {
+                    debug!(error = %e, "lock extension failed again");
+                } else {
+                    warn!(error = %e, "lock extension failed; retrying every second");
+                    *failing = true;
+                }
+                r.next_extend = Instant::now() + Duration::from_secs(1);
+            }
+        }
+        None
+    }
+
+    /// Polite stop, then hard stop after the grace (A-11: kill_grace; shutdowns:
+    /// term_timeout; USR1 and a second TERM: none). The lock heartbeat keeps going meanwhile
+    /// so the lease does not lapse under a job that is still stopping. Returns the end (marked
+    /// killed when it came to SIGKILL) and what the handler returned, if it did in time.
+    async fn stop_handler(
+        &self,
+        r: &mut Running,
+        mut end: RunEnd,
+        locked: bool,
+        control: &Control,
+    ) -> (RunEnd, Option<HandlerResult>) {
+        let backstop = self.kill_grace + WATCHDOG_MARGIN;
+        let grace = match end {
+            RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true } => Duration::ZERO,
+            RunEnd::Terminated { .. } => self.term_timeout,
+            _ => self.kill_grace,
+        };
+        r.stop.cancel();
+        let mut grace_end = Instant::now() + grace;
+        let lease_counts = locked && !matches!(end, RunEnd::LockLost);
+        // A TERM during another stop's grace (a timeout's or a lost lock's kill_grace) shortens
+        // it to term_timeout; a second TERM or a USR1 ends it at once, as they would a run.
+        let mut term_seen = matches!(end, RunEnd::Terminated { .. });
+        loop {
+            r.arm(backstop);
+            tokio::select! {
+                biased;
+                // NEVER-1: a lease that runs out while the job is stopping ends the grace.
+                _ = sleep_until(r.lease_end), if lease_counts => {
+                    warn!("the job lock's lease ran out while the job was stopping; killing it");
+                    break;
+                }
+                _ = sleep_until(grace_end) => {
+                    if !grace.is_zero() {
+                        warn!(grace = grace.as_secs_f64(), "handler did not stop in time; killing it");
+                    }
+                    break;
+                }
+                _ = control.kill.cancelled() => {
+                    info!("second stop signal: killing the stopping job now");
+                    break;
+                }
+                Ok(()) = r.kills.changed() => {
+                    info!("USR1: killing the stopping job now");
+                    break;
+                }
+                _ = control.term.cancelled(), if !term_seen => {
+                    term_seen = true;
+                    grace_end = grace_end.min(Instant::now() + self.term_timeout);
+                }
+                result = &mut r.fut => {
+                    debug!(result = ?result.as_ref().err().map(|f| &f.exception), "handler stopped");
+                    return (end, Some(result));
+                }
+                _ = sleep_until(r.next_extend), if lease_counts && r.extension.is_terminated() => {
+                    r.extension = self.extend();
+                }
+                (t, extended) = &mut r.extension => {
+                    match extended {
+                        Ok((_, lost)) if lost.iter().any(|l| *l) => {
+                            warn!("job lock lost while the job was stopping; killing it");
+                            break;
+                        }
+                        Ok(_) => {
+                            r.lease_end = local_deadline(t, self.lock_ttl);
+                            r.next_extend = t + self.heartbeat_interval;
+                        }
+                        Err(_) => r.next_extend = Instant::now() + Duration::from_secs(1),
+                    }
+                }
+            }
+        }
+        end.mark_killed();
+        (end, None)
     }
 
     /// Sends one EXTEND of the job's locks, to be polled beside everything else.

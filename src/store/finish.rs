@@ -1,0 +1,168 @@
+//! FINISH with its hold releases, RETURN of an unstarted job, and PARK (E-3).
+
+use super::scripts::scripts;
+use super::{Finish, SlotRef};
+use crate::locks::LockSpec;
+use crate::resque::failure::FailureBackend;
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+
+/// Inputs of FINISH.
+#[derive(Debug, Clone)]
+pub struct FinishRequest<'a> {
+    /// Reservation id.
+    pub rid: &'a str,
+    /// The attempt's token, empty when no lock was taken.
+    pub token: &'a str,
+    /// Queue the job came from.
+    pub queue: &'a str,
+    /// The attempt's locks.
+    pub locks: &'a [LockSpec],
+    /// Outcome.
+    pub outcome: &'a Finish,
+    /// Failure list choice.
+    pub backend: FailureBackend,
+}
+
+/// FINISH. Returns false when the reservation had been recovered elsewhere ("missing").
+pub async fn finish<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+) -> RedisResult<bool> {
+    finish_with(conn, slot, req, &FinishHolds::default()).await
+}
+
+/// What FINISH releases besides locks, and the class for the stats (D-6, D-7, O-3).
+#[derive(Debug, Clone, Default)]
+pub struct FinishHolds<'a> {
+    /// Job class.
+    pub class: &'a str,
+    /// Payload digest.
+    pub digest: &'a str,
+    /// Hold names to release (chosen from the outcome and each hold's `release_on`).
+    pub release: &'a [String],
+    /// This FINISH is sent again after an attempt whose reply never came. If its reservation
+    /// is gone, that attempt most likely landed, so the holds are not released a second time.
+    pub resent: bool,
+}
+
+/// FINISH with hold releases (A-13 step 3).
+pub async fn finish_with<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+    holds: &FinishHolds<'_>,
+) -> RedisResult<bool> {
+    let (keys, args) = finish_parts(slot, req, holds);
+    let mut inv = scripts().finish.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    for a in &args {
+        inv.arg(a);
+    }
+    let reply: String = inv.invoke_async(conn).await?;
+    Ok(reply == "ok")
+}
+
+/// FINISH's keys and arguments.
+pub(super) fn finish_parts(
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+    holds: &FinishHolds<'_>,
+) -> (Vec<String>, Vec<String>) {
+    let keys = slot.keys;
+    let (failed_list, multi_name) = match req.backend {
+        FailureBackend::Redis => (keys.failed(), String::new()),
+        FailureBackend::RedisMultiQueue => (
+            keys.queue_failed(req.queue),
+            format!("{}_failed", req.queue),
+        ),
+    };
+    let (outcome, record) = match req.outcome {
+        Finish::Success => ("success", ""),
+        Finish::Failure(r) => ("failure", r.as_str()),
+        Finish::Dirty(r) => ("dirty", r.as_str()),
+        Finish::Requeue => ("requeue", ""),
+    };
+    let mut k = vec![
+        keys.inflight(slot.slot_key),
+        keys.worker(slot.worker_id),
+        keys.stat_processed(),
+        keys.stat_processed_by(slot.worker_id),
+        keys.stat_failed(),
+        keys.stat_failed_by(slot.worker_id),
+        failed_list,
+        keys.failed_queues(),
+        keys.queue(req.queue),
+        keys.queues(),
+        keys.locks(),
+    ];
+    for l in req.locks {
+        k.push(keys.lock(&l.id));
+        k.push(keys.lockinfo(&l.id));
+        k.push(keys.blocked_lock(&l.id));
+    }
+    let mut a = vec![
+        req.rid.to_string(),
+        req.token.to_string(),
+        outcome.to_string(),
+        record.to_string(),
+        multi_name,
+        keys.counter_prefix(),
+        req.queue.to_string(),
+        holds.class.to_string(),
+        holds.digest.to_string(),
+        if holds.release.is_empty() {
+            String::new()
+        } else {
+            serde_json::Value::from(holds.release.to_vec()).to_string()
+        },
+        if holds.resent { "1" } else { "" }.to_string(),
+    ];
+    a.extend(req.locks.iter().map(|l| l.id.clone()));
+    (k, a)
+}
+
+/// Returns a reservation that never started to the head of its queue. False when the
+/// record was not this reservation's.
+pub async fn return_to_queue<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queue: &str,
+) -> RedisResult<bool> {
+    let keys = slot.keys;
+    let reply: String = scripts()
+        .return_job
+        .key(keys.inflight(slot.slot_key))
+        .key(keys.queue(queue))
+        .key(keys.queues())
+        .arg(rid)
+        .arg(queue)
+        .arg(keys.locket_prefix())
+        .invoke_async(conn)
+        .await?;
+    Ok(reply == "ok")
+}
+
+/// PARK (E-3): marks the slot's inflight record, if it is still reservation `rid`'s, as parked
+/// since `at` because Redis refused its FINISH with `why`. True when marked.
+pub async fn park<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    at: &str,
+    why: &str,
+) -> RedisResult<bool> {
+    let marked: i64 = scripts()
+        .park
+        .key(slot.keys.inflight(slot.slot_key))
+        .arg(rid)
+        .arg(at)
+        .arg(why)
+        .invoke_async(conn)
+        .await?;
+    Ok(marked == 1)
+}

@@ -1,0 +1,125 @@
+//! RESERVE, alone or carrying the slot's last FINISH (`finish_reserve.lua`).
+
+use super::finish::finish_parts;
+use super::scripts::scripts;
+use super::{text, unexpected, FinishHolds, FinishRequest, Reserved, SlotRef};
+use crate::conn::evalsha;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisResult, Value};
+
+/// RESERVE's keys, written into `cmd` (as [`evalsha`] fills it).
+fn reserve_keys(cmd: &mut Cmd, slot: &SlotRef<'_>) {
+    cmd.arg(slot.keys.inflight(slot.slot_key))
+        .arg(slot.keys.pause_all());
+}
+
+/// RESERVE's arguments: the queue keys are built from the names in the script.
+fn reserve_args(
+    cmd: &mut Cmd,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queues: &[String],
+    clear_counters_when_idle: bool,
+) {
+    cmd.arg(rid)
+        .arg(slot.worker_id)
+        .arg(if clear_counters_when_idle { "1" } else { "0" })
+        .arg(slot.keys.locket_prefix())
+        .arg(slot.keys.queue(""));
+    for q in queues {
+        cmd.arg(q.as_str());
+    }
+}
+
+/// Marks the RESERVE part of a FINISH+RESERVE that raised (finish_reserve.lua).
+const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
+
+fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
+    match reply.first().map(text).as_deref() {
+        Some("job") if reply.len() == 4 => Ok(Reserved::Job {
+            queue: text(&reply[1]),
+            payload: match &reply[2] {
+                Value::BulkString(b) => b.clone(),
+                other => text(other).into_bytes(),
+            },
+            rid: text(&reply[3]),
+        }),
+        Some("nothing") => {
+            let names = |v: Option<&Value>| match v {
+                Some(Value::Array(a)) => a.iter().map(text).collect(),
+                _ => Vec::new(),
+            };
+            Ok(Reserved::Nothing {
+                skipped: names(reply.get(1)),
+                unreadable: names(reply.get(2)),
+            })
+        }
+        Some("paused") => Ok(Reserved::Paused),
+        Some("busy") => Ok(Reserved::Busy),
+        Some("dead") => Ok(Reserved::Dead),
+        _ => unexpected("reserve", &Value::Array(reply)),
+    }
+}
+
+/// RESERVE: pop the first job whose queue is not skipped, into the slot's inflight record.
+pub async fn reserve<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queues: &[String],
+    clear_counters_when_idle: bool,
+) -> RedisResult<Reserved> {
+    let reply: Vec<Value> = evalsha(conn, &scripts().reserve, 2, |cmd| {
+        reserve_keys(cmd, slot);
+        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+    })
+    .await?;
+    parse_reserved(reply)
+}
+
+/// FINISH of the slot's job and RESERVE of its next one in one round trip. Returns whether the
+/// FINISH found its reservation (as [`finish_with`]) and the reservation. An `Ok` means the
+/// FINISH landed, even when the RESERVE failed (the inner error): the FINISH must then not be
+/// sent again, as a second one would release the job's holds twice (D-8).
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_and_reserve<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    req: &FinishRequest<'_>,
+    holds: &FinishHolds<'_>,
+    rid: &str,
+    queues: &[String],
+    clear_counters_when_idle: bool,
+) -> RedisResult<(bool, RedisResult<Reserved>)> {
+    let (fkeys, fargs) = finish_parts(slot, req, holds);
+    let numkeys = fkeys.len() + 2;
+    let reply: Vec<Value> = evalsha(conn, &scripts().finish_reserve, numkeys, |cmd| {
+        for k in &fkeys {
+            cmd.arg(k.as_str());
+        }
+        reserve_keys(cmd, slot);
+        cmd.arg(fkeys.len()).arg(fargs.len());
+        for a in &fargs {
+            cmd.arg(a.as_str());
+        }
+        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+    })
+    .await?;
+    match <[Value; 2]>::try_from(reply) {
+        Ok([finished, Value::Array(reserved)]) => {
+            let reserved = match reserved.as_slice() {
+                [Value::BulkString(mark), msg] if mark == RESERVE_ERROR => {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                        "RESERVE failed after its FINISH landed",
+                        text(msg),
+                    )))
+                }
+                _ => parse_reserved(reserved),
+            };
+            Ok((text(&finished) == "ok", reserved))
+        }
+        Ok(other) => unexpected("finish_reserve", &Value::Array(other.to_vec())),
+        Err(v) => unexpected("finish_reserve", &Value::Array(v)),
+    }
+}
