@@ -13,8 +13,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Clients in other languages call the same script: `src/lock/lua/lib.lua` followed by
-//! `src/lock/lua/enqueue.lua` (printed by `locketd enqueue --print-script`), whose header lists
+//! Clients in other languages call the same script: `src/store/lua/lib.lua` followed by
+//! `src/store/lua/enqueue.lua` (printed by `locketd enqueue --print-script`), whose header lists
 //! its keys and arguments.
 
 use crate::config::plans::Plans;

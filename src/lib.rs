@@ -7,20 +7,26 @@
 //! Resque client see its workers, stats and failures.
 //!
 //! # Layout
-//! - [`config`]: the TOML configuration and its start-up check.
-//! - [`resque`]: Resque's wire format only: key names, payloads, registry, failure records,
-//!   time formats, queue patterns.
-//! - [`lock`]: the locket scripts (RESERVE, ACQUIRE, EXTEND, FINISH, recovery) behind a typed API,
-//!   and canonical JSON for lock ids.
-//! - [`worker`]: one worker process: the locket loop, job supervision, heartbeats, the janitor.
-//! - [`handler`]: the [`handler::Handler`] trait and the command handler.
+//! Layers, bottom to top; each uses only those below it (docs/architecture.md, checked by
+//! `tests/layers.rs`):
+//! - [`resque`]: Resque's wire format only: key names, payloads, failure records, time formats,
+//!   queue patterns.
+//! - Leaves: [`host`], [`proctitle`], [`logsink`], [`notify`], [`process`] (the role variables
+//!   and signal names), [`watchdog`] (the lease backstop), [`metrics`] (job counters).
+//! - [`locks`]: the lock model without Redis: lock specs, key templates, canonical JSON,
+//!   conflict policies.
+//! - [`error`]: the error types.
+//! - [`conn`]: connecting to Redis, URL redaction, `EVALSHA`, refusals.
+//! - [`config`]: the TOML configuration, its start-up check, per-class lock plans.
+//! - [`store`]: the locket scripts (RESERVE, ACQUIRE, EXTEND, FINISH, recovery, registry)
+//!   behind a typed API.
+//! - [`handler`]: the [`handler::Handler`] trait, the command handler, the builtins.
+//! - [`worker`]: one worker process: the locket loop, a job's path, supervision, heartbeats,
+//!   the janitor, signals.
+//! - [`ops`], [`client`], [`admin`]: `locketd status`/`failed`, enqueueing, admin commands.
+//! - [`service`]: the side-cars (notify, `/metrics`) of a daemon.
 //! - [`master`]: the master process: N worker processes, restarts, crash recovery, signals,
 //!   reload.
-//! - [`shutdown`]: signals to [`worker::Control`] in a worker process.
-//! - [`metrics`]: job counters recorded per process, merged, served as Prometheus text.
-//! - [`notify`], [`service`]: sd_notify and the side-cars (notify, `/metrics`) of a daemon.
-//! - [`ops`]: the operator commands `locketd status` and `locketd failed`.
-//! - [`proctitle`], [`host`]: the process title Resque's pruning looks for; host facts.
 //!
 //! # Running a worker with in-process handlers
 //! ```no_run

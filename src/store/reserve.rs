@@ -78,7 +78,7 @@ pub async fn reserve<C: ConnectionLike + Send>(
 }
 
 /// FINISH of the slot's job and RESERVE of its next one in one round trip. Returns whether the
-/// FINISH found its reservation (as [`finish_with`]) and the reservation. An `Ok` means the
+/// FINISH found its reservation (as [`super::finish_with`]) and the reservation. An `Ok` means the
 /// FINISH landed, even when the RESERVE failed (the inner error): the FINISH must then not be
 /// sent again, as a second one would release the job's holds twice (D-8).
 #[allow(clippy::too_many_arguments)]

@@ -220,7 +220,7 @@ impl Worker {
             id = id.slot(&spec, 1);
         }
         // The slots of one process share one connection; their job-path scripts go out in
-        // batches (src/lock/batch.rs).
+        // batches (src/store/batch.rs).
         let conn = if multi {
             Conn::batched(conn)
         } else {

@@ -775,7 +775,7 @@ async fn reserve_returns_busy_and_changes_nothing_while_the_slot_holds_a_reserva
     assert_eq!(lrange(c, &k.queue("q")).await, vec![j2]);
 }
 
-// The multi-slot connection (src/lock/batch.rs): RESERVEs of six slots made at the same moment
+// The multi-slot connection (src/store/batch.rs): RESERVEs of six slots made at the same moment
 // go out as one batch; each slot gets its own reply, a call that fails (a queue key of the
 // wrong type) fails alone, and the O-3 counts of the batch are all written (A-1, O-3, K-2).
 #[tokio::test]

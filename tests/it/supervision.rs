@@ -906,7 +906,7 @@ fn a_starting_worker_leaves_a_running_multi_slot_process_registered() {
     assert!(r.failures().is_empty(), "{:?}", r.failures());
 }
 
-/// The multi-slot mode batches the job-path scripts of a process's slots (src/lock/batch.rs):
+/// The multi-slot mode batches the job-path scripts of a process's slots (src/store/batch.rs):
 /// two processes of eight slots on 900 jobs over 12 keys, so batches mix starts, conflicts
 /// (requeues) and finishes. Every job runs exactly once, no two jobs of a key overlap
 /// (NEVER-1), and the counts each script summed and wrote once per batch add up: Resque's

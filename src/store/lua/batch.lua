@@ -1,6 +1,6 @@
 -- BATCH: several calls of the job-path scripts in one EVALSHA (the multi-slot mode's
--- connection, src/lock/batch.rs, gathers the calls its slots make at the same moment). Each
--- call runs the unchanged body of its script, wrapped by src/lock/scripts.rs as a function
+-- connection, src/store/batch.rs, gathers the calls its slots make at the same moment). Each
+-- call runs the unchanged body of its script, wrapped by src/store/scripts.rs as a function
 -- of its own KEYS and ARGV, in the order the calls arrived; the batch is one atomic step, so
 -- every rule that holds for one call holds for each call of a batch. The O-3 counts and
 -- Resque's stat counters of all the calls are written once, at the end.

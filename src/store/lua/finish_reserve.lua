@@ -1,6 +1,6 @@
 -- FINISH of one job and RESERVE of the next, in one round trip (the no-conflict path then
 -- costs two round trips per job: FINISH+RESERVE, ACQUIRE+START). The two bodies are the
--- unchanged finish.lua and reserve.lua, wrapped by src/lock/scripts.rs as
+-- unchanged finish.lua and reserve.lua, wrapped by src/store/scripts.rs as
 -- finish_part(KEYS, ARGV) and reserve_part(KEYS, ARGV); FINISH runs first, so the slot's
 -- inflight record is free again when RESERVE checks it.
 --

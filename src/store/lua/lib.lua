@@ -1,4 +1,4 @@
--- Shared helpers, prepended to every locket script by src/lock/scripts.rs.
+-- Shared helpers, prepended to every locket script by src/store/scripts.rs.
 -- Nothing here touches a key on its own; the functions act on the keys they are given.
 
 -- Redis 5 needs effects replication before writing after TIME; later versions always do it.
@@ -192,7 +192,7 @@ end
 -- O-3: count an event in stat:<event> and in the current metrics:<epoch minute> bucket
 -- (`<event>` and `<event>|<class>`), inside the script that caused it. `prefix` is
 -- "<ns>:locket:". Counts are summed in Lua and written once per run by flush_counts(), which
--- src/lock/scripts.rs calls at the end of every script (and of every batch of them): a job's
+-- src/store/scripts.rs calls at the end of every script (and of every batch of them): a job's
 -- four events, or a batch's hundreds, cost one INCRBY and one HINCRBY per distinct field.
 local counts, counts_prefix, counts_bucket = {}, nil, nil
 local function count(prefix, now, event, class, n)

@@ -1,0 +1,198 @@
+//! The start-up check (C-1, C-2): every setting a worker relies on, refused with a message
+//! that names it, before any process starts.
+
+use super::{invalid, plans, Builtin, Config, ConfigError, BUILTIN_NAMES};
+use std::time::Duration;
+
+impl Config {
+    /// Rejects what C-1 rejects; returns the warnings (C-2 and friends) to log once logging is up.
+    pub fn check(&self) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
+        if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
+            return Err(invalid("namespace", "must be non-empty, without spaces"));
+        }
+        if let Some(addr) = &self.metrics {
+            let port = addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+            if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
+                return Err(invalid(
+                    "metrics",
+                    format!("{addr:?} is not host:port (e.g. \"127.0.0.1:9187\")"),
+                ));
+            }
+        }
+        if self.queues.0.is_empty() {
+            return Err(invalid(
+                "queues",
+                "no queues: give --queues, QUEUES or `queues` in the config",
+            ));
+        }
+        crate::resque::patterns::QueueSpec::from_list(&self.queues.0)
+            .map_err(|e| invalid("queues", e.to_string()))?;
+        // Checked here too, not only when a worker starts: a HUP must refuse a bad list
+        // rather than start workers that exit at once, over and over.
+        if !self.locket.lock_queues.0.is_empty() {
+            crate::resque::patterns::QueueSpec::from_list(&self.locket.lock_queues.0)
+                .map_err(|e| invalid("locket.lock_queues", e.to_string()))?;
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            return Err(invalid(
+                "log_level",
+                format!("{:?} is not a log filter: {e}", self.log_level),
+            ));
+        }
+        if let Err(e) = redis::Client::open(self.redis.as_str()) {
+            return Err(invalid(
+                "redis",
+                format!("bad Redis URL {}: {e}", crate::conn::redact(&self.redis)),
+            ));
+        }
+        if self.redis.ends_with("#insecure") {
+            warnings.push(
+                "redis: the URL ends in #insecure: TLS certificates and host names are not \
+                 checked, so anyone on the path can read and change the jobs"
+                    .to_string(),
+            );
+        }
+        if self.workers == 0 || self.workers > 1024 {
+            return Err(invalid(
+                "workers",
+                format!("{} is out of range 1..=1024", self.workers),
+            ));
+        }
+        if self.slots == 0 || self.slots > 1024 {
+            return Err(invalid(
+                "slots",
+                format!("{} is out of range 1..=1024", self.slots),
+            ));
+        }
+        let l = &self.locket;
+        if l.lock_ttl.get() < Duration::from_secs(1) {
+            return Err(invalid(
+                "locket.lock_ttl",
+                format!("{} is below 1s", l.lock_ttl),
+            ));
+        }
+        if l.heartbeat_interval.get() < Duration::from_millis(100) {
+            return Err(invalid(
+                "locket.heartbeat_interval",
+                format!("{} is below 100ms", l.heartbeat_interval),
+            ));
+        }
+        if l.heartbeat_interval >= l.lock_ttl {
+            return Err(invalid(
+                "locket.heartbeat_interval",
+                format!(
+                    "{} must be shorter than locket.lock_ttl ({})",
+                    l.heartbeat_interval, l.lock_ttl
+                ),
+            ));
+        }
+        if l.counter_ttl.get() < Duration::from_secs(1) {
+            return Err(invalid(
+                "locket.counter_ttl",
+                format!("{} is below 1s", l.counter_ttl),
+            ));
+        }
+        if l.process_heartbeat.get() < Duration::from_millis(100) {
+            return Err(invalid("locket.process_heartbeat", "is below 100ms"));
+        }
+        // It also paces the workers:heartbeat writes, which Resque wants at least every 60 s:
+        // a Ruby or php worker prunes a worker whose heartbeat is 300 s old.
+        if l.process_heartbeat.get() > Duration::from_secs(60) {
+            return Err(invalid(
+                "locket.process_heartbeat",
+                format!(
+                    "{} is above 60s: Resque's workers:heartbeat must be rewritten at least every minute",
+                    l.process_heartbeat
+                ),
+            ));
+        }
+        if l.process_ttl.get() < l.process_heartbeat.get() * 2 {
+            return Err(invalid(
+                "locket.process_ttl",
+                format!(
+                    "{} must be at least twice locket.process_heartbeat ({})",
+                    l.process_ttl, l.process_heartbeat
+                ),
+            ));
+        }
+        if l.process_ttl.get() < l.process_heartbeat.get() * 3 {
+            warnings.push(format!(
+                "locket.process_ttl ({}) is less than three times locket.process_heartbeat ({}): \
+                 a Redis stall of about one heartbeat period makes a live worker presume itself dead",
+                l.process_ttl, l.process_heartbeat
+            ));
+        }
+        // R-4 releases a dead process's locks at once when its lease has lapsed: a lock lease
+        // longer than the process lease would be cut short while its holder may only be
+        // stalled, not dead.
+        if l.lock_ttl > l.process_ttl {
+            return Err(invalid(
+                "locket.lock_ttl",
+                format!(
+                    "{} is longer than locket.process_ttl ({}): a worker presumed dead and \
+                     recovered could still hold its locks",
+                    l.lock_ttl, l.process_ttl
+                ),
+            ));
+        }
+        if l.janitor_interval.get() < Duration::from_millis(100) {
+            return Err(invalid("locket.janitor_interval", "is below 100ms"));
+        }
+        if l.lock_ttl.get().saturating_sub(l.heartbeat_interval.get()) < Duration::from_secs(3) {
+            warnings.push(format!(
+                "locket.lock_ttl ({}) leaves less than 3s after locket.heartbeat_interval ({}): \
+                 a slow heartbeat may lose the lock",
+                l.lock_ttl, l.heartbeat_interval
+            ));
+        }
+        for (name, class) in &self.classes {
+            let setting = format!("classes.{name:?}");
+            if name.is_empty() {
+                return Err(invalid("classes", "a class name is empty"));
+            }
+            if let Some(b) = &class.builtin {
+                if class.command.is_some() {
+                    return Err(invalid(
+                        &format!("{setting}.builtin"),
+                        "give either `command` or `builtin`, not both",
+                    ));
+                }
+                if Builtin::from_name(b).is_none() {
+                    return Err(invalid(
+                        &format!("{setting}.builtin"),
+                        format!(
+                            "unknown builtin {b:?} (known: {})",
+                            BUILTIN_NAMES.join(", ")
+                        ),
+                    ));
+                }
+            } else if let Some(cmd) = &class.command {
+                if cmd.is_empty() || cmd[0].is_empty() {
+                    return Err(invalid(
+                        &format!("{setting}.command"),
+                        "must name a program: [\"path\", \"arg\", ...]",
+                    ));
+                }
+            } else if name != "*" && !self.classes.contains_key("*") {
+                warnings.push(format!(
+                    "{setting} has no command and there is no \"*\" fallback: its jobs fail unless \
+                     an in-process handler is registered"
+                ));
+            }
+            if let Some(t) = class.timeout {
+                if t.get().is_zero() {
+                    return Err(invalid(&format!("{setting}.timeout"), "must be above 0"));
+                }
+            }
+        }
+        plans::Plans::compile(self)?;
+        if self.classes.is_empty() {
+            warnings.push(
+                "no [classes] configured: every job fails unless an in-process handler is registered"
+                    .to_string(),
+            );
+        }
+        Ok(warnings)
+    }
+}
