@@ -246,87 +246,12 @@ impl Worker {
             pending: None,
         };
         for k in 2..=slots {
-            let peer = Worker {
-                title_prefix: worker.title_prefix.clone(),
-                unreadable_warned: Default::default(),
-                title: String::new(),
-                config: worker.config.clone(),
-                handlers: worker.handlers.clone(),
-                keys: worker.keys.clone(),
-                spec: worker.spec.clone(),
-                id: worker.id.slot(&worker.spec, k),
-                conn: worker.conn.clone(),
-                lock_queues: worker.lock_queues.clone(),
-                redis_down: false,
-                peers: Vec::new(),
-                multi,
-                metrics: crate::metrics::Metrics::default(),
-                idle: worker.idle.clone(),
-                plans: worker.plans.clone(),
-                pending: None,
-            };
+            let peer = worker.peer(k);
             worker.peers.push(peer);
         }
         proctitle::set_title(&format!("{}: Starting", worker.title_prefix));
-        // Recover dead locketd processes before Resque's pruning, so their jobs are recorded
-        // once, with their locks released.
-        if let Err(e) = janitor_pass(
-            &mut worker.conn,
-            &worker.keys,
-            &worker.config,
-            &random_hex(16),
-        )
-        .await
-        {
-            warn!(error = %e, "janitor pass at start failed");
-        }
-        if worker.config.prune_dead_workers {
-            // Housekeeping of other workers' leftovers: whatever it meets there (a record
-            // another tool wrote in a shape Redis refuses to read as we ask) must not stop
-            // this worker from starting.
-            match registry::prune_dead_workers(
-                &mut worker.conn,
-                &worker.keys,
-                &worker.id.worker_id,
-                worker.spec.patterns(),
-                worker.config.failure_backend,
-            )
-            .await
-            {
-                Ok(report) => {
-                    for id in &report.pruned {
-                        info!(worker = %id, "pruned dead resque worker");
-                    }
-                }
-                Err(e) => warn!(error = %e, "pruning dead resque workers failed; starting anyway"),
-            }
-        }
-        let alive = serde_json::json!({
-            "started_at": epoch_secs(),
-            "version": env!("CARGO_PKG_VERSION"),
-            "concurrency": slots,
-            "queues": worker.spec.id_part(),
-            "resque_worker": worker.id.worker_id,
-        })
-        .to_string();
-        let ids: Vec<Identity> = std::iter::once(worker.id.clone())
-            .chain(worker.peers.iter().map(|p| p.id.clone()))
-            .collect();
-        for id in &ids {
-            let reg = Registration {
-                keys: &worker.keys,
-                worker_id: &id.worker_id,
-                process_id: &id.process_id,
-                slot: id.slot,
-            };
-            registry::register(
-                &mut worker.conn.clone(),
-                &reg,
-                &alive,
-                worker.config.locket.process_ttl.get(),
-            )
-            .await?;
-        }
+        worker.housekeep_at_start().await;
+        worker.register_slots(slots).await?;
         if multi {
             proctitle::set_title(&format!(
                 "{}: {slots} slots for {}",
@@ -338,6 +263,94 @@ impl Worker {
             info!(worker = %worker.id.worker_id, process = %worker.id.process_id, queues = %worker.spec.id_part(), "worker registered");
         }
         Ok(worker)
+    }
+
+    /// Slot `k` of a multi-slot process: a worker sharing this one's connection, config and
+    /// handlers, with an identity of its own.
+    fn peer(&self, k: u32) -> Worker {
+        Worker {
+            title_prefix: self.title_prefix.clone(),
+            unreadable_warned: Default::default(),
+            title: String::new(),
+            config: self.config.clone(),
+            handlers: self.handlers.clone(),
+            keys: self.keys.clone(),
+            spec: self.spec.clone(),
+            id: self.id.slot(&self.spec, k),
+            conn: self.conn.clone(),
+            lock_queues: self.lock_queues.clone(),
+            redis_down: false,
+            peers: Vec::new(),
+            multi: self.multi,
+            metrics: crate::metrics::Metrics::default(),
+            idle: self.idle.clone(),
+            plans: self.plans.clone(),
+            pending: None,
+        }
+    }
+
+    /// Start-up housekeeping that must not stop the start: recovery of dead locketd
+    /// processes, then Resque's pruning of dead workers.
+    async fn housekeep_at_start(&mut self) {
+        // Recover dead locketd processes before Resque's pruning, so their jobs are recorded
+        // once, with their locks released.
+        if let Err(e) =
+            janitor_pass(&mut self.conn, &self.keys, &self.config, &random_hex(16)).await
+        {
+            warn!(error = %e, "janitor pass at start failed");
+        }
+        if self.config.prune_dead_workers {
+            // Housekeeping of other workers' leftovers: whatever it meets there (a record
+            // another tool wrote in a shape Redis refuses to read as we ask) must not stop
+            // this worker from starting.
+            match registry::prune_dead_workers(
+                &mut self.conn,
+                &self.keys,
+                &self.id.worker_id,
+                self.spec.patterns(),
+                self.config.failure_backend,
+            )
+            .await
+            {
+                Ok(report) => {
+                    for id in &report.pruned {
+                        info!(worker = %id, "pruned dead resque worker");
+                    }
+                }
+                Err(e) => warn!(error = %e, "pruning dead resque workers failed; starting anyway"),
+            }
+        }
+    }
+
+    /// Registers every slot as a Resque worker with its process lease.
+    async fn register_slots(&mut self, slots: u32) -> Result<()> {
+        let alive = serde_json::json!({
+            "started_at": epoch_secs(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "concurrency": slots,
+            "queues": self.spec.id_part(),
+            "resque_worker": self.id.worker_id,
+        })
+        .to_string();
+        let ids: Vec<Identity> = std::iter::once(self.id.clone())
+            .chain(self.peers.iter().map(|p| p.id.clone()))
+            .collect();
+        for id in &ids {
+            let reg = Registration {
+                keys: &self.keys,
+                worker_id: &id.worker_id,
+                process_id: &id.process_id,
+                slot: id.slot,
+            };
+            registry::register(
+                &mut self.conn.clone(),
+                &reg,
+                &alive,
+                self.config.locket.process_ttl.get(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The Resque worker id (`host:pid:queues`).
