@@ -9,8 +9,8 @@
 //! the bounded log queue.
 //!
 //! A [`Watch`] is one run's entry: the supervisor moves its deadline on every lock extension,
-//! the command handler attaches the process group it started, and dropping the last clone
-//! takes the entry off the list.
+//! the command handler attaches the process group it started (which puts the entry on the
+//! list), and dropping the last clone takes the entry off the list at the thread's next look.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -70,39 +70,45 @@ impl std::fmt::Debug for Watch {
 }
 
 impl Watch {
-    /// A new entry with no deadline and no process group.
+    /// A new entry with no deadline and no process group. It joins the watchdog's list only
+    /// when a process group is attached, so a run without one (an in-process handler) costs
+    /// one allocation and never touches the list or its thread.
     pub fn new() -> Watch {
-        let board = board();
-        let entry = Arc::new(Entry {
-            deadline_ms: AtomicU64::new(NEVER),
-            pgid: AtomicI32::new(0),
-            fired: AtomicBool::new(false),
-        });
-        let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|w| w.strong_count() > 0);
-        entries.push(Arc::downgrade(&entry));
-        drop(entries);
-        Watch { entry: Some(entry) }
+        Watch {
+            entry: Some(Arc::new(Entry {
+                deadline_ms: AtomicU64::new(NEVER),
+                pgid: AtomicI32::new(0),
+                fired: AtomicBool::new(false),
+            })),
+        }
     }
 
-    /// Kill the attached group once `at` has passed (replacing any earlier deadline).
+    /// Kill the attached group once `at` has passed (replacing any earlier deadline). A store
+    /// of one number: the thread looks at least every [`LOOK_EVERY`], and is woken only for a
+    /// deadline nearer than that.
     pub fn kill_at(&self, at: Instant) {
         let Some(entry) = &self.entry else { return };
         let board = board();
         let ms = at.saturating_duration_since(board.base).as_millis();
         let ms = u64::try_from(ms).unwrap_or(NEVER - 1);
-        let before = entry.deadline_ms.swap(ms, Ordering::SeqCst);
-        if ms < before {
+        entry.deadline_ms.store(ms, Ordering::SeqCst);
+        if entry.pgid.load(Ordering::SeqCst) > 0 && at < Instant::now() + LOOK_EVERY {
             board.wake.notify_one();
         }
     }
 
-    /// The process group this run's handler started (a command handler calls this after spawn).
+    /// The process group this run's handler started (a command handler calls this after
+    /// spawn): the entry joins the watchdog's list.
     pub fn attach(&self, pgid: i32) {
-        if let Some(entry) = &self.entry {
-            entry.pgid.store(pgid, Ordering::SeqCst);
-            board().wake.notify_one();
+        let Some(entry) = &self.entry else { return };
+        if pgid <= 0 || entry.pgid.swap(pgid, Ordering::SeqCst) > 0 {
+            return;
         }
+        let board = board();
+        let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.push(Arc::downgrade(entry));
+        drop(entries);
+        board.wake.notify_one();
     }
 
     /// Whether the watchdog killed this run's process group.
