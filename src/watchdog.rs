@@ -23,7 +23,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 const NEVER: u64 = u64::MAX;
 
 struct Entry {
-    /// Milliseconds after [`Board::base`], or [`NEVER`].
+    /// Milliseconds after [`base`], or [`NEVER`].
     deadline_ms: AtomicU64,
     /// The process group to kill (0: none attached yet).
     pgid: AtomicI32,
@@ -31,11 +31,17 @@ struct Entry {
 }
 
 struct Board {
-    base: Instant,
     entries: Mutex<Vec<Weak<Entry>>>,
     wake: Condvar,
 }
 
+/// The instant deadlines are counted from (the first use in this process).
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// The list and its thread, started by the first attached process group.
 fn board() -> &'static Board {
     static BOARD: OnceLock<Board> = OnceLock::new();
     BOARD.get_or_init(|| {
@@ -47,7 +53,6 @@ fn board() -> &'static Board {
             tracing::error!(error = %e, "cannot start the lease watchdog thread");
         }
         Board {
-            base: Instant::now(),
             entries: Mutex::new(Vec::new()),
             wake: Condvar::new(),
         }
@@ -88,12 +93,11 @@ impl Watch {
     /// deadline nearer than that.
     pub fn kill_at(&self, at: Instant) {
         let Some(entry) = &self.entry else { return };
-        let board = board();
-        let ms = at.saturating_duration_since(board.base).as_millis();
+        let ms = at.saturating_duration_since(base()).as_millis();
         let ms = u64::try_from(ms).unwrap_or(NEVER - 1);
         entry.deadline_ms.store(ms, Ordering::SeqCst);
         if entry.pgid.load(Ordering::SeqCst) > 0 && at < Instant::now() + LOOK_EVERY {
-            board.wake.notify_one();
+            board().wake.notify_one();
         }
     }
 
@@ -123,7 +127,7 @@ fn watch_loop() {
     let board = board();
     let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        let now_ms = u64::try_from(board.base.elapsed().as_millis()).unwrap_or(NEVER - 1);
+        let now_ms = u64::try_from(base().elapsed().as_millis()).unwrap_or(NEVER - 1);
         let mut next = NEVER;
         entries.retain(|w| {
             let Some(e) = w.upgrade() else { return false };
