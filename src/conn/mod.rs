@@ -12,6 +12,10 @@ use redis::{Cmd, RedisResult};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::worker";
+
 /// A client for `url` whose TCP connections set `TCP_NODELAY`, as Redis itself does: a small
 /// request written while an earlier one is unacknowledged (slots, batches, the heartbeat beside
 /// a job) must not wait for the ACK.
@@ -43,7 +47,7 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
             Ok(conn) => return Ok(conn),
             // A wrong password or a bad TLS setting will not fix itself: report it at once.
             Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
-                warn!(error = %e, "redis not answering yet, retrying");
+                warn!(target: LOG_TARGET, error = %e, "redis not answering yet, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
@@ -78,7 +82,7 @@ pub async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result
     let policy = match reply {
         Ok(v) => v.get(1).cloned().unwrap_or_default(),
         Err(e) => {
-            debug!(error = %e, "cannot read maxmemory-policy; assuming noeviction");
+            debug!(target: LOG_TARGET, error = %e, "cannot read maxmemory-policy; assuming noeviction");
             return Ok(());
         }
     };
@@ -86,7 +90,7 @@ pub async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result
         return Ok(());
     }
     if allow {
-        warn!(policy = %policy, "redis may evict keys; running anyway (allow_evicting_redis)");
+        warn!(target: LOG_TARGET, policy = %policy, "redis may evict keys; running anyway (allow_evicting_redis)");
         return Ok(());
     }
     Err(Error::EvictingRedis(policy))

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::master";
+
 impl Master {
     pub(super) async fn spawn(&mut self, index: u32) {
         let incarnation = crate::store::random_hex(4);
@@ -42,7 +46,7 @@ impl Master {
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                error!(index, error = %e, "cannot start a worker process");
+                error!(target: LOG_TARGET, index, error = %e, "cannot start a worker process");
                 self.schedule_restart(index, Duration::ZERO);
                 return;
             }
@@ -54,7 +58,7 @@ impl Master {
                 Ok(rx) => {
                     tokio::spawn(metrics::read_reports(rx, pid, self.aggregate.clone()));
                 }
-                Err(e) => warn!(error = %e, "cannot read the worker's metrics"),
+                Err(e) => warn!(target: LOG_TARGET, error = %e, "cannot read the worker's metrics"),
             }
         }
         if let Some(mut stdin) = child.stdin.take() {
@@ -70,7 +74,7 @@ impl Master {
                 let _ = tx.send(Event::Exited { pid, status });
             }
         });
-        info!(index, pid, "worker started");
+        info!(target: LOG_TARGET, index, pid, "worker started");
         self.slots.insert(
             pid,
             Slot {
@@ -102,7 +106,7 @@ impl Master {
             next
         };
         let (tx, generation) = (self.events_tx.clone(), self.generation);
-        info!(
+        info!(target: LOG_TARGET,
             index,
             delay_secs = delay.as_secs_f64(),
             "restarting the worker"
@@ -125,11 +129,11 @@ impl Master {
             self.drained = true;
         }
         if clean && (slot.retiring || self.stopping.is_some() || drained) {
-            info!(index = slot.index, pid, "worker stopped");
+            info!(target: LOG_TARGET, index = slot.index, pid, "worker stopped");
         } else if clean {
-            warn!(index = slot.index, pid, "worker exited unexpectedly: {why}");
+            warn!(target: LOG_TARGET, index = slot.index, pid, "worker exited unexpectedly: {why}");
         } else {
-            error!(
+            error!(target: LOG_TARGET,
                 index = slot.index,
                 pid,
                 ran_secs = ran.as_secs(),
@@ -189,20 +193,20 @@ impl Master {
                     match recover_exactly(c, &keys, &cfg, &process, &why).await {
                         Ok(r) => {
                             for (slot, result) in &r.recovered {
-                                info!(slot = %slot, result = %result, "recovered the dead worker's slot");
+                                info!(target: LOG_TARGET, slot = %slot, result = %result, "recovered the dead worker's slot");
                             }
                             return;
                         }
                         Err(e) if attempt == 0 => {
-                            warn!(error = %e, "recovering a dead worker: redis error; retrying");
+                            warn!(target: LOG_TARGET, error = %e, "recovering a dead worker: redis error; retrying");
                         }
-                        Err(e) => debug!(error = %e, "recovering a dead worker: still failing"),
+                        Err(e) => debug!(target: LOG_TARGET, error = %e, "recovering a dead worker: still failing"),
                     }
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            warn!(
+            warn!(target: LOG_TARGET,
                 pid,
                 "could not recover the dead worker; the janitor will once its lease lapses"
             );
@@ -222,7 +226,7 @@ impl Master {
             .await
             .is_err()
         {
-            warn!("recoveries of dead workers did not finish in 30 s; the janitor will do them");
+            warn!(target: LOG_TARGET, "recoveries of dead workers did not finish in 30 s; the janitor will do them");
         }
     }
 }
@@ -253,7 +257,7 @@ pub(super) fn metrics_pipe() -> Option<(OwnedFd, OwnedFd)> {
     let mut fds = [0i32; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        warn!(error = %std::io::Error::last_os_error(), "cannot create a metrics pipe");
+        warn!(target: LOG_TARGET, error = %std::io::Error::last_os_error(), "cannot create a metrics pipe");
         return None;
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::master";
+
 pub(super) fn signal(pid: u32, sig: i32) {
     if let Ok(p) = i32::try_from(pid) {
         if p > 0 {
@@ -16,7 +20,7 @@ pub(super) fn become_subreaper() {
     // SAFETY: prctl with integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if rc != 0 {
-        warn!(
+        warn!(target: LOG_TARGET,
             error = %std::io::Error::last_os_error(),
             "cannot become child subreaper: a SIGKILLed worker's handler children may outlive it"
         );
@@ -76,7 +80,7 @@ pub(super) async fn kill_orphans(workers: &HashSet<u32>) {
         }
         for (pid, state, pgrp) in &found {
             if *state != 'Z' {
-                warn!(
+                warn!(target: LOG_TARGET,
                     pid,
                     pgrp, "killing a dead worker's orphaned handler process group"
                 );

@@ -22,6 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::metrics::http";
+
 /// Most queues read per scrape.
 pub const MAX_QUEUES: usize = 500;
 
@@ -49,7 +53,7 @@ pub async fn read_redis(conn: &mut ConnectionManager, config: &Config) -> RedisG
     match tokio::time::timeout(Duration::from_secs(2), read_redis_inner(conn, config)).await {
         Ok(Ok(g)) => g,
         Ok(Err(e)) => {
-            debug!(error = %e, "metrics: redis read failed");
+            debug!(target: LOG_TARGET, error = %e, "metrics: redis read failed");
             RedisGauges::default()
         }
         Err(_) => RedisGauges::default(),
@@ -402,14 +406,14 @@ pub async fn serve(
 ) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let listener = TcpListener::bind(addr).await?;
     let local: SocketAddr = listener.local_addr()?;
-    info!(addr = %local, "serving metrics on /metrics");
+    info!(target: LOG_TARGET, addr = %local, "serving metrics on /metrics");
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
         loop {
             let (mut sock, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(error = %e, "metrics: accept failed");
+                    warn!(target: LOG_TARGET, error = %e, "metrics: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

@@ -10,6 +10,10 @@ use crate::store::{self, Finish, FinishHolds, FinishRequest};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{error, info, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::worker";
+
 impl Worker {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn finish_job(
@@ -37,7 +41,7 @@ impl Worker {
             if f.exception == crate::handler::RESCHEDULE {
                 // EX_TEMPFAIL: the lock is released and the payload goes back to the tail in
                 // the same FINISH, so the next run of this key starts without overlap.
-                info!(queue = %queue, class = %class, "job asked to be rescheduled (exit 75)");
+                info!(target: LOG_TARGET, queue = %queue, class = %class, "job asked to be rescheduled (exit 75)");
                 return self
                     .finish_outcome(
                         rid,
@@ -65,7 +69,7 @@ impl Worker {
             }
         };
         if let Err(f) = &result {
-            warn!(queue = %queue, class = %class, exception = %f.exception, error = %f.error, "job failed");
+            warn!(target: LOG_TARGET, queue = %queue, class = %class, exception = %f.exception, error = %f.error, "job failed");
         }
         self.finish_outcome(
             rid, queue, token, locks, outcome, class, started, label, &fh,
@@ -145,12 +149,12 @@ impl Worker {
                 // taken, K-2) and tries the FINISH again every PARK_RETRY, silently, until the
                 // operator has mended the key the log names. The record says so for `status`.
                 if p.parked_until.is_none() {
-                    error!(queue = %p.queue, class = %p.class, outcome = %p.label, retry_s = PARK_RETRY.as_secs(), "the job's end was refused by Redis; the job stays in its inflight record and the slot is parked, trying again periodically");
+                    error!(target: LOG_TARGET, queue = %p.queue, class = %p.class, outcome = %p.label, retry_s = PARK_RETRY.as_secs(), "the job's end was refused by Redis; the job stays in its inflight record and the slot is parked, trying again periodically");
                     let at = crate::resque::time::run_at(SystemTime::now());
                     if let Err(e) =
                         store::park(&mut self.conn.clone(), &slot, &p.rid, &at, &why).await
                     {
-                        warn!(error = %e, "could not mark the inflight record as parked");
+                        warn!(target: LOG_TARGET, error = %e, "could not mark the inflight record as parked");
                     }
                 }
                 let mut p = p;
@@ -176,16 +180,16 @@ impl Worker {
         }
         match done {
             Some(true) => {
-                info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");
+                info!(target: LOG_TARGET, queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished");
             }
             Some(false) if retried => {
-                info!(queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished (recorded by an attempt whose reply was lost)");
+                info!(target: LOG_TARGET, queue = %queue, class = %class, worker = %self.id.worker_id, elapsed, outcome = label, "job finished (recorded by an attempt whose reply was lost)");
             }
             Some(false) => {
-                error!(queue = %queue, class = %class, elapsed, outcome = label, "job finished after its reservation was recovered elsewhere; nothing recorded twice");
+                error!(target: LOG_TARGET, queue = %queue, class = %class, elapsed, outcome = label, "job finished after its reservation was recovered elsewhere; nothing recorded twice");
             }
             None => {
-                error!(queue = %queue, class = %class, "could not record the job's end; its inflight record is left for recovery");
+                error!(target: LOG_TARGET, queue = %queue, class = %class, "could not record the job's end; its inflight record is left for recovery");
             }
         }
     }

@@ -24,6 +24,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::worker";
+
 impl Worker {
     /// whether jobs reserved from this queue take their class's execution locks
     /// (`lock_queues`); whether the class has any is its plan's business.
@@ -91,7 +95,7 @@ impl Worker {
             Ok(job) => job,
             Err(e) => {
                 let raw = String::from_utf8_lossy(&payload).into_owned();
-                warn!(queue = %queue, error = %e, "bad payload recorded as failed");
+                warn!(target: LOG_TARGET, queue = %queue, error = %e, "bad payload recorded as failed");
                 let failure = JobFailure::new("Locket::BadPayload", e.to_string());
                 let class = "?".to_string();
                 return Err(Box::new(Unstarted {
@@ -118,7 +122,7 @@ impl Worker {
                     job.class, job.class
                 ),
             );
-            warn!(queue = %queue, class = %job.class, "no handler for class");
+            warn!(target: LOG_TARGET, queue = %queue, class = %job.class, "no handler for class");
             return Err(Box::new(unstarted(&job, f)));
         };
         let digest = canonical::digest(&job.class, &job.args);
@@ -133,7 +137,7 @@ impl Worker {
             Ok(r) => r,
             Err(e) => {
                 // T-6, E-2: never run unlocked, never dropped.
-                warn!(queue = %queue, class = %job.class, error = %e, "lock key cannot be rendered; job failed");
+                warn!(target: LOG_TARGET, queue = %queue, class = %job.class, error = %e, "lock key cannot be rendered; job failed");
                 let f = JobFailure::new("Locket::BadLockKey", e.to_string());
                 return Err(Box::new(unstarted(&job, f)));
             }
@@ -379,7 +383,7 @@ impl Worker {
             Some(AcquireOutcome::Conflict { action, conflicts }) => {
                 if last_wait {
                     let plan = p.plan();
-                    info!(queue = %queue, class = %class, digest = %&p.digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
+                    info!(target: LOG_TARGET, queue = %queue, class = %class, digest = %&p.digest[..12], waited_ms = u64::try_from(plan.wait_timeout.as_millis()).unwrap_or(u64::MAX), then = plan.wait_then.name(), "lock wait timed out");
                 }
                 self.log_conflict(class, queue, &p.digest, &action, &conflicts, waiting);
                 if action == Settled::None {
@@ -390,12 +394,12 @@ impl Worker {
             }
             Some(AcquireOutcome::Dead) => {
                 // nothing was started; the reservation stays for recovery.
-                error!(queue = %queue, class = %class, process = %self.id.process_id, "process lease gone: presumed dead, the job is left reserved for recovery");
+                error!(target: LOG_TARGET, queue = %queue, class = %class, process = %self.id.process_id, "process lease gone: presumed dead, the job is left reserved for recovery");
                 dead.cancel();
                 Acquire::Ended(Some(StopReason::PresumedDead))
             }
             Some(AcquireOutcome::Missing) => {
-                error!(queue = %queue, class = %class, "reservation was recovered elsewhere before it started");
+                error!(target: LOG_TARGET, queue = %queue, class = %class, "reservation was recovered elsewhere before it started");
                 Acquire::Ended(None)
             }
         }
@@ -415,7 +419,7 @@ impl Worker {
             "Processing {queue} since {} [{class}]",
             epoch_secs()
         ));
-        info!(queue = %queue, class = %class, worker = %self.id.worker_id, "job started");
+        info!(target: LOG_TARGET, queue = %queue, class = %class, worker = %self.id.worker_id, "job started");
         self.metrics.job_started(queue, class);
         // Its own table, else the "*" fallback (as for its handler and lock plan).
         let class_cfg = self
@@ -469,7 +473,7 @@ impl Worker {
         let (queue, class, locks, token) = (&p.queue, &p.job.class, &p.rendered.locks, &p.token);
         if matches!(end, RunEnd::LockLost) {
             self.metrics.lock_lost();
-            error!(queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
+            error!(target: LOG_TARGET, queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
             if on_lost == OnLockLost::Requeue {
                 let release = p.rendered.releases(false);
                 let holds = FinishHolds {
@@ -568,16 +572,16 @@ impl Worker {
         }
         match action {
             Settled::Requeued | Settled::None => {
-                debug!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
+                debug!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
             }
             Settled::Discarded => {
-                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, "lock conflict: job discarded")
+                info!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, "lock conflict: job discarded")
             }
             Settled::Delayed { due_ms, attempt } => {
-                info!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, due_ms, "lock conflict: job delayed")
+                info!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, due_ms, "lock conflict: job delayed")
             }
             Settled::Failed { attempt } => {
-                warn!(queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, "lock conflict: job failed as Locket::LockConflict")
+                warn!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, attempt, "lock conflict: job failed as Locket::LockConflict")
             }
         }
     }

@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::worker";
+
 impl Worker {
     /// The worker's loop: RESERVE, then the job's path (`job.rs`), until a stop.
     pub(super) async fn work_loop(
@@ -79,7 +83,7 @@ impl Worker {
                 Ok(Reserved::Dead) => {
                     // the lease lapsed (a stall or a partition longer than process_ttl)
                     // and this process may have been recovered: it reserves nothing more.
-                    error!(process = %self.id.process_id, "process lease gone: presumed dead, reserving nothing");
+                    error!(target: LOG_TARGET, process = %self.id.process_id, "process lease gone: presumed dead, reserving nothing");
                     dead.cancel();
                     return StopReason::PresumedDead;
                 }
@@ -87,7 +91,7 @@ impl Worker {
                     // Only after a RESERVE whose reply was lost (connection dropped after the
                     // script ran): the job is safe in the inflight record and goes back to the
                     // head of its queue, where it was.
-                    warn!(slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
+                    warn!(target: LOG_TARGET, slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
                     self.return_stale().await;
                     sleep_or_stop(backoff, control, dead).await;
                 }
@@ -108,10 +112,10 @@ impl Worker {
                 return Next::Stop(r);
             }
             self.title("Paused");
-            info!("paused (USR2): reserving nothing until CONT");
+            info!(target: LOG_TARGET, "paused (USR2): reserving nothing until CONT");
             wait_unpaused(control, dead).await;
             if !control.is_paused() {
-                info!("resumed (CONT)");
+                info!(target: LOG_TARGET, "resumed (CONT)");
             }
             return Next::Again;
         }
@@ -188,11 +192,11 @@ impl Worker {
     fn nothing_reserved(&mut self, skipped: &[String], unreadable: &[String]) {
         self.metrics.queues_skipped(skipped);
         if !skipped.is_empty() {
-            debug!(skipped = ?skipped, "queues skipped: every job in them is locked");
+            debug!(target: LOG_TARGET, skipped = ?skipped, "queues skipped: every job in them is locked");
         }
         for q in unreadable {
             if self.unreadable_warned.insert(q.clone()) {
-                warn!(queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
+                warn!(target: LOG_TARGET, queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
             }
         }
     }
@@ -256,7 +260,7 @@ impl Worker {
     pub(super) async fn return_job(&mut self, rid: &str, queue: &str) {
         let slot = self.slot();
         if let Err(e) = store::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
-            error!(step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
+            error!(target: LOG_TARGET, step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
         }
     }
 }

@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::worker";
+
 /// Why [`retry`] ended without a reply.
 pub(super) enum GaveUp {
     /// Redis stayed away until the control asked to stop, or for ten minutes.
@@ -36,17 +40,17 @@ where
         match f(conn.clone()).await {
             Ok(v) => {
                 if logged {
-                    info!(step = what, "redis reachable again");
+                    info!(target: LOG_TARGET, step = what, "redis reachable again");
                 }
                 return Ok(v);
             }
             Err(e) if crate::conn::is_refusal(&e) => {
-                error!(step = what, error = %e, "redis refused the step; not sending it again");
+                error!(target: LOG_TARGET, step = what, error = %e, "redis refused the step; not sending it again");
                 return Err(GaveUp::Refused(e.to_string()));
             }
             Err(e) => {
                 if !logged {
-                    error!(step = what, error = %e, "redis error; retrying with backoff");
+                    error!(target: LOG_TARGET, step = what, error = %e, "redis error; retrying with backoff");
                     logged = true;
                 }
                 if Instant::now() + delay > deadline || control.kill.is_cancelled() {

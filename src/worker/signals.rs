@@ -11,11 +11,15 @@ use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIG
 use signal_hook_tokio::Signals;
 use tracing::{info, warn};
 
+/// The target of this file's log lines: the module they came from before the layout of
+/// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
+const LOG_TARGET: &str = "locketd::shutdown";
+
 /// Installs the handlers and returns the control they drive. Must be called inside a runtime.
 pub fn install(graceful_term: bool) -> std::io::Result<Control> {
     let control = Control::default();
     if std::env::var(crate::process::PAUSED_ENV).is_ok_and(|v| v == "1") {
-        info!("starting paused: the master is paused (USR2); CONT resumes");
+        info!(target: LOG_TARGET, "starting paused: the master is paused (USR2); CONT resumes");
         control.set_paused(true);
     }
     let mut signals = Signals::new([SIGQUIT, SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGHUP])?;
@@ -32,14 +36,14 @@ pub fn install(graceful_term: bool) -> std::io::Result<Control> {
 pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
     match sig {
         SIGQUIT => {
-            info!(
+            info!(target: LOG_TARGET,
                 signal = "QUIT",
                 "finishing the running job, reserving nothing new"
             );
             c.quit();
         }
         SIGTERM if graceful_term => {
-            info!(
+            info!(target: LOG_TARGET,
                 signal = "TERM",
                 "graceful_term: finishing the running job, reserving nothing new"
             );
@@ -47,12 +51,12 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
         }
         SIGTERM | SIGINT => {
             if c.term.is_cancelled() {
-                warn!(
+                warn!(target: LOG_TARGET,
                     signal = signal_name(sig),
                     "second stop signal: killing the running job now"
                 );
             } else {
-                info!(
+                info!(target: LOG_TARGET,
                     signal = signal_name(sig),
                     "stopping now: the running job gets term_timeout"
                 );
@@ -61,16 +65,16 @@ pub fn apply(c: &Control, sig: i32, graceful_term: bool) {
         }
         SIGUSR1 => c.kill_running_job(),
         SIGUSR2 => {
-            info!(signal = "USR2", "pausing: no new jobs until CONT");
+            info!(target: LOG_TARGET, signal = "USR2", "pausing: no new jobs until CONT");
             c.set_paused(true);
         }
         SIGCONT => {
             if c.is_paused() {
-                info!(signal = "CONT", "resuming");
+                info!(target: LOG_TARGET, signal = "CONT", "resuming");
             }
             c.set_paused(false);
         }
-        SIGHUP => info!("HUP is handled by the master; ignored by a worker"),
+        SIGHUP => info!(target: LOG_TARGET, "HUP is handled by the master; ignored by a worker"),
         _ => {}
     }
 }
