@@ -95,15 +95,18 @@ struct Running {
     /// (up to the 30 s response timeout) must not hold up the lease end, the signals or the
     /// handler's exit (NEVER-1).
     extension: Extension,
-    /// The lease's backstop on its own thread (see [`WATCHDOG_MARGIN`]).
+    /// The lease's backstop on its own thread, armed `backstop` (kill_grace and
+    /// [`WATCHDOG_MARGIN`]) after `lease_end`.
     watch: Watch,
+    backstop: Duration,
     kills: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Running {
     /// Moves the watchdog to the lease's current end, plus kill_grace and the margin.
-    fn arm(&self, backstop: Duration) {
-        self.watch.kill_at((self.lease_end + backstop).into_std());
+    fn arm(&self) {
+        self.watch
+            .kill_at((self.lease_end + self.backstop).into_std());
     }
 }
 
@@ -144,6 +147,7 @@ impl Supervision {
             },
             extension: Fuse::terminated(),
             watch,
+            backstop: self.kill_grace + WATCHDOG_MARGIN,
             kills,
         };
         let end = match self.until_end(&mut r, control, dead).await {
@@ -176,7 +180,6 @@ impl Supervision {
         control: &Control,
         dead: &CancellationToken,
     ) -> Result<HandlerResult, RunEnd> {
-        let backstop = self.kill_grace + WATCHDOG_MARGIN;
         let runtime_end = self
             .max_runtime
             .map(|d| Instant::now() + d)
@@ -185,7 +188,7 @@ impl Supervision {
         let mut quitting = false;
         let mut extend_failing = false;
         loop {
-            r.arm(backstop);
+            r.arm();
             tokio::select! {
                 result = &mut r.fut => return Ok(result),
                 _ = sleep_until(r.next_extend), if r.extension.is_terminated() => {
@@ -278,7 +281,6 @@ impl Supervision {
         locked: bool,
         control: &Control,
     ) -> (RunEnd, Option<HandlerResult>) {
-        let backstop = self.kill_grace + WATCHDOG_MARGIN;
         let grace = match end {
             RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true } => Duration::ZERO,
             RunEnd::Terminated { .. } => self.term_timeout,
@@ -291,7 +293,7 @@ impl Supervision {
         // it to term_timeout; a second TERM or a USR1 ends it at once, as they would a run.
         let mut term_seen = matches!(end, RunEnd::Terminated { .. });
         loop {
-            r.arm(backstop);
+            r.arm();
             tokio::select! {
                 biased;
                 // NEVER-1: a lease that runs out while the job is stopping ends the grace.
