@@ -1,7 +1,7 @@
 //! The start-up check (C-1, C-2): every setting a worker relies on, refused with a message
 //! that names it, before any process starts.
 
-use super::{invalid, plans, Builtin, Config, ConfigError, BUILTIN_NAMES};
+use super::{invalid, plans, Builtin, Config, ConfigError, HandlerMode, BUILTIN_NAMES};
 use std::time::Duration;
 
 impl Config {
@@ -151,7 +151,20 @@ impl Config {
             if name.is_empty() {
                 return Err(invalid("classes", "a class name is empty"));
             }
-            if let Some(b) = &class.builtin {
+            if let Some(h) = &class.handler {
+                if class.command.is_some() || class.builtin.is_some() {
+                    return Err(invalid(
+                        &format!("{setting}.handler"),
+                        "give one of `handler`, `command` or `builtin`",
+                    ));
+                }
+                if !self.handlers.contains_key(h) {
+                    return Err(invalid(
+                        &format!("{setting}.handler"),
+                        format!("names handler {h:?}, but there is no [handlers.{h:?}] table"),
+                    ));
+                }
+            } else if let Some(b) = &class.builtin {
                 if class.command.is_some() {
                     return Err(invalid(
                         &format!("{setting}.builtin"),
@@ -186,6 +199,7 @@ impl Config {
                 }
             }
         }
+        self.check_handlers(&mut warnings)?;
         plans::Plans::compile(self)?;
         if self.classes.is_empty() {
             warnings.push(
@@ -194,5 +208,76 @@ impl Config {
             );
         }
         Ok(warnings)
+    }
+}
+
+impl Config {
+    /// The `[handlers]` tables (H-2): a command each; persistent limits in range.
+    fn check_handlers(&self, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+        for (name, h) in &self.handlers {
+            let setting = format!("handlers.{name:?}");
+            if name.is_empty() {
+                return Err(invalid("handlers", "a handler name is empty"));
+            }
+            if h.command.is_empty() || h.command[0].is_empty() {
+                return Err(invalid(
+                    &format!("{setting}.command"),
+                    "must name a program: [\"path\", \"arg\", ...]",
+                ));
+            }
+            if h.mode == HandlerMode::Exec {
+                continue;
+            }
+            if h.boot_timeout.get() < Duration::from_millis(100) {
+                return Err(invalid(
+                    &format!("{setting}.boot_timeout"),
+                    format!("{} is below 100ms", h.boot_timeout),
+                ));
+            }
+            if h.start_timeout.get() < Duration::from_millis(100) {
+                return Err(invalid(
+                    &format!("{setting}.start_timeout"),
+                    format!("{} is below 100ms", h.start_timeout),
+                ));
+            }
+            if let Some(f) = h.max_frame_bytes {
+                if f.0 < 4096 {
+                    return Err(invalid(
+                        &format!("{setting}.max_frame_bytes"),
+                        "is below 4096 bytes",
+                    ));
+                }
+                if f.0 < self.max_payload_bytes as u64 + 1024 {
+                    warnings.push(format!(
+                        "{setting}.max_frame_bytes ({}) is smaller than max_payload_bytes: a \
+                         large job's reply may not fit",
+                        f.0
+                    ));
+                }
+            }
+            if h.max_rss.is_some_and(|b| b.0 < 1024 * 1024) {
+                return Err(invalid(&format!("{setting}.max_rss"), "is below 1MiB"));
+            }
+            if h.max_lifetime.is_some_and(|t| t.get().is_zero()) {
+                return Err(invalid(
+                    &format!("{setting}.max_lifetime"),
+                    "must be above 0",
+                ));
+            }
+            if h.idle_timeout.is_some_and(|t| t.get().is_zero()) {
+                return Err(invalid(
+                    &format!("{setting}.idle_timeout"),
+                    "must be above 0",
+                ));
+            }
+            if !self
+                .classes
+                .values()
+                .any(|c| c.handler.as_deref() == Some(name.as_str()))
+            {
+                warnings.push(format!("{setting} is not used by any class"));
+            }
+        }
+        Ok(())
     }
 }

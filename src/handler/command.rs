@@ -10,11 +10,10 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-const STDERR_TAIL_LINES: usize = 20;
-const LINE_LIMIT: usize = 2000;
+use super::lines::{for_each_line, STDERR_TAIL_LINES};
 
 /// Runs a configured command per job.
 #[derive(Debug, Clone)]
@@ -38,6 +37,19 @@ impl CommandHandler {
         }
     }
 
+    /// From a `[handlers.<name>]` table of mode `exec`.
+    pub fn from_table(table: &crate::config::HandlerConfig) -> CommandHandler {
+        CommandHandler {
+            argv: table.command.clone(),
+            dir: table.dir.clone(),
+            env: table
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
     /// A handler running `argv`.
     pub fn from_argv(argv: Vec<String>) -> CommandHandler {
         CommandHandler {
@@ -50,12 +62,12 @@ impl CommandHandler {
 
 /// Kills the handler's whole process group when dropped, so a hard stop (the supervisor dropping
 /// the future) never leaves it running.
-struct GroupGuard {
-    pgid: Option<i32>,
+pub(super) struct GroupGuard {
+    pub(super) pgid: Option<i32>,
 }
 
 impl GroupGuard {
-    fn signal(&self, sig: i32) {
+    pub(super) fn signal(&self, sig: i32) {
         if let Some(pgid) = self.pgid {
             // SAFETY: kill(2) with a negative pid signals that process group; no memory is shared.
             unsafe {
@@ -69,53 +81,6 @@ impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.signal(libc::SIGKILL);
     }
-}
-
-/// Calls `f` with each line `r` gives until its end (or a read error), without the line end.
-/// A line is kept to its first [`LINE_LIMIT`] bytes: the rest is read and dropped as it comes,
-/// so a handler that writes without newlines costs bounded memory. Bytes that are not UTF-8
-/// become U+FFFD: ending the read there would close the pipe, and the handler's next write
-/// would kill it with SIGPIPE.
-async fn for_each_line<R: AsyncRead + Unpin>(r: R, mut f: impl FnMut(String)) {
-    let mut reader = BufReader::new(r);
-    let mut line: Vec<u8> = Vec::new();
-    let mut pending = false;
-    while let Ok(buf) = reader.fill_buf().await {
-        if buf.is_empty() {
-            break;
-        }
-        let newline = buf.iter().position(|&b| b == b'\n');
-        let chunk = &buf[..newline.unwrap_or(buf.len())];
-        let room = LINE_LIMIT.saturating_sub(line.len());
-        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        pending = true;
-        let used = newline.map_or(buf.len(), |i| i + 1);
-        reader.consume(used);
-        if newline.is_some() {
-            f(decode_line(&line));
-            line.clear();
-            pending = false;
-        }
-    }
-    if pending {
-        f(decode_line(&line));
-    }
-}
-
-fn decode_line(line: &[u8]) -> String {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    trim_line(String::from_utf8_lossy(line).into_owned())
-}
-
-fn trim_line(mut line: String) -> String {
-    if line.len() > LINE_LIMIT {
-        let mut cut = LINE_LIMIT;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-    }
-    line
 }
 
 impl Handler for CommandHandler {
@@ -174,20 +139,8 @@ impl CommandHandler {
     /// The handler's command: its argv, directory and environment, the job described in
     /// `LOCKETD_*` variables, pipes, a process group of its own, and death with its parent.
     fn command(&self, job: &JobContext) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
-            // The service manager's, the metrics pipe's and the master's variables are the
-            // daemon's own: a handler that runs locketd itself must not start as a worker.
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .env_remove(crate::metrics::METRICS_FD_ENV)
-            .env_remove(crate::process::ROLE_ENV)
-            .env_remove(crate::process::PAUSED_ENV)
-            .env_remove(crate::process::WORKER_INDEX_ENV)
-            .env_remove(crate::process::INCARNATION_ENV)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("LOCKETD_CLASS", &job.class)
+        let mut cmd = base_command(&self.argv, self.dir.as_deref(), &self.env);
+        cmd.env("LOCKETD_CLASS", &job.class)
             .env("LOCKETD_QUEUE", &job.queue)
             .env("LOCKETD_WORKER", &job.worker)
             .env(
@@ -199,11 +152,7 @@ impl CommandHandler {
                 "LOCKETD_LOCK_FENCES",
                 serde_json::to_string(&job.lock_fences).unwrap_or_else(|_| "[]".into()),
             )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stdin(Stdio::piped());
         // Linux refuses to exec with one environment string over 128 KiB (E2BIG): the job
         // could never run. Large args are read from the payload on stdin instead.
         if job.args_raw.len() <= ARGS_ENV_LIMIT {
@@ -212,20 +161,48 @@ impl CommandHandler {
             cmd.env_remove("LOCKETD_ARGS")
                 .env("LOCKETD_ARGS_OMITTED", "1");
         }
-        if let Some(dir) = &self.dir {
-            cmd.current_dir(dir);
-        }
-        // SAFETY: prctl only sets a flag on the child between fork and exec; it allocates
-        // nothing and is async-signal-safe. If locketd dies, the kernel kills the handler, so
-        // no handler outlives the lock it ran under.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         cmd
     }
+}
+
+/// A handler process's command: its argv, directory and environment without the daemon's own
+/// variables, stdout and stderr piped, a process group of its own, and death with its parent
+/// (H-3 for persistent handlers; the same for one process per job).
+pub(super) fn base_command(
+    argv: &[String],
+    dir: Option<&std::path::Path>,
+    env: &[(String, String)],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        // The service manager's, the metrics pipe's and the master's variables are the
+        // daemon's own: a handler that runs locketd itself must not start as a worker.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .env_remove(crate::metrics::METRICS_FD_ENV)
+        .env_remove(crate::process::ROLE_ENV)
+        .env_remove(crate::process::PAUSED_ENV)
+        .env_remove(crate::process::WORKER_INDEX_ENV)
+        .env_remove(crate::process::INCARNATION_ENV)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: prctl only sets a flag on the child between fork and exec; it allocates
+    // nothing and is async-signal-safe. If locketd dies, the kernel kills the handler, so
+    // no handler outlives the lock it ran under.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// The tasks serving a handler's pipes: the payload written to its stdin, its stdout and
@@ -348,35 +325,5 @@ fn outcome(
         // Resque's DirtyExit records carry an empty backtrace (resque-protocol.md §6);
         // the handler's stderr is in the log.
         .dirty())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn lines_of(input: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        for_each_line(input, |l| out.push(l)).await;
-        out
-    }
-
-    // A handler's output is read to its end whatever it holds: bytes that are not UTF-8 do not
-    // stop the read (the handler would get SIGPIPE), and a long line costs LINE_LIMIT bytes.
-    #[tokio::test]
-    async fn output_lines_survive_bad_bytes_and_long_lines() {
-        let long = "x".repeat(3 * LINE_LIMIT);
-        let input = format!("ok\n\u{1}\nafter\r\n{long}\nlast");
-        let mut bytes = input.into_bytes();
-        bytes.splice(3..4, [0xff, 0xfe]);
-        let lines = lines_of(&bytes).await;
-        assert_eq!(lines.len(), 5, "{lines:?}");
-        assert_eq!(lines[0], "ok");
-        assert_eq!(lines[1], "\u{fffd}\u{fffd}");
-        assert_eq!(lines[2], "after");
-        assert_eq!(lines[3], "x".repeat(LINE_LIMIT));
-        assert_eq!(lines[4], "last");
-        assert!(lines_of(b"").await.is_empty());
-        assert_eq!(lines_of(b"\n").await, [""]);
     }
 }

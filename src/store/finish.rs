@@ -85,6 +85,7 @@ pub(super) fn finish_parts(
         Finish::Failure(r) => ("failure", r.as_str()),
         Finish::Dirty(r) => ("dirty", r.as_str()),
         Finish::Requeue => ("requeue", ""),
+        Finish::Return => ("return", ""),
     };
     let mut k = vec![
         keys.inflight(slot.slot_key),
@@ -142,6 +143,36 @@ pub async fn return_to_queue<C: ConnectionLike + Send>(
         .arg(rid)
         .arg(queue)
         .arg(keys.locket_prefix())
+        .invoke_async(conn)
+        .await?;
+    Ok(reply == "ok")
+}
+
+/// DEFER (H-8): a reservation whose handler cannot take it yet goes to the tail of its queue
+/// and the queue's lock counter goes up, so a queue of such jobs is skipped until the
+/// counter lapses after `counter_ttl`. Rid-checked, like RETURN.
+pub async fn defer_to_queue<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queue: &str,
+    counter_ttl: std::time::Duration,
+) -> RedisResult<bool> {
+    let keys = slot.keys;
+    let reply: String = scripts()
+        .return_job
+        .key(keys.inflight(slot.slot_key))
+        .key(keys.queue(queue))
+        .key(keys.queues())
+        .key(keys.counter(queue))
+        .arg(rid)
+        .arg(queue)
+        .arg(keys.locket_prefix())
+        .arg(
+            u64::try_from(counter_ttl.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        )
         .invoke_async(conn)
         .await?;
     Ok(reply == "ok")

@@ -93,6 +93,8 @@ pub enum Finish {
     Dirty(String),
     /// Back to the tail of its queue, no Resque stats.
     Requeue,
+    /// Back to the head of its queue, no Resque stats: no code of the job ran (H-9).
+    Return,
 }
 
 /// The slot-level inputs shared by every step of one job.

@@ -23,6 +23,8 @@
 --                failure  the job raised / exited non-zero: failure record, processed + 1, failed + 1
 --                dirty    the job was killed (Resque::DirtyExit): failure record, processed + 1
 --                requeue  the payload goes back to the tail of its queue, no Resque stats
+--                return   the payload goes back to the head of its queue, no Resque stats (a
+--                         persistent handler that never started the job, H-9)
 -- ARGV[4]      failure record JSON (outcomes failure and dirty)
 -- ARGV[5]      "" for <ns>:failed, or the list name "<q>_failed" to add to failed_queues
 -- ARGV[6]      counter key prefix, "<ns>:locket:counter:"
@@ -60,7 +62,7 @@ end
 
 -- S-6: the keys the outcome pushes to are checked before anything is released or written.
 if mine then
-  if outcome == 'requeue' then
+  if outcome == 'requeue' or outcome == 'return' then
     must_be('finish', KEYS[9], 'list')
     must_be('finish', KEYS[10], 'set')
   elseif outcome == 'failure' or outcome == 'dirty' then
@@ -93,8 +95,12 @@ if not mine then
   return 'missing'
 end
 
-if outcome == 'requeue' then
-  redis.call('RPUSH', KEYS[9], payload)
+if outcome == 'requeue' or outcome == 'return' then
+  if outcome == 'return' then
+    redis.call('LPUSH', KEYS[9], payload)
+  else
+    redis.call('RPUSH', KEYS[9], payload)
+  end
   end_reservation()
   redis.call('SADD', KEYS[10], ARGV[7])
   return 'ok'

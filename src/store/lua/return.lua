@@ -7,6 +7,11 @@
 -- ARGV[1]  rid
 -- ARGV[2]  queue name q
 -- ARGV[3]  locket key prefix "<ns>:locket:" (O-3 stats)
+-- KEYS[4]  (deferring only) <ns>:locket:counter:<q>
+-- ARGV[4]  (deferring only) counter_ttl in ms: the job goes to the TAIL of its queue and the
+--          queue's lock counter goes up, as a lock conflict's requeue does (A-6, A-15): its
+--          handler cannot take it yet (H-8), so a queue full of such jobs is skipped (A-2)
+--          rather than reserved over and over.
 --
 -- Returns "ok", or "missing" when the record is not this reservation's. Raises a
 -- LOCKET_STORE error, having changed nothing, when the queue key is not a list or `queues` not
@@ -20,8 +25,15 @@ local payload = redis.call('HGET', KEYS[1], 'payload')
 local class = redis.call('HGET', KEYS[1], 'class') or ''
 must_be('return', KEYS[2], 'list')
 must_be('return', KEYS[3], 'set')
-redis.call('LPUSH', KEYS[2], payload)
+if ARGV[4] then
+  redis.call('RPUSH', KEYS[2], payload)
+  if redis.call('INCR', KEYS[4]) == 1 then
+    redis.call('PEXPIRE', KEYS[4], ARGV[4])
+  end
+else
+  redis.call('LPUSH', KEYS[2], payload)
+end
 redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('DEL', KEYS[1])
-count(ARGV[3], now_ms(), 'returned', class)
+count(ARGV[3], now_ms(), ARGV[4] and 'deferred' or 'returned', class)
 return 'ok'
