@@ -95,6 +95,9 @@ mod tests {
             lock_token: String::new(),
             lock_fences: vec![],
             watch: Default::default(),
+            id: String::new(),
+            timeout: None,
+            stop_reason: Default::default(),
         }
     }
 

@@ -8,8 +8,11 @@
 
 pub mod builtin;
 mod command;
+mod lines;
+pub mod persistent;
 
 pub use command::CommandHandler;
+pub use persistent::{HandlerState, PersistentHandler};
 
 use crate::config::Config;
 use crate::resque::failure::JobFailure;
@@ -43,6 +46,44 @@ pub struct JobContext {
     /// The run's entry on the lease watchdog: a handler that starts a process group attaches
     /// it, so the group is killed at the lock's deadline even if the worker stalls.
     pub watch: crate::watchdog::Watch,
+    /// The reservation id (a persistent handler's job `id`, H-4).
+    pub id: String,
+    /// The class's `timeout`, if it has one (a persistent handler's `deadline_ms`).
+    pub timeout: Option<std::time::Duration>,
+    /// Why the supervisor asked the run to stop, set just before `stop` is cancelled.
+    pub stop_reason: StopNote,
+}
+
+/// Why a run was asked to stop (`timeout`, `lock_lost`, `shutdown`, `usr1`,
+/// `presumed_dead`): written by the supervisor, read by a handler that tells its process.
+#[derive(Debug, Clone, Default)]
+pub struct StopNote(Arc<std::sync::OnceLock<&'static str>>);
+
+impl StopNote {
+    /// Records the reason (the first one counts).
+    pub fn set(&self, reason: &'static str) {
+        let _ = self.0.set(reason);
+    }
+
+    /// The reason, once set.
+    pub fn get(&self) -> Option<&'static str> {
+        self.0.get().copied()
+    }
+}
+
+/// Whether a handler can take a job now (H-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// It can.
+    Ready,
+    /// It cannot before `until` (a boot that failed, backing off): the job goes back to its
+    /// queue and waits there.
+    NotReady {
+        /// When to ask again.
+        until: std::time::Instant,
+        /// Why, for the log.
+        why: String,
+    },
 }
 
 /// The exception of a run that asks to be rescheduled: the command exited 75 (EX_TEMPFAIL), or
@@ -81,6 +122,45 @@ pub trait Handler: Send + Sync {
         job: JobContext,
         stop: CancellationToken,
     ) -> BoxFuture<'static, HandlerResult>;
+
+    /// Makes the handler ready for a job (a persistent handler boots here), before the job's
+    /// locks are taken. A stop drops the future.
+    fn prepare(&self) -> BoxFuture<'static, Readiness> {
+        Box::pin(async { Readiness::Ready })
+    }
+
+    /// Whether a job for this handler would be turned away now, without starting anything:
+    /// the time to ask again.
+    fn backing_off(&self) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// After a supervised run ended, before its outcome is recorded: a handler whose run was
+    /// stopped makes sure nothing of it is left running (H-11).
+    fn after_run(&self, _stopped: Option<&'static str>) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
+    /// The worker stops: end any process kept between jobs (H-12).
+    fn shutdown(&self) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
+    /// Whether the handler starts with its worker slot rather than at its first job.
+    fn preload(&self) -> bool {
+        false
+    }
+
+    /// A fresh instance for another worker slot, for handlers that keep per-slot state
+    /// (H-1); `None` when one instance serves every slot.
+    fn for_slot(&self) -> Option<Arc<dyn Handler>> {
+        None
+    }
+
+    /// The state of a per-slot process, for `status` and `/metrics`.
+    fn state(&self) -> Option<HandlerState> {
+        None
+    }
 }
 
 impl<F, Fut> Handler for F
@@ -119,11 +199,29 @@ impl Handlers {
         Handlers::default()
     }
 
-    /// The command and builtin handlers of a config's `[classes]`.
+    /// The command, builtin and named handlers of a config's `[classes]`; a named handler
+    /// serves every class that points at it.
     pub fn from_config(config: &Config) -> Handlers {
         let mut h = Handlers::new();
+        let mut named: HashMap<&str, Arc<dyn Handler>> = HashMap::new();
         for (name, class) in &config.classes {
-            if let Some(b) = class
+            if let Some(hname) = class.handler.as_deref() {
+                let Some(table) = config.handlers.get(hname) else {
+                    continue;
+                };
+                let handler = named
+                    .entry(hname)
+                    .or_insert_with(|| match table.mode {
+                        crate::config::HandlerMode::Exec => {
+                            Arc::new(CommandHandler::from_table(table))
+                        }
+                        crate::config::HandlerMode::Persistent => {
+                            Arc::new(PersistentHandler::new(hname, table, config))
+                        }
+                    })
+                    .clone();
+                h.insert_arc(name, handler);
+            } else if let Some(b) = class
                 .builtin
                 .as_deref()
                 .and_then(crate::config::Builtin::from_name)
@@ -138,7 +236,11 @@ impl Handlers {
 
     /// Registers a handler for `class` (`"*"` for the fallback), replacing any before it.
     pub fn insert(&mut self, class: &str, handler: impl Handler + 'static) -> &mut Handlers {
-        let handler: Arc<dyn Handler> = Arc::new(handler);
+        self.insert_arc(class, Arc::new(handler))
+    }
+
+    /// [`Handlers::insert`] of a shared handler.
+    pub fn insert_arc(&mut self, class: &str, handler: Arc<dyn Handler>) -> &mut Handlers {
         if class == "*" {
             self.fallback = Some(handler);
         } else {
@@ -150,5 +252,50 @@ impl Handlers {
     /// The handler for `class`, or the fallback.
     pub fn get(&self, class: &str) -> Option<Arc<dyn Handler>> {
         self.by_class.get(class).or(self.fallback.as_ref()).cloned()
+    }
+
+    /// Every distinct handler, once.
+    pub fn distinct(&self) -> Vec<Arc<dyn Handler>> {
+        let mut out: Vec<Arc<dyn Handler>> = Vec::new();
+        for h in self.by_class.values().chain(self.fallback.iter()) {
+            if !out.iter().any(|o| Arc::ptr_eq(o, h)) {
+                out.push(h.clone());
+            }
+        }
+        out
+    }
+
+    /// The handlers of another worker slot: handlers with per-slot state get a fresh instance
+    /// (shared again by every class that shared the original), the others are shared.
+    pub fn for_slot(&self) -> Handlers {
+        let fresh: Vec<(Arc<dyn Handler>, Arc<dyn Handler>)> = self
+            .distinct()
+            .into_iter()
+            .filter_map(|h| h.for_slot().map(|f| (h, f)))
+            .collect();
+        let swap = |h: &Arc<dyn Handler>| {
+            fresh
+                .iter()
+                .find(|(old, _)| Arc::ptr_eq(old, h))
+                .map_or_else(|| h.clone(), |(_, new)| new.clone())
+        };
+        Handlers {
+            by_class: self
+                .by_class
+                .iter()
+                .map(|(k, h)| (k.clone(), swap(h)))
+                .collect(),
+            fallback: self.fallback.as_ref().map(swap),
+        }
+    }
+
+    /// The one handler every class goes to, when there is exactly one (no class has another
+    /// and there is a fallback): the worker can wait for it before reserving anything (H-8).
+    pub fn sole(&self) -> Option<Arc<dyn Handler>> {
+        let fallback = self.fallback.as_ref()?;
+        self.by_class
+            .values()
+            .all(|h| Arc::ptr_eq(h, fallback))
+            .then(|| fallback.clone())
     }
 }

@@ -38,6 +38,23 @@ impl Worker {
             resent: false,
         };
         if let Err(f) = &result {
+            if f.exception == crate::handler::persistent::NOT_STARTED {
+                // H-9: no code of the job ran: back to the head of its queue, nothing recorded.
+                info!(target: LOG_TARGET, queue = %queue, class = %class, "handler did not start the job: back to the head of its queue");
+                return self
+                    .finish_outcome(
+                        rid,
+                        queue,
+                        token,
+                        locks,
+                        Finish::Return,
+                        class,
+                        started,
+                        "returned",
+                        &fh,
+                    )
+                    .await;
+            }
             if f.exception == crate::handler::RESCHEDULE {
                 // EX_TEMPFAIL: the lock is released and the payload goes back to the tail in
                 // the same FINISH, so the next run of this key starts without overlap.

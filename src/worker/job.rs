@@ -74,6 +74,9 @@ impl Worker {
             self.return_job(&p.rid, &p.queue).await;
             return Some(StopReason::Shutdown);
         }
+        if let Some(stop) = self.prepare_handler(&p, control, dead).await {
+            return stop;
+        }
         let (fences, sent_at) = match self.acquire(&p, control, dead).await {
             Acquire::Started { fences, sent_at } => (fences, sent_at),
             Acquire::Ended(stop) => return stop,
@@ -158,6 +161,39 @@ impl Worker {
             rendered,
             token,
         })
+    }
+
+    /// H-8: the job's handler gets ready (a persistent handler boots) before its locks are
+    /// taken. One that cannot take it yet has it deferred: back to the tail of its queue with
+    /// the queue's lock counter bumped, as a lock conflict's requeue, so a queue of such jobs is
+    /// skipped and the other queues keep draining. `Some` ends the job's path here.
+    async fn prepare_handler(
+        &mut self,
+        p: &Planned,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Option<Option<StopReason>> {
+        let readiness = tokio::select! {
+            r = p.handler.prepare() => r,
+            _ = control.quit.cancelled() => {
+                self.return_job(&p.rid, &p.queue).await;
+                return Some(Some(StopReason::Shutdown));
+            }
+            _ = dead.cancelled() => return Some(Some(StopReason::PresumedDead)),
+        };
+        let crate::handler::Readiness::NotReady { why, .. } = readiness else {
+            return None;
+        };
+        debug!(target: LOG_TARGET, queue = %p.queue, class = %p.job.class, why = %why, "handler not ready: job deferred to the tail of its queue");
+        self.metrics.lock_conflict("deferred");
+        let slot = self.slot();
+        let ttl = self.config.locket.counter_ttl.get();
+        if let Err(e) =
+            store::defer_to_queue(&mut self.conn.clone(), &slot, &p.rid, &p.queue, ttl).await
+        {
+            error!(target: LOG_TARGET, step = "defer", queue = %p.queue, error = %e, "could not put a job whose handler is not ready back in its queue; it stays in its inflight record for recovery");
+        }
+        Some(None)
     }
 
     /// What a conflict can lead to for this job (§6), worked out once before ACQUIRE.
@@ -440,7 +476,11 @@ impl Worker {
             lock_token: p.token.clone(),
             lock_fences: fences,
             watch: crate::watchdog::Watch::default(),
+            id: p.rid.clone(),
+            timeout: class_cfg.timeout.map(|t| t.get()),
+            stop_reason: crate::handler::StopNote::default(),
         };
+        let stop_note = ctx.stop_reason.clone();
         let lt = &self.config.locket;
         let on_lost = class_cfg.on_lock_lost.unwrap_or(lt.on_lock_lost);
         let sup = run::Supervision {
@@ -458,6 +498,8 @@ impl Worker {
             on_lock_lost: on_lost,
         };
         let end = sup.run(p.handler.clone(), ctx, control, dead).await;
+        // H-11: whatever a stopped run left of its handler is dead before the end is recorded.
+        p.handler.after_run(stop_note.get()).await;
         (end, on_lost)
     }
 

@@ -169,6 +169,8 @@ fn epoch_secs() -> u64 {
 pub struct Worker {
     config: Config,
     handlers: Handlers,
+    /// The handler every class goes to, when there is one (H-8's wait before RESERVE).
+    sole_handler: Option<Arc<dyn crate::handler::Handler>>,
     keys: Keys,
     spec: QueueSpec,
     id: Identity,
@@ -231,6 +233,7 @@ impl Worker {
             unreadable_warned: Default::default(),
             title: String::new(),
             config,
+            sole_handler: handlers.sole(),
             handlers,
             keys,
             spec,
@@ -268,12 +271,14 @@ impl Worker {
     /// Slot `k` of a multi-slot process: a worker sharing this one's connection, config and
     /// handlers, with an identity of its own.
     fn peer(&self, k: u32) -> Worker {
+        let handlers = self.handlers.for_slot();
         Worker {
+            sole_handler: handlers.sole(),
             title_prefix: self.title_prefix.clone(),
             unreadable_warned: Default::default(),
             title: String::new(),
             config: self.config.clone(),
-            handlers: self.handlers.clone(),
+            handlers,
             keys: self.keys.clone(),
             spec: self.spec.clone(),
             id: self.id.slot(&self.spec, k),
@@ -481,10 +486,20 @@ impl Worker {
     }
 
     async fn work(&mut self, control: &Control, dead: &CancellationToken) -> StopReason {
+        // H-1: handlers that start with their slot boot beside the loop (which waits for
+        // a handler every class goes to, H-8).
+        for h in self.handlers.distinct() {
+            if h.preload() {
+                tokio::spawn(h.prepare());
+            }
+        }
         let reason = self.work_loop(control, dead).await;
-        match self.flush_pending().await {
+        let reason = match self.flush_pending().await {
             Some(r) => r,
             None => reason,
-        }
+        };
+        // H-12: processes kept between jobs get EOF, then term_timeout, then SIGKILL.
+        futures::future::join_all(self.handlers.distinct().iter().map(|h| h.shutdown())).await;
+        reason
     }
 }

@@ -119,6 +119,19 @@ impl Worker {
             }
             return Next::Again;
         }
+        // H-8: a slot whose every class goes to one handler that is backing off after a
+        // failed start reserves nothing until the backoff ends: its jobs wait in their queues.
+        if let Some(until) = self.sole_handler.as_ref().and_then(|h| h.backing_off()) {
+            if let Some(r) = self.flush_pending().await {
+                return Next::Stop(r);
+            }
+            self.title("Waiting for its handler to start");
+            let now = Instant::now();
+            if now < until {
+                sleep_or_stop(until - now, control, dead).await;
+            }
+            return Next::Again;
+        }
         if let Some(until) = self.pending.as_ref().and_then(|p| p.parked_until) {
             self.title("Parked: Redis refused the end of its last job (see the log)");
             let now = Instant::now();

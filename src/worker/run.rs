@@ -41,6 +41,18 @@ pub(super) enum RunEnd {
 }
 
 impl RunEnd {
+    /// Why the handler is asked to stop, as a handler is told (a persistent handler's
+    /// `stop` frame).
+    fn stop_reason(&self) -> &'static str {
+        match self {
+            RunEnd::TimedOut(_) => "timeout",
+            RunEnd::LockLost => "lock_lost",
+            RunEnd::KilledByUsr1 => "usr1",
+            RunEnd::PresumedDead => "presumed_dead",
+            RunEnd::Terminated { .. } | RunEnd::Finished(_) => "shutdown",
+        }
+    }
+
     /// A shutdown's stop that ended in SIGKILL (for other ends the kill changes nothing).
     fn mark_killed(&mut self) {
         if let RunEnd::Terminated { killed } = self {
@@ -129,6 +141,7 @@ impl Supervision {
         };
         ctx.watch = watch.clone();
         let stop = CancellationToken::new();
+        let note = ctx.stop_reason.clone();
         let sent_at = Instant::from_std(self.sent_at);
         let mut kills = control.kills.subscribe();
         kills.mark_unchanged();
@@ -154,6 +167,7 @@ impl Supervision {
             Ok(result) => return RunEnd::Finished(result),
             Err(end) => end,
         };
+        note.set(end.stop_reason());
         let (end, returned) = self.stop_handler(&mut r, end, locked, control).await;
         drop(r);
         // A shutdown's polite stop is the handler's to answer, as a Ruby job may rescue

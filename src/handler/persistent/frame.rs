@@ -1,0 +1,258 @@
+//! The frames a persistent handler writes on fd 4 (persistent-handlers.md §4, H-4, H-5): one
+//! compact JSON object per line, read with a bounded line reader.
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+/// How much of a bad frame a failure record quotes (H-5).
+const QUOTE_BYTES: usize = 200;
+
+/// One frame from the handler.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Frame {
+    /// The app is loaded.
+    Ready {
+        pid: Option<u64>,
+        adapter: String,
+        features: Vec<String>,
+    },
+    /// The job's code is about to run.
+    Started { id: String, child_pid: Option<u64> },
+    /// The job's outcome.
+    Done { id: String, outcome: Done },
+    /// The handler exits after its last `done`.
+    Bye { reason: String },
+}
+
+/// A `done` frame's outcome (H-7).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Done {
+    /// `ok`; `performed: false` is a job its hooks skipped (still processed).
+    Ok { performed: bool },
+    /// `failed`, with Resque's three failure fields.
+    Failed {
+        exception: String,
+        error: String,
+        backtrace: Vec<String>,
+    },
+    /// `reschedule`: like exit status 75.
+    Reschedule,
+}
+
+/// A frame that breaks the protocol (H-5): what was wrong and the frame's first bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ProtocolError {
+    pub(super) what: String,
+    pub(super) quote: String,
+}
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.quote.is_empty() {
+            f.write_str(&self.what)
+        } else {
+            write!(f, "{}: {}", self.what, self.quote)
+        }
+    }
+}
+
+fn quote(bytes: &[u8]) -> String {
+    let mut end = bytes.len().min(QUOTE_BYTES);
+    // Cut on a character boundary when the text is UTF-8; lossy otherwise.
+    while end > 0 && end < bytes.len() && std::str::from_utf8(&bytes[..end]).is_err() {
+        end -= 1;
+        if bytes.len() - end > 4 {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn bad(what: impl Into<String>, bytes: &[u8]) -> ProtocolError {
+    ProtocolError {
+        what: what.into(),
+        quote: quote(bytes),
+    }
+}
+
+fn text(v: &Value, field: &str) -> Option<String> {
+    match v.get(field)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn number(v: &Value, field: &str) -> Option<u64> {
+    v.get(field).and_then(Value::as_u64)
+}
+
+fn strings(v: &Value, field: &str) -> Vec<String> {
+    match v.get(field) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| match i {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect(),
+        Some(Value::String(s)) => s.lines().map(str::to_string).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Parses one line (without its `\n`).
+pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if std::str::from_utf8(line).is_err() {
+        return Err(bad("a frame that is not UTF-8", line));
+    }
+    let v: Value = serde_json::from_slice(line)
+        .map_err(|e| bad(format!("a frame that is not JSON ({e})"), line))?;
+    if !v.is_object() {
+        return Err(bad("a frame that is not a JSON object", line));
+    }
+    let id = || text(&v, "id").ok_or_else(|| bad("a frame without an id", line));
+    match v.get("t").and_then(Value::as_str) {
+        Some("ready") => Ok(Frame::Ready {
+            pid: number(&v, "pid"),
+            adapter: text(&v, "adapter").unwrap_or_default(),
+            features: strings(&v, "features"),
+        }),
+        Some("started") => Ok(Frame::Started {
+            id: id()?,
+            child_pid: number(&v, "child_pid"),
+        }),
+        Some("done") => {
+            let outcome = match v.get("status").and_then(Value::as_str) {
+                Some("ok") => Done::Ok {
+                    performed: v.get("performed").and_then(Value::as_bool).unwrap_or(true),
+                },
+                Some("failed") => Done::Failed {
+                    exception: text(&v, "exception")
+                        .filter(|e| !e.is_empty())
+                        .unwrap_or_else(|| "Locket::HandlerError".to_string()),
+                    error: text(&v, "error").unwrap_or_default(),
+                    backtrace: strings(&v, "backtrace"),
+                },
+                Some("reschedule") => Done::Reschedule,
+                _ => return Err(bad("a done frame with an unknown status", line)),
+            };
+            Ok(Frame::Done { id: id()?, outcome })
+        }
+        Some("bye") => Ok(Frame::Bye {
+            reason: text(&v, "reason").unwrap_or_default(),
+        }),
+        Some(_) => Err(bad("a frame of an unknown type", line)),
+        None => Err(bad("a frame without a type \"t\"", line)),
+    }
+}
+
+/// Reads frames from `r` into `tx` until its end, a read error, or the first protocol error
+/// (sent, then the reader stops: the handler is killed for it). A line longer than `max` is a
+/// protocol error as soon as it passes `max`, so a handler writing without newlines costs
+/// bounded memory.
+pub(super) async fn read_frames<R: AsyncRead + Unpin>(
+    r: R,
+    max: usize,
+    tx: tokio::sync::mpsc::Sender<Result<Frame, ProtocolError>>,
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, r);
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(b) if !b.is_empty() => b,
+            _ => break,
+        };
+        let newline = buf.iter().position(|&b| b == b'\n');
+        let chunk = &buf[..newline.unwrap_or(buf.len())];
+        if line.len() + chunk.len() > max {
+            line.extend_from_slice(
+                &chunk[..QUOTE_BYTES.saturating_sub(line.len()).min(chunk.len())],
+            );
+            let e = bad(
+                format!("a frame longer than max_frame_bytes ({max})"),
+                &line,
+            );
+            let _ = tx.send(Err(e)).await;
+            return;
+        }
+        line.extend_from_slice(chunk);
+        let used = newline.map_or(buf.len(), |i| i + 1);
+        reader.consume(used);
+        if newline.is_some() {
+            let parsed = parse(&line);
+            line.clear();
+            let failed = parsed.is_err();
+            if tx.send(parsed).await.is_err() || failed {
+                return;
+            }
+        }
+    }
+    if !line.is_empty() {
+        let _ = tx
+            .send(Err(bad("a frame cut off by the end of fd 4", &line)))
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_parse_and_bad_ones_are_protocol_errors() {
+        assert_eq!(
+            parse(br#"{"t":"ready","v":1,"pid":7,"adapter":"ruby","features":["fork"]}"#),
+            Ok(Frame::Ready {
+                pid: Some(7),
+                adapter: "ruby".into(),
+                features: vec!["fork".into()]
+            })
+        );
+        assert_eq!(
+            parse(br#"{"t":"done","id":"ab","status":"failed","exception":"E","error":"m","backtrace":["a","b"]}"#),
+            Ok(Frame::Done {
+                id: "ab".into(),
+                outcome: Done::Failed {
+                    exception: "E".into(),
+                    error: "m".into(),
+                    backtrace: vec!["a".into(), "b".into()]
+                }
+            })
+        );
+        assert_eq!(
+            parse(br#"{"t":"done","id":"ab","status":"ok","performed":false}"#),
+            Ok(Frame::Done {
+                id: "ab".into(),
+                outcome: Done::Ok { performed: false }
+            })
+        );
+        for bad in [
+            &b"hello"[..],
+            b"[1]",
+            br#"{"t":"dance"}"#,
+            br#"{"id":"x"}"#,
+            br#"{"t":"done","id":"x","status":"meh"}"#,
+            b"{\"t\":\"ready\",\"x\":\"\xff\"}",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let e = parse(&[b'x'; 1000]).unwrap_err();
+        assert_eq!(e.quote.len(), QUOTE_BYTES);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_stops_the_reader_with_a_protocol_error() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let mut input = br#"{"t":"bye","reason":"x"}"#.to_vec();
+        input.push(b'\n');
+        input.extend(std::iter::repeat_n(b'a', 10_000));
+        input.extend(b"\n{\"t\":\"bye\"}\n");
+        read_frames(&input[..], 4096, tx).await;
+        assert_eq!(rx.recv().await, Some(Ok(Frame::Bye { reason: "x".into() })));
+        let e = rx.recv().await.unwrap().unwrap_err();
+        assert!(e.what.contains("longer than max_frame_bytes"), "{e}");
+        assert_eq!(rx.recv().await, None);
+    }
+}

@@ -1,0 +1,354 @@
+//! One persistent handler process (H-3): spawned with the request pipe on fd 3 and the reply
+//! pipe on fd 4, fd 0 on `/dev/null`, stdout and stderr logged line by line under the current
+//! job's class and queue; its exit watched by a task of its own (H-10: death is seen by the
+//! exit, not by the end of fd 4).
+
+use super::frame::{read_frames, Frame, ProtocolError};
+use crate::handler::command::{base_command, GroupGuard};
+use crate::handler::lines::{for_each_line, STDERR_TAIL_LINES};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, watch};
+
+/// What a frame read gives: a frame, or the protocol error that ended the reading.
+pub(super) type FrameResult = Result<Frame, ProtocolError>;
+
+/// The class and queue the handler's output lines are logged under (`handler` while idle).
+#[derive(Debug, Clone)]
+pub(super) struct Tag {
+    pub(super) class: String,
+    pub(super) queue: String,
+}
+
+impl Tag {
+    fn idle() -> Tag {
+        Tag {
+            class: "handler".to_string(),
+            queue: String::new(),
+        }
+    }
+}
+
+/// What spawning needs.
+pub(super) struct SpawnSpec<'a> {
+    pub(super) name: &'a str,
+    pub(super) argv: &'a [String],
+    pub(super) dir: Option<&'a std::path::Path>,
+    pub(super) env: &'a [(String, String)],
+    pub(super) max_frame: usize,
+}
+
+/// A live (or just exited) handler process.
+pub(super) struct Proc {
+    pub(super) pid: u32,
+    /// Its process group (= pid).
+    pgid: i32,
+    /// The write end of the request pipe (fd 3 in the handler); `None` once closed.
+    requests: Option<pipe::Sender>,
+    /// Frames read from fd 4.
+    pub(super) frames: mpsc::Receiver<FrameResult>,
+    /// Its exit status, once it exited.
+    exit: watch::Receiver<Option<ExitStatus>>,
+    tag: Arc<Mutex<Tag>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    /// Whether locketd signalled the group (a death by signal is then not a DirtyExit).
+    pub(super) signalled: bool,
+    pub(super) spawned_at: Instant,
+    /// Jobs served by this incarnation.
+    pub(super) jobs: u64,
+    /// `max_jobs` plus this incarnation's jitter (0: unlimited).
+    pub(super) max_jobs: u64,
+    /// The `ready` frame's features (`fork`: memory is the parent's PSS).
+    pub(super) fork: bool,
+    pub(super) ready_at: Option<Instant>,
+    /// The handler said `bye`: it exits after this job.
+    pub(super) bye: bool,
+    logs: [tokio::task::JoinHandle<()>; 2],
+    reader: tokio::task::JoinHandle<()>,
+    guard: GroupGuard,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // GroupGuard's own drop SIGKILLs the group; the readers go with it.
+        self.logs.iter().for_each(|t| t.abort());
+        self.reader.abort();
+    }
+}
+
+fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`; each is owned exactly once below.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are not owned elsewhere.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+impl Proc {
+    /// Spawns the handler. Its fds 3 and 4 are the only pipe ends it inherits: every other
+    /// descriptor of the worker is close-on-exec.
+    pub(super) fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Proc> {
+        let (req_r, req_w) = pipe_pair()?;
+        let (rep_r, rep_w) = pipe_pair()?;
+        let mut cmd = base_command(spec.argv, spec.dir, spec.env);
+        cmd.env("LOCKETD_PROTOCOL", "1")
+            .env("LOCKETD_PROTOCOL_FDS", "3,4")
+            .env("LOCKETD_HANDLER", spec.name)
+            .stdin(Stdio::null());
+        let (child_in, child_out) = (req_r.as_raw_fd(), rep_w.as_raw_fd());
+        // SAFETY: between fork and exec only fcntl, dup2 and close run, all async-signal-safe,
+        // on descriptors that exist in the child. The copies above 10 keep a descriptor that
+        // happens to be 3 or 4 from being overwritten before it is moved.
+        unsafe {
+            cmd.pre_exec(move || {
+                let a = libc::fcntl(child_in, libc::F_DUPFD, 10);
+                let b = libc::fcntl(child_out, libc::F_DUPFD, 10);
+                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(a);
+                libc::close(b);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        // The child has its copies; the worker keeps only its own ends.
+        drop(req_r);
+        drop(rep_w);
+        let pid = child.id().unwrap_or(0);
+        let requests = pipe::Sender::from_owned_fd(req_w)?;
+        let replies = pipe::Receiver::from_owned_fd(rep_r)?;
+        let (tx, frames) = mpsc::channel(64);
+        let reader = tokio::spawn(read_frames(replies, spec.max_frame, tx));
+        let tag = Arc::new(Mutex::new(Tag::idle()));
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let logs = [
+            log_lines(child.stdout.take(), spec.name, tag.clone(), None),
+            log_lines(
+                child.stderr.take(),
+                spec.name,
+                tag.clone(),
+                Some(tail.clone()),
+            ),
+        ];
+        let (exit_tx, exit) = watch::channel(None);
+        tokio::spawn(async move {
+            if let Ok(status) = child.wait().await {
+                exit_tx.send_replace(Some(status));
+            }
+        });
+        let pgid = i32::try_from(pid).unwrap_or(0);
+        Ok(Proc {
+            pid,
+            pgid,
+            requests: Some(requests),
+            frames,
+            exit,
+            tag,
+            tail,
+            signalled: false,
+            spawned_at: Instant::now(),
+            jobs: 0,
+            max_jobs: 0,
+            fork: false,
+            ready_at: None,
+            bye: false,
+            logs,
+            reader,
+            guard: GroupGuard {
+                pgid: Some(pgid).filter(|p| *p > 0),
+            },
+        })
+    }
+
+    pub(super) fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    /// Signals the whole process group.
+    pub(super) fn signal(&mut self, sig: i32) {
+        self.signalled = true;
+        self.guard.signal(sig);
+    }
+
+    /// Its exit status, if it has exited.
+    pub(super) fn exited(&self) -> Option<ExitStatus> {
+        *self.exit.borrow()
+    }
+
+    /// Waits for the exit (cancel-safe).
+    pub(super) async fn wait_exit(&mut self) -> ExitStatus {
+        exited(&mut self.exit).await
+    }
+
+    /// A receiver of the exit status, to wait on beside other borrows of the process.
+    pub(super) fn exit_watch(&self) -> watch::Receiver<Option<ExitStatus>> {
+        self.exit.clone()
+    }
+
+    /// Writes one frame line. A cancelled write leaves the pipe in an unknown state: the
+    /// caller then ends the process.
+    pub(super) async fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
+        match self.requests.as_mut() {
+            Some(w) => w.write_all(line).await,
+            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+
+    /// Takes the request pipe out, for a write that runs beside reads of the process.
+    pub(super) fn take_requests(&mut self) -> Option<pipe::Sender> {
+        self.requests.take()
+    }
+
+    /// Puts the request pipe back after [`Proc::take_requests`].
+    pub(super) fn put_requests(&mut self, w: Option<pipe::Sender>) {
+        self.requests = w;
+    }
+
+    /// Closes fd 3: the handler reads its end and exits (H-12, H-13).
+    pub(super) fn close_requests(&mut self) {
+        self.requests = None;
+    }
+
+    pub(super) fn set_tag(&self, class: &str, queue: &str) {
+        *self.tag.lock().unwrap_or_else(|p| p.into_inner()) = Tag {
+            class: class.to_string(),
+            queue: queue.to_string(),
+        };
+    }
+
+    pub(super) fn set_idle(&self) {
+        *self.tag.lock().unwrap_or_else(|p| p.into_inner()) = Tag::idle();
+    }
+
+    /// The last stderr lines.
+    pub(super) fn tail(&self) -> Vec<String> {
+        let t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter().cloned().collect()
+    }
+
+    pub(super) fn clear_tail(&self) {
+        self.tail.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The handler's memory: resident size, or in fork mode the parent's proportional share
+    /// (PSS), which does not count the pages its forked children share with it.
+    pub(super) fn memory(&self) -> Option<u64> {
+        let (file, field) = if self.fork {
+            (format!("/proc/{}/smaps_rollup", self.pid), "Pss:")
+        } else {
+            (format!("/proc/{}/status", self.pid), "VmRSS:")
+        };
+        let text = std::fs::read_to_string(file).ok()?;
+        let line = text.lines().find(|l| l.starts_with(field))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    /// SIGKILLs the group, waits for the handler's exit, and then until no process of the
+    /// group is left (bounded: orphans are reaped by the master, the child subreaper). Gives
+    /// the log readers a moment to pass on the last lines.
+    pub(super) async fn kill_and_reap(&mut self) -> ExitStatus {
+        self.signal(libc::SIGKILL);
+        let status = self.wait_exit().await;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while group_alive(self.pgid) && Instant::now() < deadline {
+            self.signal(libc::SIGKILL);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if group_alive(self.pgid) {
+            tracing::warn!(pgid = self.pgid, "a handler's process group still has members 2s after SIGKILL (unkillable or unreaped)");
+        }
+        self.drain_logs().await;
+        status
+    }
+
+    /// Closes fd 3 and gives the handler `grace` to exit by itself, then kills what is left.
+    pub(super) async fn retire(&mut self, grace: Duration) {
+        self.close_requests();
+        if self.exited().is_none() {
+            let _ = tokio::time::timeout(grace, self.wait_exit()).await;
+        }
+        self.kill_and_reap().await;
+    }
+
+    async fn drain_logs(&mut self) {
+        let [out, err] = &mut self.logs;
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            let _ = out.await;
+            let _ = err.await;
+        })
+        .await;
+    }
+}
+
+/// Waits until `exit` holds a status (cancel-safe).
+pub(super) async fn exited(exit: &mut watch::Receiver<Option<ExitStatus>>) -> ExitStatus {
+    loop {
+        if let Some(s) = *exit.borrow_and_update() {
+            return s;
+        }
+        if exit.changed().await.is_err() {
+            // The waiter ended without a status (wait failed): treat it as killed.
+            use std::os::unix::process::ExitStatusExt;
+            return ExitStatus::from_raw(libc::SIGKILL);
+        }
+    }
+}
+
+/// Writes a short frame if the pipe takes it at once; never waits.
+pub(super) fn try_send(w: Option<&pipe::Sender>, line: &[u8]) {
+    if let Some(w) = w {
+        let _ = w.try_write(line);
+    }
+}
+
+/// Whether any process of group `pgid` still exists (zombies count until reaped).
+fn group_alive(pgid: i32) -> bool {
+    if pgid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(-pgid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+fn log_lines<R>(
+    r: Option<R>,
+    name: &str,
+    tag: Arc<Mutex<Tag>>,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+) -> tokio::task::JoinHandle<()>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let Some(r) = r else { return };
+        for_each_line(r, |line| {
+            let t = tag.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            match &tail {
+                None => {
+                    tracing::info!(target: "locketd::handler", class = %t.class, queue = %t.queue, handler = %name, stream = "stdout", "{}", line)
+                }
+                Some(tail) => {
+                    tracing::warn!(target: "locketd::handler", class = %t.class, queue = %t.queue, handler = %name, stream = "stderr", "{}", line);
+                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    if tail.len() == STDERR_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+            }
+        })
+        .await;
+    })
+}
