@@ -251,8 +251,7 @@ pub struct Config {
 }
 
 /// How a named handler runs its jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HandlerMode {
     /// One process per job, as a class's `command` (the default).
     #[default]
@@ -260,6 +259,19 @@ pub enum HandlerMode {
     /// One long-lived process per worker slot that loads the app once and runs one job at a
     /// time over pipes on fds 3 and 4 (persistent-handlers.md H-1..H-14).
     Persistent,
+}
+
+impl<'de> Deserialize<'de> for HandlerMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HandlerMode, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "exec" => Ok(HandlerMode::Exec),
+            "persistent" => Ok(HandlerMode::Persistent),
+            other => Err(de::Error::custom(format!(
+                "unknown handler mode {other:?} (known: exec, persistent)"
+            ))),
+        }
+    }
 }
 
 /// A byte count written as `"768MiB"`, `"512MB"`, `"64KiB"`, `"1GiB"` or a bare number of bytes.

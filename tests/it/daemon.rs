@@ -184,7 +184,7 @@ fn sha256_hex(text: &str) -> String {
 
 /// The default lock id (T-4): `Class:<sha256 of the canonical JSON of args>`; the caller writes
 /// `canonical_args` in canonical form (T-2).
-fn default_lock_id(class: &str, canonical_args: &str) -> String {
+pub(crate) fn default_lock_id(class: &str, canonical_args: &str) -> String {
     format!("{class}:{}", sha256_hex(canonical_args))
 }
 

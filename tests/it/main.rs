@@ -16,6 +16,7 @@ mod lock;
 mod logs;
 mod node_interop;
 mod ops;
+mod persistent;
 mod policies;
 mod redis_url;
 mod refusals;
