@@ -12,7 +12,7 @@ mod lines;
 pub mod persistent;
 
 pub use command::CommandHandler;
-pub use persistent::{HandlerState, PersistentHandler};
+pub use persistent::PersistentHandler;
 
 use crate::config::Config;
 use crate::resque::failure::JobFailure;
@@ -158,7 +158,7 @@ pub trait Handler: Send + Sync {
     }
 
     /// The state of a per-slot process, for `status` and `/metrics`.
-    fn state(&self) -> Option<HandlerState> {
+    fn state(&self) -> Option<crate::metrics::HandlerStats> {
         None
     }
 }

@@ -184,6 +184,38 @@ pub struct Snapshot {
     pub redis_errors: u64,
     /// Times Redis answered again after errors.
     pub redis_reconnects: u64,
+    /// Persistent handler processes, one entry per slot and handler (gauges: the master
+    /// keeps only live workers' entries).
+    #[serde(default)]
+    pub handlers: Vec<HandlerStats>,
+}
+
+/// A worker slot's persistent handler process (persistent-handlers.md H-8), as `status` and
+/// `/metrics` show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HandlerStats {
+    /// The slot's Resque worker id.
+    pub worker: String,
+    /// The `[handlers.<name>]` table.
+    pub name: String,
+    /// The live process, if any.
+    pub pid: Option<u32>,
+    /// It sent `ready` and is alive.
+    pub ready: bool,
+    /// Jobs served by the live process.
+    pub jobs: u64,
+    /// Jobs served by every process of this slot.
+    pub jobs_total: u64,
+    /// Its memory after its last job (RSS, or PSS in fork mode), bytes.
+    pub rss_bytes: Option<u64>,
+    /// Processes started.
+    pub boots: u64,
+    /// Processes ended and replaced, by reason.
+    pub restarts: BTreeMap<String, u64>,
+    /// Milliseconds left of a boot backoff when this was read (0: none).
+    pub backoff_ms: u64,
+    /// The last boot failure or death, for the operator.
+    pub last_error: String,
 }
 
 /// Most `(queue, class)` series (and `queue` series of skips) one recorder, or the master's sum,
@@ -249,6 +281,7 @@ impl Snapshot {
         self.busy += other.busy;
         self.redis_errors += other.redis_errors;
         self.redis_reconnects += other.redis_reconnects;
+        self.handlers.extend(other.handlers.iter().cloned());
     }
 
     fn total(&self) -> u64 {
@@ -276,8 +309,12 @@ struct Labelled {
     current: Option<(String, String, Instant)>,
 }
 
-#[derive(Debug, Default)]
+/// Reads a slot's handler processes when a snapshot is taken.
+pub type HandlerSource = Box<dyn Fn() -> Vec<HandlerStats> + Send + Sync>;
+
+#[derive(Default)]
 struct Inner {
+    handlers: Mutex<Option<HandlerSource>>,
     labelled: Mutex<Labelled>,
     locks_lost: AtomicU64,
     redis_errors: AtomicU64,
@@ -285,10 +322,27 @@ struct Inner {
 }
 
 /// The in-process recorder. Cloning shares it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Metrics(Arc<Inner>);
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
 impl Metrics {
+    /// Where snapshots read the slot's handler processes from.
+    pub fn set_handler_source(&self, source: HandlerSource) {
+        *self.0.handlers.lock().unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// The slot's handler processes now.
+    pub fn handlers(&self) -> Vec<HandlerStats> {
+        let source = self.0.handlers.lock().unwrap_or_else(|p| p.into_inner());
+        source.as_ref().map(|f| f()).unwrap_or_default()
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Labelled) -> T) -> T {
         let mut g = self
             .0
@@ -388,6 +442,7 @@ impl Metrics {
             busy,
             redis_errors: self.0.redis_errors.load(Ordering::Relaxed),
             redis_reconnects: self.0.redis_reconnects.load(Ordering::Relaxed),
+            handlers: self.handlers(),
         }
     }
 
@@ -449,6 +504,7 @@ impl Aggregate {
     fn retire(&mut self, mut snap: Snapshot) {
         snap.busy = 0;
         snap.workers = 0;
+        snap.handlers.clear();
         self.retired.add(&snap);
     }
 

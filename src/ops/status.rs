@@ -90,6 +90,10 @@ pub struct WorkerStatus {
     /// Set when the worker is a locketd slot parked because Redis refused its last job's end
     /// (E-3): the job stays in its inflight record until the key the refusal names is mended.
     pub parked: Option<Parked>,
+    /// The slot's persistent handler processes (persistent-handlers.md), as its worker last
+    /// wrote them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handlers: Vec<crate::metrics::HandlerStats>,
 }
 
 /// A parked slot's mark on its inflight record.
@@ -194,8 +198,10 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     }
 
     let parked = parked_slots(conn, &k, &processes).await?;
+    let mut handlers = handler_states(conn, &k, &processes).await?;
     for w in &mut ws {
         w.parked = parked.get(&w.id).cloned();
+        w.handlers = handlers.remove(&w.id).unwrap_or_default();
     }
 
     let failures_listed = super::failed::listed_total(conn, config, usize::MAX).await?;
@@ -218,6 +224,32 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         queues,
         workers: ws,
     })
+}
+
+/// The persistent handler processes of locketd's processes, by Resque worker id.
+async fn handler_states<C: ConnectionLike + Send>(
+    conn: &mut C,
+    k: &Keys,
+    processes: &[String],
+) -> RedisResult<HashMap<String, Vec<crate::metrics::HandlerStats>>> {
+    let mut out: HashMap<String, Vec<crate::metrics::HandlerStats>> = HashMap::new();
+    for chunk in processes.chunks(100) {
+        let mut pipe = redis::pipe();
+        for p in chunk {
+            pipe.get(k.handlers(p));
+        }
+        let texts: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for t in texts {
+            let text: Option<String> = redis::from_redis_value(t).unwrap_or(None);
+            let list: Vec<crate::metrics::HandlerStats> = text
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            for h in list {
+                out.entry(h.worker.clone()).or_default().push(h);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// E-3: the parked slots of locketd's processes, by Resque worker id: each process's
@@ -306,6 +338,7 @@ fn worker_status(
         heartbeat,
         job,
         parked: None,
+        handlers: Vec::new(),
     }
 }
 
@@ -437,8 +470,56 @@ impl Status {
                 &rows,
             );
         }
+        let handlers: Vec<&crate::metrics::HandlerStats> =
+            self.workers.iter().flat_map(|w| &w.handlers).collect();
+        if !handlers.is_empty() {
+            out.push('\n');
+            let rows: Vec<Vec<String>> = handlers.iter().map(|h| handler_row(h)).collect();
+            table(
+                &mut out,
+                &[
+                    "WORKER", "HANDLER", "PID", "STATE", "JOBS", "RSS", "BOOTS", "RESTARTS",
+                ],
+                &rows,
+            );
+        }
         out
     }
+}
+
+/// One row of the handler table.
+fn handler_row(h: &crate::metrics::HandlerStats) -> Vec<String> {
+    let state = if h.ready {
+        "ready".to_string()
+    } else if h.backoff_ms > 0 {
+        format!(
+            "backing off ({}s): {}",
+            h.backoff_ms.div_ceil(1000),
+            h.last_error
+        )
+    } else {
+        "not started".to_string()
+    };
+    let restarts = if h.restarts.is_empty() {
+        "-".to_string()
+    } else {
+        h.restarts
+            .iter()
+            .map(|(r, n)| format!("{r}={n}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    vec![
+        h.worker.clone(),
+        h.name.clone(),
+        h.pid.map_or("-".into(), |p| p.to_string()),
+        state,
+        format!("{} ({} total)", h.jobs, h.jobs_total),
+        h.rss_bytes
+            .map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / 1048576.0)),
+        h.boots.to_string(),
+        restarts,
+    ]
 }
 
 /// `locketd status [--json] [--watch SECS [--count N]]`: prints, and with `--watch` repeats

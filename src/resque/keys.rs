@@ -147,6 +147,11 @@ impl Keys {
     pub fn slots(&self, process: &str) -> String {
         self.locket(&format!("slots:{process}"))
     }
+    /// `<ns>:locket:handlers:<process id>`: the process's persistent handler processes, as
+    /// JSON, for `locketd status` (written when they change, expiring after an hour).
+    pub fn handlers(&self, process: &str) -> String {
+        self.locket(&format!("handlers:{process}"))
+    }
     /// `<ns>:locket:janitor`: the janitor mutex.
     pub fn janitor(&self) -> String {
         self.locket("janitor")

@@ -252,6 +252,7 @@ impl Worker {
             let peer = worker.peer(k);
             worker.peers.push(peer);
         }
+        worker.report_handlers();
         proctitle::set_title(&format!("{}: Starting", worker.title_prefix));
         worker.housekeep_at_start().await;
         worker.register_slots(slots).await?;
@@ -363,6 +364,32 @@ impl Worker {
         &self.id.worker_id
     }
 
+    /// Lets each slot's metrics read its persistent handler processes.
+    fn report_handlers(&self) {
+        for w in std::iter::once(self).chain(self.peers.iter()) {
+            let handlers: Vec<_> = w
+                .handlers
+                .distinct()
+                .into_iter()
+                .filter(|h| h.state().is_some())
+                .collect();
+            if handlers.is_empty() {
+                continue;
+            }
+            let worker = w.id.worker_id.clone();
+            w.metrics.set_handler_source(Box::new(move || {
+                handlers
+                    .iter()
+                    .filter_map(|h| h.state())
+                    .map(|mut s| {
+                        s.worker.clone_from(&worker);
+                        s
+                    })
+                    .collect()
+            }));
+        }
+    }
+
     /// The metrics recorders of this worker's slots (shared: read them while the worker runs;
     /// [`crate::metrics::Metrics::sum`] adds them up).
     pub fn metrics(&self) -> Vec<crate::metrics::Metrics> {
@@ -412,6 +439,7 @@ impl Worker {
     pub async fn run(mut self, control: Control) -> Result<StopReason> {
         let dead = CancellationToken::new();
         let background = CancellationToken::new();
+        let all_metrics = self.metrics();
         let mut peers = std::mem::take(&mut self.peers);
         let worker_ids: Vec<String> = std::iter::once(self.id.worker_id.clone())
             .chain(peers.iter().map(|p| p.id.worker_id.clone()))
@@ -426,6 +454,16 @@ impl Worker {
             dead.clone(),
             background.clone(),
         ));
+        let reporting = all_metrics.iter().any(|m| !m.handlers().is_empty());
+        let handlers_task = reporting.then(|| {
+            tokio::spawn(run::report_handlers(
+                self.conn.manager().clone(),
+                self.keys.handlers(&self.id.process_id),
+                all_metrics,
+                self.config.locket.process_heartbeat.get(),
+                background.clone(),
+            ))
+        });
         let jan = tokio::spawn(janitor::janitor_loop(
             self.conn.clone(),
             self.keys.clone(),
@@ -450,6 +488,9 @@ impl Worker {
         background.cancel();
         let _ = beat.await;
         let _ = jan.await;
+        if let Some(t) = handlers_task {
+            let _ = t.await;
+        }
         if self.multi {
             proctitle::set_title(&format!("{}: Shutting down", self.title_prefix));
         }

@@ -462,3 +462,46 @@ pub(super) async fn process_heartbeat(
         }
     }
 }
+
+/// Issue 13 item 4: writes the process's persistent handler processes to `key` for
+/// `locketd status`, at the process heartbeat's pace but only when they changed (or every
+/// 30 minutes, the key lasting an hour), so an idle handler costs no Redis command. The key
+/// goes when the worker stops.
+pub(super) async fn report_handlers(
+    mut conn: ConnectionManager,
+    key: String,
+    metrics: Vec<crate::metrics::Metrics>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    const KEEP: Duration = Duration::from_secs(3600);
+    let mut last = String::new();
+    let mut written = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => break,
+        }
+        let mut all: Vec<crate::metrics::HandlerStats> =
+            metrics.iter().flat_map(|m| m.handlers()).collect();
+        // The backoff left changes by itself; it is shown, not a reason to write.
+        let text = serde_json::to_string(&all).unwrap_or_default();
+        all.iter_mut().for_each(|h| h.backoff_ms = 0);
+        let compare = serde_json::to_string(&all).unwrap_or_default();
+        if compare == last && written.elapsed() < KEEP / 2 {
+            continue;
+        }
+        let set: RedisResult<()> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&text)
+            .arg("PX")
+            .arg(u64::try_from(KEEP.as_millis()).unwrap_or(u64::MAX))
+            .query_async(&mut conn)
+            .await;
+        if set.is_ok() {
+            last = compare;
+            written = Instant::now();
+        }
+    }
+    let _: RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
+}

@@ -662,3 +662,84 @@ fn h2_check_config_rejects_bad_handler_tables_by_name() {
         assert!(text_out.contains(needle), "{text}: {text_out}");
     }
 }
+
+/// Issue 13 item 4: `status` (text and `--json`) and `/metrics` show, per slot, the
+/// handler's pid, readiness, jobs served, memory, boots and restarts by reason.
+#[test]
+fn status_and_metrics_show_each_slots_handler() {
+    let mut s = Setup::new();
+    let config = s.config("max_jobs = 3", "", "").replacen(
+        "interval = 0.1\n",
+        "interval = 0.1\nslots = 2\n",
+        1,
+    );
+    let d = Daemon::builder(&s.redis)
+        .config(&config)
+        .args(["--metrics", "127.0.0.1:0"])
+        .start();
+    for i in 0..10 {
+        s.push("Ok", json!([i]));
+    }
+    wait_until(LONG, "ten jobs processed", || s.r.processed() == 10);
+    let addr = crate::service::metrics_addr(&d);
+    let mut slots: Vec<Value> = Vec::new();
+    wait_until(
+        LONG,
+        "status shows both slots' handlers with ten jobs",
+        || {
+            let out = crate::ops::locketd(&s.redis, &["--queues", "q", "status", "--json"]);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            slots = v["workers"]
+                .as_array()
+                .map(|w| {
+                    w.iter()
+                        .filter_map(|w| w["handlers"].get(0).cloned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            slots.len() == 2
+                && slots
+                    .iter()
+                    .map(|h| h["jobs_total"].as_u64().unwrap_or(0))
+                    .sum::<u64>()
+                    == 10
+        },
+    );
+    for h in &slots {
+        assert_eq!(h["name"], "t", "{h}");
+        let pid = i32::try_from(h["pid"].as_i64().expect("a pid")).expect("pid");
+        assert!(pid_alive(pid), "{h}");
+        assert!(h["rss_bytes"].as_u64().unwrap_or(0) > 1024 * 1024, "{h}");
+        assert!(
+            h["boots"].as_u64().unwrap_or(0) >= 2,
+            "recycled after 3 jobs: {h}"
+        );
+    }
+    let text = crate::ops::stdout_ok(&crate::ops::locketd(&s.redis, &["--queues", "q", "status"]));
+    assert!(
+        text.contains("HANDLER") && text.contains("ready") && text.contains("max_jobs="),
+        "{text}"
+    );
+    // The master serves what its workers report once a second.
+    let mut body = String::new();
+    let ready_lines = |b: &str| -> Vec<String> {
+        b.lines()
+            .filter(|l| l.starts_with("locketd_handler_ready{"))
+            .map(str::to_string)
+            .collect()
+    };
+    wait_until(LONG, "/metrics shows both slots' handlers", || {
+        body = crate::service::scrape(&addr).unwrap_or_default();
+        ready_lines(&body).len() == 2
+    });
+    let ready = ready_lines(&body);
+    assert!(ready.iter().all(|l| l.ends_with(" 1")), "{ready:?}");
+    assert!(
+        body.contains("locketd_handler_restarts_total{") && body.contains("reason=\"max_jobs\""),
+        "{body}"
+    );
+    assert!(
+        body.contains("locketd_handler_jobs_served_total{"),
+        "{body}"
+    );
+}

@@ -170,7 +170,7 @@ fn http_get(addr: &str, path: &str) -> (String, String) {
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
-fn metrics_addr(daemon: &Daemon) -> String {
+pub(crate) fn metrics_addr(daemon: &Daemon) -> String {
     daemon.wait_for_log("serving metrics", SHORT);
     let log = daemon.log();
     let line = log.lines().find(|l| l.contains("serving metrics")).unwrap();
@@ -339,7 +339,7 @@ fn metrics_flag_is_checked_and_overrides_the_file() {
 }
 
 /// The body of `GET /metrics` on `addr`, or `None` when nothing serves there.
-fn scrape(addr: &str) -> Option<String> {
+pub(crate) fn scrape(addr: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(SHORT)).ok()?;
     write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;

@@ -19,12 +19,12 @@ mod proc;
 
 use super::{Handler, HandlerResult, JobContext, Readiness, RESCHEDULE};
 use crate::config::{Config, HandlerConfig};
+use crate::metrics::HandlerStats;
 use crate::resque::failure::{signal_status_text, JobFailure};
 use frame::{Done, Frame};
 use futures::future::BoxFuture;
 use proc::{Proc, SpawnSpec};
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use serde::Serialize;
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,31 +45,6 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const LATE_DONE: Duration = Duration::from_millis(300);
 /// The longest wait for a `failure_hooks` answer (H-14).
 const HOOKS_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A slot's handler process as `status` and `/metrics` show it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct HandlerState {
-    /// The `[handlers.<name>]` table.
-    pub name: String,
-    /// The live process, if any.
-    pub pid: Option<u32>,
-    /// It sent `ready` and is alive.
-    pub ready: bool,
-    /// Jobs served by the live process.
-    pub jobs: u64,
-    /// Jobs served by every process of this slot.
-    pub jobs_total: u64,
-    /// Its memory after its last job (RSS, or PSS in fork mode), bytes.
-    pub rss_bytes: Option<u64>,
-    /// Processes started.
-    pub boots: u64,
-    /// Processes ended and replaced, by reason.
-    pub restarts: BTreeMap<String, u64>,
-    /// Milliseconds left of a boot backoff when this was read (0: none).
-    pub backoff_ms: u64,
-    /// The last boot failure or death, for the operator.
-    pub last_error: String,
-}
 
 /// What a `[handlers.<name>]` table of mode `persistent` says.
 #[derive(Debug)]
@@ -94,7 +69,7 @@ struct Spec {
 /// What is read without the slot's lock.
 #[derive(Debug, Default)]
 struct Shared {
-    state: Mutex<HandlerState>,
+    state: Mutex<HandlerStats>,
     backoff_until: Mutex<Option<Instant>>,
     /// The worker stops: boots give up, nothing new starts.
     stopping: CancellationToken,
@@ -104,7 +79,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn state(&self, f: impl FnOnce(&mut HandlerState)) {
+    fn state(&self, f: impl FnOnce(&mut HandlerStats)) {
         f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
@@ -339,7 +314,7 @@ impl Handler for PersistentHandler {
         self.spec.preload
     }
 
-    fn state(&self) -> Option<HandlerState> {
+    fn state(&self) -> Option<HandlerStats> {
         let mut s = self
             .shared
             .state
