@@ -18,6 +18,7 @@ reports the exit status and kills whatever is left in the process group.
 
 Steps (in order, each may repeat):
   --payload JSON          send a `job` frame with this exact payload text, wait for done
+  --payload-file PATH     the same with the payload text read from a file (big payloads)
   --signal WHO:SIG:SECS[:stop]
                           for the next job: SECS after its `started`, send SIG to
                           WHO = group (the adapter's process group), pid (the adapter)
@@ -89,6 +90,9 @@ def parse_args(argv):
             error = value
         elif flag == "--payload":
             steps.append(("job", value))
+        elif flag == "--payload-file":
+            with open(value, encoding="utf-8", newline="") as f:
+                steps.append(("job", f.read()))
         elif flag == "--failure-hooks":
             steps.append(("frame", {"t": "failure_hooks", "payload": value, "exception": exception, "error": error}))
         elif flag == "--frame":
@@ -173,7 +177,9 @@ class Replies:
 
 
 def drain(stream, sink):
-    sink.append(stream.read())
+    # Chunk by chunk: a leftover grandchild may hold the pipe open long after the adapter exited.
+    for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+        sink.append(chunk)
 
 
 def main():
@@ -219,7 +225,8 @@ def main():
 
     def send(frame_or_text):
         nonlocal ok
-        data = frame_or_text if isinstance(frame_or_text, str) else json.dumps(frame_or_text, separators=(",", ":"))
+        # Raw UTF-8 like serde_json: only controls, quotes and backslashes are escaped.
+        data = frame_or_text if isinstance(frame_or_text, str) else json.dumps(frame_or_text, separators=(",", ":"), ensure_ascii=False)
         try:
             os.write(req_w, data.encode() + b"\n")
             return True
@@ -330,8 +337,9 @@ def main():
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + 1
     for thread in threads:
-        thread.join(2)
+        thread.join(max(0.0, deadline - time.monotonic()))
     for name, chunks in captured.items():
         data = b"".join(chunks).decode("utf-8", errors="replace")
         if data:

@@ -1,0 +1,10 @@
+# frozen_string_literal: true
+
+# A plain job: no hooks.
+class Greeter
+  @queue = :default
+
+  def self.perform(name = "world")
+    puts "Hello, #{name}!"
+  end
+end
