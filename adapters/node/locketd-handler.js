@@ -1,0 +1,488 @@
+#!/usr/bin/env node
+// locketd-handler: the Node adapter for locketd's persistent-handler protocol (v1).
+//
+//   locketd-handler.js MODULE
+//
+// locketd starts this script in its own process group with the request pipe on
+// fd 3 and the reply pipe on fd 4 (docs/persistent-handlers.md, H-3, H-4, H-16).
+// It loads MODULE once (require(path.resolve(MODULE)), or import() for an ES
+// module), says `ready`, then serves one request at a time until EOF on fd 3
+// (then it exits 0):
+//
+//   job            -> started, then exactly one done (ok | failed | reschedule)
+//   failure_hooks  -> done, after the job's onFailure hook ran
+//   stop           -> ignored: advisory, the SIGTERM that follows is what counts
+//
+// MODULE exports node-resque-style job definitions, as module.exports.jobs or as
+// module.exports itself:
+//
+//   module.exports = { Greeter: { perform: async (name) => { ... } } };
+//
+// The payload's "class" is the key (exactly). Hooks on the definition, in
+// Resque's order, each awaited, `this` being the definition:
+//   before_perform / beforePerform (...args)  throwing an error named "DontPerform"
+//                                              skips the job (ok, performed false)
+//   perform(...args)
+//   after_perform / afterPerform (...args)    only when perform succeeded
+//   on_failure / onFailure (error, ...args)   once, on any error but Reschedule
+// When both spellings exist both run, sorted by name as Resque sorts hooks.
+// node-resque `plugins` need the node-resque package: they are ignored (with a
+// warning on stderr).
+//
+// An error whose name (or constructor name) is "Reschedule" answers status
+// "reschedule"; this module exports a Reschedule class for that (and DontPerform):
+//   const { Reschedule } = require("<path>/locketd-handler.js")
+// works from job code: it is the running adapter itself, not a second copy.
+// SIGTERM during a job: the onFailure hook runs with an error named
+// "Resque::TermException" (for at most TERM_HOOKS_MS), done failed
+// "Resque::TermException" "SIGTERM" is sent, then `bye`, then exit 0; the job's
+// promise is abandoned (JavaScript cannot interrupt it). SIGTERM while idle:
+// exit 0. process.exit() in job code ends the handler like Ruby's exit!
+// (locketd records it).
+//
+// Close-on-exec: Node cannot set FD_CLOEXEC itself, but it does not need to. At
+// startup Node calls libuv's uv_disable_stdio_inheritance(), which marks every
+// inherited descriptor (fds 3 and 4 included) close-on-exec, and child_process
+// (libuv's uv_spawn) hands a child only the descriptors named in its `stdio`
+// option. The adapter checks the flag in /proc/self/fdinfo and, should it be
+// missing, reopens the pipe through /proc/self/fd (Node opens files
+// close-on-exec) and closes the inherited descriptor.
+//
+// Big integers: JSON.parse turns numbers beyond 2^53 into doubles, so such args
+// reach perform rounded (12345678901234567890123 -> 1.2345678901234568e+22), as
+// in node-resque. Keep big integers in payloads as strings for Node jobs.
+//
+// node 20+, no dependencies.
+"use strict";
+
+const fs = require("fs");
+const net = require("net");
+const path = require("path");
+const url = require("url");
+
+const USAGE = "usage: locketd-handler.js MODULE\n" +
+  "Runs node-resque-style jobs for locketd over fds 3 (requests) and 4 (replies).";
+const TERM_HOOKS_MS = 3000; // SIGTERM during a job: how long the onFailure hook may take
+const O_CLOEXEC = 0o2000000; // Linux, as in /proc/self/fdinfo "flags:"
+
+class Reschedule extends Error {
+  constructor(message) { super(message); this.name = "Reschedule"; }
+}
+class DontPerform extends Error {
+  constructor(message) { super(message); this.name = "DontPerform"; }
+}
+class LocketError extends Error {
+  constructor(name, message, backtrace) {
+    super(message);
+    this.name = name;
+    this.locketdBacktrace = backtrace; // undefined: taken from the stack
+  }
+}
+
+const state = {
+  requests: 3,
+  replies: 4,
+  jobs: null,        // the loaded job definitions (module exports)
+  queue: [],         // request lines not handled yet
+  eof: false,
+  running: null,     // the request being served: { frame, kind, def, args, answered, hooks }
+  terminating: false,
+  warnedPlugins: new Set(),
+};
+
+module.exports = { Reschedule, DontPerform, current: null };
+
+function warn(message) {
+  try { process.stderr.write(`locketd-handler: ${message}\n`); } catch (_) { /* nothing to do */ }
+}
+
+// -- protocol -----------------------------------------------------------------
+
+function openProtocol() {
+  const spec = process.env.LOCKETD_PROTOCOL_FDS || "";
+  delete process.env.LOCKETD_PROTOCOL_FDS; // job code and its subprocesses do not see them
+  delete process.env.LOCKETD_PROTOCOL;
+  if (/^\d+,\d+$/.test(spec)) [state.requests, state.replies] = spec.split(",").map(Number);
+  try {
+    for (const fd of [state.requests, state.replies]) {
+      // Node opens descriptors of its own at startup: a closed 3 or 4 may be reused.
+      const stat = fs.fstatSync(fd);
+      if (!stat.isFIFO() && !stat.isSocket()) throw new Error(`fd ${fd} is not a pipe`);
+    }
+    state.requests = ensureCloexec(state.requests, false);
+    state.replies = ensureCloexec(state.replies, true);
+  } catch (err) {
+    process.stderr.write(`locketd-handler: fds ${state.requests} and ${state.replies} must be ` +
+      `locketd's protocol pipes (${err.message})\n${USAGE}\n`);
+    process.exit(1);
+  }
+}
+
+function isCloexec(fd) {
+  const info = fs.readFileSync(`/proc/self/fdinfo/${fd}`, "latin1");
+  const match = /^flags:\s*([0-7]+)/m.exec(info);
+  return match ? (parseInt(match[1], 8) & O_CLOEXEC) !== 0 : null;
+}
+
+// The fd to use for `fd`, close-on-exec.
+function ensureCloexec(fd, write) {
+  let cloexec;
+  try {
+    cloexec = isCloexec(fd);
+  } catch (_) {
+    cloexec = null; // no /proc: trust Node's uv_disable_stdio_inheritance()
+  }
+  if (cloexec !== false) return fd;
+  const reopened = fs.openSync(`/proc/self/fd/${fd}`, write ? fs.constants.O_WRONLY : fs.constants.O_RDONLY);
+  fs.closeSync(fd);
+  return reopened;
+}
+
+// Strings become valid UTF-8 (lone surrogates -> U+FFFD), recursively.
+function scrub(value) {
+  if (typeof value === "string") {
+    return typeof value.toWellFormed === "function" ? value.toWellFormed()
+      : value.replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, "\uFFFD");
+  }
+  if (Array.isArray(value)) return value.map(scrub);
+  if (value && typeof value === "object") {
+    const out = {};
+    for (const [k, v] of Object.entries(value)) out[scrub(k)] = scrub(v);
+    return out;
+  }
+  return value;
+}
+
+const pause = new Int32Array(new SharedArrayBuffer(4));
+
+// Synchronous, so a frame is whole on fd 4 before anything else happens (and
+// before process.exit).
+function send(frame) {
+  // JSON.stringify escapes every control character: no raw newline in a frame.
+  const data = Buffer.from(JSON.stringify(scrub(frame)) + "\n", "utf8");
+  let offset = 0;
+  while (offset < data.length) {
+    try {
+      offset += fs.writeSync(state.replies, data, offset, data.length - offset);
+    } catch (err) {
+      if (err.code === "EAGAIN") {
+        Atomics.wait(pause, 0, 0, 1);
+        continue;
+      }
+      if (err.code === "EPIPE") {
+        warn(`the reply pipe (fd ${state.replies}) is closed; exiting`);
+        process.exit(1);
+      }
+      throw err;
+    }
+  }
+}
+
+function readRequests() {
+  let stream;
+  try {
+    stream = new net.Socket({ fd: state.requests, readable: true, writable: false });
+  } catch (_) {
+    stream = fs.createReadStream(null, { fd: state.requests, highWaterMark: 1 << 20 });
+  }
+  let chunks = [];
+  stream.on("data", (chunk) => {
+    let start = 0;
+    let nl;
+    while ((nl = chunk.indexOf(10, start)) !== -1) {
+      chunks.push(chunk.subarray(start, nl));
+      state.queue.push(Buffer.concat(chunks));
+      chunks = [];
+      start = nl + 1;
+    }
+    if (start < chunk.length) chunks.push(chunk.subarray(start));
+    pump();
+  });
+  stream.on("end", () => {
+    if (chunks.some((c) => c.length)) warn("ignoring an unterminated request at EOF");
+    state.eof = true;
+    pump();
+  });
+  stream.on("error", (err) => {
+    warn(`reading requests (fd ${state.requests}) failed: ${err.message}`);
+    process.exit(1);
+  });
+}
+
+// Serves queued requests one at a time; exits at EOF once idle.
+function pump() {
+  if (state.running || state.terminating) return;
+  const line = state.queue.shift();
+  if (line === undefined) {
+    if (state.eof) process.exit(0); // idle shutdown or recycling
+    return;
+  }
+  dispatch(line).then(() => setImmediate(pump), (err) => {
+    warn(`internal error: ${err && err.stack || err}`);
+    process.exit(1);
+  });
+}
+
+async function dispatch(line) {
+  if (!line.length || !line.toString("latin1").trim()) return;
+  let frame;
+  try {
+    frame = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(line));
+  } catch (err) {
+    warn(`unreadable request frame (${err.message}): ${line.subarray(0, 200).toString()}`);
+    process.exit(1);
+  }
+  if (!frame || typeof frame !== "object" || Array.isArray(frame)) {
+    warn(`request frame is not a JSON object: ${line.subarray(0, 200).toString()}`);
+    process.exit(1);
+  }
+  if (frame.t !== "job" && frame.t !== "failure_hooks") {
+    if (frame.t !== "stop") warn(`ignoring a request of unknown type ${JSON.stringify(frame.t)}`);
+    return;
+  }
+  const ctx = { frame, kind: frame.t, def: null, args: [], outcome: null, answered: false, hooks: null };
+  state.running = ctx;
+  module.exports.current = frame;
+  try {
+    let outcome;
+    if (ctx.kind === "job") {
+      send({ t: "started", id: frame.id });
+      outcome = await runJob(ctx);
+    } else {
+      outcome = await failureHooks(ctx);
+    }
+    ctx.outcome = outcome;
+    await flushOutput();
+    answer(ctx, outcome);
+  } finally {
+    if (!state.terminating) {
+      state.running = null;
+      module.exports.current = null;
+    }
+  }
+}
+
+function answer(ctx, outcome) {
+  if (ctx.answered) return;
+  ctx.answered = true;
+  send({ t: "done", id: ctx.frame.id, ...outcome });
+}
+
+// process.stdout/stderr are synchronous for pipes and files on Linux; wait for
+// anything still buffered (a TTY) all the same.
+function flushOutput() {
+  const pending = [process.stdout, process.stderr]
+    .filter((s) => s && s.writableLength > 0)
+    .map((s) => new Promise((resolve) => s.once("drain", resolve)));
+  if (!pending.length) return Promise.resolve();
+  return Promise.race([Promise.all(pending), sleep(1000)]);
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+// -- signals --------------------------------------------------------------------
+
+async function onTerm() {
+  const ctx = state.running;
+  if (!ctx) process.exit(0); // idle
+  if (state.terminating) return;
+  state.terminating = true;
+  if (!ctx.outcome) { // else the request is over, its done about to be written
+    const error = new LocketError("Resque::TermException", "SIGTERM", []);
+    if (ctx.kind === "job" && ctx.def) {
+      await Promise.race([runFailureHooks(ctx, error), sleep(TERM_HOOKS_MS)]);
+    }
+    ctx.outcome = failure(error);
+  }
+  await flushOutput();
+  answer(ctx, ctx.outcome);
+  send({ t: "bye", reason: "SIGTERM" });
+  process.exit(0);
+}
+
+// -- jobs -----------------------------------------------------------------------
+
+function hasOwn(obj, key) {
+  return obj !== null && (typeof obj === "object" || typeof obj === "function") &&
+    Object.prototype.hasOwnProperty.call(obj, key);
+}
+
+function resolve(name) {
+  const mod = state.jobs;
+  const containers = [mod && mod.jobs, mod, mod && mod.default && mod.default.jobs, mod && mod.default];
+  for (const container of containers) {
+    if (hasOwn(container, name)) {
+      const def = container[name];
+      if (def && typeof def.perform === "function") return def;
+      if (typeof def === "function") return { perform: def };
+      throw new LocketError("NameError", `job ${name} has no perform function`, []);
+    }
+  }
+  throw new LocketError("NameError", `no job named ${name}`, []);
+}
+
+function parsePayload(text) {
+  if (typeof text !== "string") throw new LocketError("Locket::BadPayload", "payload is not a string", []);
+  let payload;
+  try {
+    payload = JSON.parse(text);
+  } catch (err) {
+    throw new LocketError("Locket::BadPayload", `payload is not JSON (${err.message})`, []);
+  }
+  if (!payload || typeof payload !== "object" || Array.isArray(payload)) {
+    throw new LocketError("Locket::BadPayload", "payload is not a JSON object", []);
+  }
+  const args = payload.args === undefined || payload.args === null ? [] : payload.args;
+  if (!Array.isArray(args)) throw new LocketError("Locket::BadPayload", "args is not an array", []);
+  if (typeof payload.class !== "string" || !payload.class) {
+    throw new LocketError("Locket::BadPayload", "payload has no class", []);
+  }
+  return { className: payload.class, args };
+}
+
+// The hook functions for `kind`, both spellings, sorted by name as Resque sorts hooks.
+function hooks(def, snake, camel) {
+  return [camel, snake].sort()
+    .filter((name) => typeof def[name] === "function")
+    .map((name) => def[name]);
+}
+
+function setUp(ctx) {
+  const { className, args } = parsePayload(ctx.frame.payload);
+  ctx.def = resolve(className);
+  ctx.args = args;
+  if (Array.isArray(ctx.def.plugins) && ctx.def.plugins.length && !state.warnedPlugins.has(className)) {
+    state.warnedPlugins.add(className);
+    warn(`job ${className}: node-resque plugins are not supported here and are ignored`);
+  }
+}
+
+async function runJob(ctx) {
+  try {
+    setUp(ctx);
+    const { def, args } = ctx;
+    try {
+      try {
+        for (const hook of hooks(def, "before_perform", "beforePerform")) await hook.apply(def, args);
+      } catch (err) {
+        if (errorName(err) === "DontPerform") return { status: "ok", performed: false };
+        throw err;
+      }
+      await def.perform.apply(def, args);
+      for (const hook of hooks(def, "after_perform", "afterPerform")) await hook.apply(def, args);
+      return { status: "ok", performed: true };
+    } catch (err) {
+      if (!isReschedule(err)) await runFailureHooks(ctx, err);
+      throw err;
+    }
+  } catch (err) {
+    return isReschedule(err) ? { status: "reschedule" } : failure(err);
+  }
+}
+
+// Once per job. A hook that throws is logged; the job fails with its own error.
+function runFailureHooks(ctx, error) {
+  if (!ctx.hooks) {
+    ctx.hooks = (async () => {
+      for (const hook of hooks(ctx.def, "on_failure", "onFailure")) {
+        try {
+          await hook.call(ctx.def, error, ...ctx.args);
+        } catch (err) {
+          warn(`onFailure hook raised ${errorName(err)}: ${errorMessage(err)}\n` +
+            backtrace(err).map((l) => `    ${l}`).join("\n"));
+        }
+      }
+    })();
+  }
+  return ctx.hooks;
+}
+
+// A previous handler was killed during this job: run its onFailure hook.
+async function failureHooks(ctx) {
+  try {
+    setUp(ctx);
+    const error = new Error(String(ctx.frame.error === undefined ? "" : ctx.frame.error));
+    error.name = String(ctx.frame.exception || "Resque::DirtyExit");
+    for (const hook of hooks(ctx.def, "on_failure", "onFailure")) await hook.call(ctx.def, error, ...ctx.args);
+    return { status: "ok", performed: false };
+  } catch (err) {
+    return failure(err);
+  }
+}
+
+// -- outcomes -----------------------------------------------------------------
+
+function errorName(err) {
+  if (err !== null && (typeof err === "object" || typeof err === "function")) {
+    const name = err.name;
+    if (typeof name === "string" && name && name !== "Error") return name;
+    const ctor = err.constructor && err.constructor.name;
+    if (typeof ctor === "string" && ctor && ctor !== "Object" && ctor !== "Function") return ctor;
+  }
+  return "Error";
+}
+
+function isReschedule(err) {
+  return errorName(err) === "Reschedule" || (err !== null && typeof err === "object" && err.name === "Reschedule");
+}
+
+function errorMessage(err) {
+  try {
+    if (err !== null && typeof err === "object" && typeof err.message === "string") return err.message;
+    return String(err);
+  } catch (_) {
+    return "(the thrown value cannot be turned into a string)";
+  }
+}
+
+// The stack's frames above the adapter's own ("at perform (/app/jobs.js:3:11)").
+function backtrace(err) {
+  if (err instanceof LocketError && err.locketdBacktrace) return err.locketdBacktrace;
+  let stack;
+  try {
+    stack = err !== null && typeof err === "object" ? err.stack : undefined;
+  } catch (_) {
+    stack = undefined;
+  }
+  if (typeof stack !== "string") return [];
+  const frames = stack.split("\n").filter((l) => /^\s+at /.test(l)).map((l) => l.trim());
+  const cut = frames.findIndex((l) => l.includes(`${__filename}:`));
+  return cut >= 0 ? frames.slice(0, cut) : frames;
+}
+
+function failure(err) {
+  return { status: "failed", exception: errorName(err), error: errorMessage(err), backtrace: backtrace(err) };
+}
+
+// -- boot -------------------------------------------------------------------------
+
+async function load(target) {
+  const file = path.resolve(target);
+  try {
+    return require(file);
+  } catch (err) {
+    if (err && err.code === "ERR_REQUIRE_ESM") return import(url.pathToFileURL(file).href);
+    throw err;
+  }
+}
+
+async function main(argv) {
+  if (argv.length !== 1 || argv[0].startsWith("-")) {
+    process.stderr.write(`${USAGE}\n`);
+    process.exit(2);
+  }
+  openProtocol();
+  try {
+    state.jobs = await load(argv[0]);
+  } catch (err) {
+    process.stderr.write(`locketd-handler: cannot load ${argv[0]}: ${err && err.stack || err}\n`);
+    process.exit(1);
+  }
+  process.on("SIGTERM", () => { onTerm(); });
+  send({ t: "ready", v: 1, pid: process.pid, adapter: "node", features: [] });
+  readRequests();
+}
+
+if (require.main === module) main(process.argv.slice(2));

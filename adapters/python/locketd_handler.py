@@ -1,0 +1,611 @@
+#!/usr/bin/env python3
+"""locketd_handler: the Python adapter for locketd's persistent-handler protocol (v1).
+
+    locketd_handler.py MODULE
+
+locketd starts this script in its own process group with the request pipe on
+fd 3 and the reply pipe on fd 4 (docs/persistent-handlers.md, H-3, H-4, H-16).
+It imports MODULE once, says `ready`, then serves one request at a time until
+EOF on fd 3 (then it exits 0):
+
+    job            -> started, then exactly one done (ok | failed | reschedule)
+    failure_hooks  -> done, after the class's on_failure* hooks ran
+    stop           -> ignored: advisory, the SIGTERM that follows is what counts
+
+MODULE is a module name importable from the current directory ("jobs",
+"myapp.jobs") or a path to a .py file ("examples/python-app/jobs.py"; its
+directory then also goes on sys.path, after the current directory).
+
+A payload's class name C is resolved as follows ("::" is read as "."):
+  * "pkg.mod:func"  import pkg.mod, then the attribute path after the colon;
+  * "Foo", "Foo.Bar" the attribute path inside MODULE;
+  * "pkg.mod.Foo"   (pyres style) otherwise: the longest importable module
+                     prefix, then the attribute path after it.
+An object with a `perform` attribute (pyres style: a class with a static or
+class method) runs as obj.perform(*args); any other callable except a class
+runs as obj(*args). A coroutine returned by either is run with asyncio.run.
+Unresolvable: done failed "NameError".
+
+Hooks, Resque's order (attributes found by name prefix, sorted, callables only):
+  before_perform*(*args)           raising DontPerform skips the job (ok, performed false)
+  perform(*args)
+  after_perform*(*args)            only when perform succeeded
+  on_failure*(exception, *args)    once, on any exception but Reschedule (one that
+                                   raises is logged on stderr; the job keeps its own failure)
+Raising Reschedule (this module's, or any exception class named "Reschedule")
+answers status "reschedule". SIGTERM during a job raises TermException inside
+the job (reported as "Resque::TermException", message "SIGTERM"), the hooks
+run, done is sent, then `bye` and exit 0; SIGTERM while idle exits 0.
+SystemExit from job code is an ordinary failure ("SystemExit").
+
+Job code may `import locketd_handler` (it is this very module) for Reschedule,
+DontPerform, TermException and `current`, the request frame of the running job
+(id, queue, worker, deadline_ms, lock_keys, ...; None between jobs).
+
+Python 3.9+, stdlib only.
+"""
+
+import asyncio
+import builtins
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import signal
+import stat
+import sys
+import traceback
+
+# Job code that does `import locketd_handler` gets this very module, not a second copy
+# with its own exception classes.
+if __name__ == "__main__":
+    sys.modules.setdefault("locketd_handler", sys.modules[__name__])
+
+USAGE = ("usage: locketd_handler.py MODULE\n"
+         "Runs pyres-style jobs for locketd over fds 3 (requests) and 4 (replies).")
+
+
+class Reschedule(Exception):
+    """Raised by a job to be put back on its queue: not a failure, no on_failure hooks."""
+
+
+class DontPerform(Exception):
+    """Raised by a before_perform hook: the job is skipped, a success with performed false."""
+
+
+class TermException(BaseException):
+    """Raised inside the running job when the handler receives SIGTERM.
+
+    A BaseException (like KeyboardInterrupt, and like Ruby's SignalException):
+    `except Exception` in job code does not swallow it."""
+    locketd_name = "Resque::TermException"
+
+
+class DirtyExit(Exception):
+    """The exception on_failure hooks get in a failure_hooks request for Resque::DirtyExit."""
+    locketd_name = "Resque::DirtyExit"
+
+
+class BadPayload(Exception):
+    """The payload is not a JSON object with a class name and an array of args."""
+    locketd_name = "Locket::BadPayload"
+    _locketd_no_backtrace = True
+
+
+for _cls in (Reschedule, DontPerform, TermException, DirtyExit, BadPayload):
+    _cls.__module__ = "locketd_handler"
+del _cls
+
+# The request frame of the running job (a dict), None between jobs.
+current = None
+
+
+class _IdleTerm(BaseException):
+    """SIGTERM while waiting for a request: exit 0."""
+
+
+class _State:
+    pid = os.getpid()
+    requests = 3         # fd locketd writes requests to
+    replies = 4          # fd we write frames to
+    idle = False         # blocked reading the next request
+    in_job_code = False  # job code (a hook, perform) is running: SIGTERM raises TermException there
+    term_requested = False
+    term_raised = False  # TermException already raised for this request (only once)
+
+
+# -- protocol ---------------------------------------------------------------
+
+def _open_protocol():
+    fds = os.environ.pop("LOCKETD_PROTOCOL_FDS", "")
+    os.environ.pop("LOCKETD_PROTOCOL", None)
+    parts = fds.split(",")
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        _State.requests, _State.replies = int(parts[0]), int(parts[1])
+    try:
+        for fd in (_State.requests, _State.replies):
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+                raise OSError(f"fd {fd} is not a pipe")
+            os.set_inheritable(fd, False)  # FD_CLOEXEC: job subprocesses inherit neither pipe
+    except OSError as err:
+        sys.exit(f"locketd_handler: fds {_State.requests} and {_State.replies} must be locketd's "
+                 f"protocol pipes ({err})\n{USAGE}")
+    # A process forked (not exec'd) from job code, e.g. multiprocessing: drop the pipes
+    # and our SIGTERM handling at once; only the adapter speaks on fd 4.
+    os.register_at_fork(after_in_child=_forked_child)
+
+
+def _forked_child():
+    for fd in (_State.requests, _State.replies):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # fork from a thread other than the main one
+        pass
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value):
+    """Strings become valid UTF-8 (lone surrogates -> U+FFFD), recursively."""
+    if isinstance(value, str):
+        # A Python str holds astral characters as single code points, so any
+        # surrogate in it is a lone one (e.g. from surrogateescape decoding).
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(str(k)): _scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _send(frame):
+    if os.getpid() != _State.pid:
+        return  # a forked child of job code never speaks for the adapter
+    text = json.dumps(_scrub(frame), separators=(",", ":"), ensure_ascii=False)
+    if "\n" in text or "\r" in text:  # cannot happen (JSON escapes control characters); belt and braces
+        text = json.dumps(_scrub(frame), separators=(",", ":"))
+    data = memoryview((text + "\n").encode("utf-8"))
+    while data:
+        data = data[os.write(_State.replies, data):]
+
+
+class _Requests:
+    """Line reader over fd 3 (binary; frames may be megabytes long)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = bytearray()
+        self.scanned = 0  # no newline in buf[:scanned]
+
+    def next_line(self):
+        """The next request line (bytes, without "\\n"), or None at EOF."""
+        while True:
+            nl = self.buf.find(b"\n", self.scanned)
+            if nl >= 0:
+                line = bytes(self.buf[:nl])
+                del self.buf[:nl + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buf)
+            _State.idle = True
+            try:
+                if _State.term_requested:
+                    raise _IdleTerm
+                chunk = os.read(self.fd, 1 << 20)
+            finally:
+                _State.idle = False
+            if not chunk:
+                if self.buf.strip():
+                    _warn(f"ignoring an unterminated request at EOF ({len(self.buf)} bytes)")
+                return None
+            self.buf += chunk
+
+
+def _warn(message):
+    try:
+        sys.stderr.write(f"locketd_handler: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _flush_output():
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+# -- signals ----------------------------------------------------------------
+
+def _on_term(signum, frame):
+    _State.term_requested = True
+    if _State.idle:
+        raise _IdleTerm
+    if _State.in_job_code and not _State.term_raised:
+        _State.term_raised = True
+        raise TermException("SIGTERM")
+    # Otherwise the adapter is between job code and its frames: _call raises
+    # TermException when job code is about to run, and the loop retires after done.
+
+
+def _call(fn, *args):
+    """Runs job code (a hook or perform); SIGTERM raises TermException in it."""
+    _State.in_job_code = True
+    try:
+        if _State.term_requested and not _State.term_raised:
+            _State.term_raised = True
+            raise TermException("SIGTERM")
+        result = fn(*args)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+        return result
+    finally:
+        _State.in_job_code = False
+
+
+# -- jobs -------------------------------------------------------------------
+
+class _NotFound(Exception):
+    pass
+
+
+def _name_error(message):
+    """NameError for a job class that cannot be resolved; its backtrace (the adapter's
+    own frames) is left out of the failure record."""
+    err = NameError(message)
+    err._locketd_no_backtrace = True
+    return err
+
+
+def _attr_path(obj, path):
+    for name in path:
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            raise _NotFound(name) from None
+    return obj
+
+
+def _import(name):
+    """The module, or None when it (or a parent package) does not exist.
+    Any other error from importing it propagates (the job fails with it)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if missing == name or name.startswith(missing + "."):
+            return None
+        raise
+
+
+def _resolve(app, class_name):
+    """The job object named class_name; raises NameError when there is none."""
+    name = class_name.replace("::", ".")
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        module = _import(module_name) if module_name and attr else None
+        if module is None:
+            raise _name_error(f"no job {class_name!r}: no module named {module_name!r}")
+        try:
+            return _attr_path(module, attr.split("."))
+        except _NotFound:
+            raise _name_error(f"no job {class_name!r}: module {module_name!r} has no {attr!r}") from None
+    parts = name.split(".")
+    if not all(parts):
+        raise _name_error(f"no job {class_name!r}: not a class name")
+    try:
+        return _attr_path(app, parts)
+    except _NotFound:
+        pass
+    for i in range(len(parts) - 1, 0, -1):  # pyres style: pkg.mod.Class
+        module_name = ".".join(parts[:i])
+        module = _import(module_name)
+        if module is None:
+            continue
+        try:
+            return _attr_path(module, parts[i:])
+        except _NotFound:
+            raise _name_error(f"no job {class_name!r}: module {module_name!r} has no "
+                              f"{'.'.join(parts[i:])!r}") from None
+    tried = f"module {app.__name__!r} has no {name!r}"
+    if len(parts) > 1:
+        tried += ", and no module " + " nor ".join(repr(".".join(parts[:i])) for i in range(len(parts) - 1, 0, -1))
+        tried += " can be imported"
+    raise _name_error(f"no job {class_name!r}: {tried}")
+
+
+def _performer(obj, class_name):
+    perform = getattr(obj, "perform", None)
+    if perform is not None:
+        if not callable(perform):
+            raise _name_error(f"job {class_name!r}: its perform is not callable")
+        return perform
+    if callable(obj) and not inspect.isclass(obj):
+        return obj
+    raise _name_error(f"job {class_name!r} has no perform (and is not a function)")
+
+
+def _hooks(obj, prefix):
+    names = sorted(n for n in dir(obj) if n.startswith(prefix))
+    hooks = []
+    for n in names:
+        hook = getattr(obj, n, None)
+        if callable(hook):
+            hooks.append(hook)
+    return hooks
+
+
+def _named(exc, name):
+    return any(cls.__name__ == name for cls in type(exc).__mro__)
+
+
+def _parse_payload(text):
+    if not isinstance(text, str):
+        raise BadPayload("payload is not a string")
+    try:
+        payload = json.loads(text)
+    except ValueError as err:
+        raise BadPayload(f"payload is not JSON ({err})") from None
+    if not isinstance(payload, dict):
+        raise BadPayload("payload is not a JSON object")
+    args = payload.get("args")
+    if args is None:
+        args = []
+    if not isinstance(args, list):
+        raise BadPayload("args is not an array")
+    class_name = payload.get("class")
+    if not isinstance(class_name, str) or not class_name:
+        raise BadPayload("payload has no class")
+    return class_name, args
+
+
+def _perform(obj, class_name, args):
+    """Resque::Job#perform's order. True when performed, False when a before hook
+    raised DontPerform; raises the job's exception after the on_failure hooks."""
+    perform = _performer(obj, class_name)
+    try:
+        try:
+            for hook in _hooks(obj, "before_perform"):
+                _call(hook, *args)
+        except BaseException as err:
+            if _named(err, "DontPerform"):
+                return False
+            raise
+        _call(perform, *args)
+        for hook in _hooks(obj, "after_perform"):
+            _call(hook, *args)
+        return True
+    except BaseException as err:
+        if not _named(err, "Reschedule"):
+            _run_failure_hooks(obj, err, args)
+        raise
+
+
+def _run_failure_hooks(obj, exception, args):
+    """Once per job. A hook that raises is logged; the job fails with its own exception."""
+    for hook in _hooks(obj, "on_failure"):
+        try:
+            _call(hook, exception, *args)
+        except BaseException as err:
+            _warn(f"on_failure hook {getattr(hook, '__qualname__', hook)!r} raised "
+                  f"{_exception_name(err)}: {_message(err)}\n" + "".join(_format_tb(err)).rstrip("\n"))
+
+
+def _run_job(app, frame):
+    global current
+    _send({"t": "started", "id": frame.get("id")})
+    current = frame
+    try:
+        class_name, args = _parse_payload(frame.get("payload"))
+        obj = _resolve(app, class_name)
+        performed = _perform(obj, class_name, args)
+        return {"status": "ok", "performed": performed}
+    except BaseException as err:
+        return _outcome(err)
+    finally:
+        current = None
+
+
+def _foreign_exception(name, message):
+    """An exception object of the class named in a failure_hooks request."""
+    if name == "Resque::DirtyExit":
+        return DirtyExit(message)
+    if name == "Resque::TermException":
+        return TermException(message)
+    cls = None
+    if "." not in name and "::" not in name:
+        cls = getattr(builtins, name, None)
+    else:
+        parts = name.replace("::", ".").split(".")
+        for i in range(len(parts) - 1, 0, -1):  # "pkg.mod.Error", "pkg.mod.Outer.Error"
+            module = sys.modules.get(".".join(parts[:i]))  # only what is loaded: no imports for this
+            if module is not None:
+                try:
+                    cls = _attr_path(module, parts[i:])
+                except _NotFound:
+                    pass
+                break
+    if inspect.isclass(cls) and issubclass(cls, BaseException):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    short = name.replace("::", ".").rsplit(".", 1)[-1] or "Exception"
+    stand_in = type(short, (Exception,), {"locketd_name": name, "__module__": "locketd_handler"})
+    return stand_in(message)
+
+
+def _failure_hooks(app, frame):
+    """A previous handler was killed during this job: run its on_failure* hooks."""
+    global current
+    current = frame
+    try:
+        class_name, args = _parse_payload(frame.get("payload"))
+        obj = _resolve(app, class_name)
+        exception = _foreign_exception(str(frame.get("exception") or "Resque::DirtyExit"),
+                                       str(frame.get("error") or ""))
+        for hook in _hooks(obj, "on_failure"):
+            _call(hook, exception, *args)
+        return {"status": "ok", "performed": False}
+    except BaseException as err:
+        return _failure(err)
+    finally:
+        current = None
+
+
+# -- outcomes ---------------------------------------------------------------
+
+def _outcome(err):
+    if _named(err, "Reschedule"):
+        return {"status": "reschedule"}
+    return _failure(err)
+
+
+def _exception_name(err):
+    cls = type(err)
+    name = cls.__dict__.get("locketd_name")
+    if isinstance(name, str) and name:
+        return name
+    module = getattr(cls, "__module__", None)
+    qualname = getattr(cls, "__qualname__", cls.__name__)
+    if module in (None, "builtins"):
+        return qualname
+    return f"{module}.{qualname}"
+
+
+def _message(err):
+    if isinstance(err, SystemExit):
+        code = err.code
+        if code is None or isinstance(code, int):
+            return f"exit status {code or 0}"
+    try:
+        return str(err)
+    except BaseException:
+        return f"({type(err).__name__} raised from str())"
+
+
+def _format_tb(err):
+    """Python's traceback lines for the frames below the adapter (outermost first,
+    the raise last): '  File "path", line N, in name' and '    source' per frame."""
+    if getattr(err, "_locketd_no_backtrace", False):
+        return []
+    try:
+        frames = traceback.extract_tb(err.__traceback__)
+    except Exception:
+        return []
+    here = os.path.abspath(__file__)
+    first = 0
+    while first < len(frames) and os.path.abspath(frames[first].filename) == here:
+        first += 1  # the adapter's frames above the job (kept if there is nothing else)
+    last = len(frames)
+    while last > first and os.path.abspath(frames[last - 1].filename) == here:
+        last -= 1  # e.g. the signal handler that raised TermException inside the job
+    job_frames = list(frames[first:last]) or list(frames)
+    lines = []
+    for f in job_frames:
+        lines.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n')
+        if f.line:
+            lines.append(f"    {f.line.strip()}\n")
+    return lines
+
+
+def _failure(err):
+    return {"status": "failed", "exception": _exception_name(err), "error": _message(err),
+            "backtrace": [line.rstrip("\n") for line in _format_tb(err)]}
+
+
+# -- boot and loop ----------------------------------------------------------
+
+def _load(target):
+    cwd = os.getcwd()
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == here:
+        del sys.path[0]  # the adapter's own directory: not the app's
+    path_form = target.endswith(".py") or os.sep in target
+    if path_form:
+        path = os.path.abspath(target)
+        name = os.path.splitext(os.path.basename(path))[0]
+        sys.path[0:0] = [cwd] + ([os.path.dirname(path)] if os.path.dirname(path) != cwd else [])
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None or not os.path.isfile(path):
+            sys.exit(f"locketd_handler: cannot load {target!r}: no such .py file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
+    sys.path.insert(0, cwd)
+    return importlib.import_module(target)
+
+
+def _dispatch(app, line):
+    try:
+        frame = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        _warn(f"unreadable request frame ({err}): {line[:200]!r}")
+        sys.exit(1)
+    if not isinstance(frame, dict):
+        _warn(f"request frame is not a JSON object: {line[:200]!r}")
+        sys.exit(1)
+    kind = frame.get("t")
+    if kind not in ("job", "failure_hooks"):
+        if kind != "stop":
+            _warn(f"ignoring a request of unknown type {kind!r}")
+        return
+    _State.term_raised = False
+    outcome = _run_job(app, frame) if kind == "job" else _failure_hooks(app, frame)
+    if os.getpid() != _State.pid:
+        # job code forked and its child came back here instead of exiting
+        _flush_output()
+        os._exit(0 if outcome.get("status") == "ok" else 1)
+    _flush_output()
+    _send({"t": "done", "id": frame.get("id"), **outcome})
+    if _State.term_requested:
+        _send({"t": "bye", "reason": "SIGTERM"})
+        sys.exit(0)
+
+
+def main(argv):
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.exit(USAGE)
+    _open_protocol()
+    try:
+        sys.stdout.reconfigure(line_buffering=True)  # job output reaches locketd's log as printed
+    except (AttributeError, ValueError, OSError):
+        pass
+    app = _load(argv[0])  # a crash here: traceback on stderr, exit 1 (locketd logs it)
+    signal.signal(signal.SIGTERM, _on_term)
+    requests = _Requests(_State.requests)
+    try:
+        _send({"t": "ready", "v": 1, "pid": os.getpid(), "adapter": "python", "features": []})
+        while True:
+            line = requests.next_line()
+            if line is None:
+                break  # EOF: idle shutdown or recycling
+            if line.strip():
+                _dispatch(app, line)
+    except _IdleTerm:
+        pass
+    except BrokenPipeError:
+        _warn(f"the reply pipe (fd {_State.replies}) is closed; exiting")
+        sys.exit(1)
+    _flush_output()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
