@@ -680,8 +680,15 @@ impl Parts {
     fn recycle_if_due(&self, mut slot: OwnedMutexGuard<Slot>) {
         let spec = &self.spec;
         let p = slot.proc.as_mut().expect("ready");
-        let memory = p.memory();
-        self.shared.state(|s| s.rss_bytes = memory);
+        // A /proc read per job only when max_rss needs it; otherwise, for status, at most
+        // once a second.
+        let memory = if spec.max_rss.is_some() || p.memory_read_due() {
+            let m = p.memory();
+            self.shared.state(|s| s.rss_bytes = m);
+            m
+        } else {
+            None
+        };
         let reason = if p.max_jobs > 0 && p.jobs >= p.max_jobs {
             Some("max_jobs")
         } else if spec.max_rss.is_some_and(|m| memory.is_some_and(|r| r > m)) {

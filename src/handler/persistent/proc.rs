@@ -68,6 +68,8 @@ pub(super) struct Proc {
     pub(super) ready_at: Option<Instant>,
     /// The handler said `bye`: it exits after this job.
     pub(super) bye: bool,
+    /// When its memory was last read for `status`.
+    memory_read: Option<Instant>,
     logs: [tokio::task::JoinHandle<()>; 2],
     reader: tokio::task::JoinHandle<()>,
     guard: GroupGuard,
@@ -161,6 +163,7 @@ impl Proc {
             fork: false,
             ready_at: None,
             bye: false,
+            memory_read: None,
             logs,
             reader,
             guard: GroupGuard {
@@ -237,6 +240,17 @@ impl Proc {
 
     pub(super) fn clear_tail(&self) {
         self.tail.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Whether a second has passed since the memory was last read for `status`.
+    pub(super) fn memory_read_due(&mut self) -> bool {
+        let due = self
+            .memory_read
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if due {
+            self.memory_read = Some(Instant::now());
+        }
+        due
     }
 
     /// The handler's memory: resident size, or in fork mode the parent's proportional share
