@@ -163,39 +163,6 @@ impl Worker {
         })
     }
 
-    /// H-8: the job's handler gets ready (a persistent handler boots) before its locks are
-    /// taken. One that cannot take it yet has it deferred: back to the tail of its queue with
-    /// the queue's lock counter bumped, as a lock conflict's requeue, so a queue of such jobs is
-    /// skipped and the other queues keep draining. `Some` ends the job's path here.
-    async fn prepare_handler(
-        &mut self,
-        p: &Planned,
-        control: &Control,
-        dead: &CancellationToken,
-    ) -> Option<Option<StopReason>> {
-        let readiness = tokio::select! {
-            r = p.handler.prepare() => r,
-            _ = control.quit.cancelled() => {
-                self.return_job(&p.rid, &p.queue).await;
-                return Some(Some(StopReason::Shutdown));
-            }
-            _ = dead.cancelled() => return Some(Some(StopReason::PresumedDead)),
-        };
-        let crate::handler::Readiness::NotReady { why, .. } = readiness else {
-            return None;
-        };
-        debug!(target: LOG_TARGET, queue = %p.queue, class = %p.job.class, why = %why, "handler not ready: job deferred to the tail of its queue");
-        self.metrics.lock_conflict("deferred");
-        let slot = self.slot();
-        let ttl = self.config.locket.counter_ttl.get();
-        if let Err(e) =
-            store::defer_to_queue(&mut self.conn.clone(), &slot, &p.rid, &p.queue, ttl).await
-        {
-            error!(target: LOG_TARGET, step = "defer", queue = %p.queue, error = %e, "could not put a job whose handler is not ready back in its queue; it stays in its inflight record for recovery");
-        }
-        Some(None)
-    }
-
     /// What a conflict can lead to for this job (§6), worked out once before ACQUIRE.
     fn conflict_setup(&self, p: &Planned) -> ConflictSetup {
         let (plan, rendered) = (p.plan(), &p.rendered);
@@ -630,11 +597,11 @@ impl Worker {
 }
 
 /// A reserved job, decoded and planned: what every later step of its path needs.
-struct Planned {
-    rid: String,
-    queue: String,
-    job: Job,
-    handler: Arc<dyn Handler>,
+pub(super) struct Planned {
+    pub(super) rid: String,
+    pub(super) queue: String,
+    pub(super) job: Job,
+    pub(super) handler: Arc<dyn Handler>,
     /// When it was reserved (for the job's duration).
     started: Instant,
     /// The payload digest (holds, lockinfo).

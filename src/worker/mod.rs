@@ -8,6 +8,7 @@ mod finish;
 mod idle;
 mod janitor;
 mod job;
+mod prepare;
 mod reserve;
 mod retry;
 mod run;

@@ -5,10 +5,13 @@
 //! ```sh
 //! cargo run --release --bin locketd-bench -- all            # every scenario, one Markdown table
 //! cargo run --release --bin locketd-bench -- noop --jobs 20000 --workers 1
+//! cargo run --release --bin locketd-bench -- ruby             # Ruby adapter vs Sidekiq (bench/README.md)
 //! ```
 
+mod persistent;
 mod procs;
 mod scenarios;
+mod sidekiq;
 mod stats;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -37,7 +40,14 @@ enum Scenario {
     Idle,
     /// The same noop queue drained by node-resque (Worker + JobLock, MultiWorker).
     Peers,
-    /// Everything above, then one Markdown table against the issue's targets.
+    /// Ruby `Noop` through the persistent Ruby adapter, beside Sidekiq 6.4 and exec-per-job Ruby.
+    Ruby,
+    /// Python `Noop` through the persistent Python adapter, beside exec-per-job Python.
+    Python,
+    /// p50 enqueue-to-start latency of a persistent handler's `Probe` vs the `probe` builtin.
+    HandlerLatency,
+    /// Everything above, then one Markdown table against the issue's targets (ruby, python and
+    /// handler-latency only when their interpreters are installed).
     All,
 }
 
@@ -51,10 +61,12 @@ struct Opts {
     #[arg(value_enum)]
     scenario: Scenario,
     /// Jobs per drain (default: noop 200000, command 20000, starvation 50000 low jobs,
-    /// queues 50000, peers 20000).
+    /// queues 50000, peers 20000, ruby and python 20000, handler-latency 10000; the
+    /// exec-per-job baselines run min(100, N)).
     #[arg(long)]
     jobs: Option<usize>,
-    /// Passed to locketd as `--workers N` when above 1 (multi-process mode, issue 3).
+    /// Passed to locketd as `--workers N` when above 1 (multi-process mode, issue 3; default 1,
+    /// 2 for ruby, python and handler-latency).
     #[arg(long)]
     workers: Option<usize>,
     /// Passed to locketd as `--slots K` (multi-slot mode).
@@ -319,9 +331,11 @@ impl Ctx {
     }
 
     /// A config for queues and classes, with the harness's Redis, interval and log level.
+    /// Probe lines (the builtin's, and a handler's stdout, where a persistent handler's `Probe`
+    /// class prints them) are kept at info whatever the level.
     fn config(&self, queues: &[String], classes: &str) -> String {
         let mut c = format!(
-            "redis = \"{}\"\nqueues = {}\nlog_level = \"{},locketd::probe=info\"\n",
+            "redis = \"{}\"\nqueues = {}\nlog_level = \"{},locketd::probe=info,locketd::handler=info\"\n",
             self.redis.url(),
             serde_json::to_string(queues).unwrap_or_default(),
             self.opts.log_level
@@ -524,6 +538,9 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::Queues => scenario_queues(&opts, &exe, &mut rows)?,
         Scenario::Idle => scenario_idle(&opts, &exe, &mut rows)?,
         Scenario::Peers => scenario_peers(&opts, &exe, &mut rows)?,
+        Scenario::Ruby => persistent::scenario_ruby(&opts, &exe, &mut rows)?,
+        Scenario::Python => persistent::scenario_python(&opts, &exe, &mut rows)?,
+        Scenario::HandlerLatency => persistent::scenario_handler_latency(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,
@@ -559,6 +576,28 @@ fn run(opts: Opts) -> Result<()> {
             attempt("peers", &mut rows, |r| {
                 scenario_peers(&with(Some(1), None), &exe, r)
             })?;
+            if persistent::ruby_installed() {
+                attempt("ruby --workers 2", &mut rows, |r| {
+                    persistent::scenario_ruby(&with(Some(2), None), &exe, r)
+                })?;
+                attempt("handler-latency --workers 2", &mut rows, |r| {
+                    persistent::scenario_handler_latency(&with(Some(2), None), &exe, r)
+                })?;
+            } else {
+                println!(
+                    "locketd-bench: note: ruby or sidekiq is not installed: the ruby and \
+                     handler-latency scenarios are skipped (bench/README.md says how to install them)"
+                );
+            }
+            if persistent::python_installed() {
+                attempt("python --workers 2", &mut rows, |r| {
+                    persistent::scenario_python(&with(Some(2), None), &exe, r)
+                })?;
+            } else {
+                println!(
+                    "locketd-bench: note: python3 is not installed: the python scenario is skipped"
+                );
+            }
         }
     }
     print_table(&rows);

@@ -275,6 +275,33 @@ impl Daemon {
                 }
             }
         }
+        // Long-lived handler processes (persistent handlers): children of the daemon or of a
+        // worker process that run another program, counted from their second sighting on (a
+        // command handler seldom lives that long).
+        let mut parents = vec![self.pid];
+        parents.extend(into.workers_kib.keys().copied());
+        for parent in parents {
+            for h in children(parent) {
+                let other = fs::read_link(format!("/proc/{h}/exe"))
+                    .map(|p| p != self.exe)
+                    .unwrap_or(false);
+                if !other {
+                    continue;
+                }
+                let Some(k) = vm_field(h, "VmHWM:") else {
+                    continue;
+                };
+                let e = into.seen.entry(h).or_default();
+                e.0 += 1;
+                e.1 = e.1.max(k);
+                if e.0 >= 2 {
+                    into.handlers_kib.insert(h, e.1);
+                    if let Some(t) = cpu_ticks(h) {
+                        into.handler_ticks.insert(h, t);
+                    }
+                }
+            }
+        }
     }
 
     /// SIGTERM, then waits up to `grace` before SIGKILLing the group.
@@ -333,6 +360,10 @@ pub struct RssPeaks {
     /// CPU time (user + system, clock ticks) at the latest sample, of the daemon and of each
     /// worker process, by pid.
     cpu_ticks: BTreeMap<i32, u64>,
+    /// Long-lived handler processes (persistent handlers), by pid: peak KiB.
+    pub handlers_kib: BTreeMap<i32, u64>,
+    /// CPU time (clock ticks) of each handler process at its latest sample.
+    handler_ticks: BTreeMap<i32, u64>,
 }
 
 impl RssPeaks {
@@ -344,14 +375,28 @@ impl RssPeaks {
     /// CPU seconds the daemon and its worker processes had used by the latest sample (start-up
     /// included).
     pub fn cpu_secs(&self) -> f64 {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        self.cpu_ticks.values().sum::<u64>() as f64 / hz
+        self.cpu_ticks.values().sum::<u64>() as f64 / clk_tck()
+    }
+
+    /// CPU seconds the handler processes had used by their latest samples (boot included).
+    pub fn handler_cpu_secs(&self) -> f64 {
+        self.handler_ticks.values().sum::<u64>() as f64 / clk_tck()
+    }
+
+    /// Largest handler peak, if any handler process was seen.
+    pub fn max_handler_kib(&self) -> Option<u64> {
+        self.handlers_kib.values().copied().max()
     }
 }
 
+/// Clock ticks per second (`/proc/<pid>/stat` counts CPU time in them).
+pub fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
+}
+
 /// utime + stime of `pid` (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
-fn cpu_ticks(pid: i32) -> Option<u64> {
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let mut rest = s[s.rfind(')')? + 1..].split_whitespace();
     // After the command name: state is field 3, so utime (14) is the 12th field from here.
@@ -390,6 +435,109 @@ fn children(pid: i32) -> Vec<i32> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// `name` as found on `PATH` (an executable file), like `command -v`.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            fs::metadata(p)
+                .map(|m| {
+                    m.is_file()
+                        && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+                })
+                .unwrap_or(false)
+        })
+}
+
+/// A long-running helper (a peer worker such as Sidekiq) in its own process group, output to
+/// `<dir>/<name>.log`. Dropping it stops the group: SIGTERM, a grace, then SIGKILL.
+pub struct Spawned {
+    child: Child,
+    exited: Option<ExitStatus>,
+    /// Its pid (and process group id).
+    pub pid: i32,
+    /// Its output (stdout and stderr).
+    pub log: PathBuf,
+    name: String,
+}
+
+impl Spawned {
+    /// Starts `cmd` (stdin from /dev/null).
+    pub fn start(mut cmd: Command, dir: &Path, name: &str) -> Result<Spawned> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log)?;
+        let err = out.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let pid = child.id() as i32;
+        Ok(Spawned {
+            child,
+            exited: None,
+            pid,
+            log,
+            name: name.to_string(),
+        })
+    }
+
+    /// Fails, with the last lines of its output, once it has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait()?;
+        }
+        let Some(status) = self.exited else {
+            return Ok(());
+        };
+        let text = fs::read(&self.log)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "{} exited early ({status}); last output lines:\n{}",
+            self.name,
+            tail.join("\n")
+        )
+    }
+
+    /// SIGTERM to the group, up to `grace` for it to exit, then SIGKILL to the group.
+    pub fn stop(mut self, grace: Duration) -> Option<ExitStatus> {
+        self.stop_inner(grace)
+    }
+
+    fn stop_inner(&mut self, grace: Duration) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            // SAFETY: kill(2) on our own unreaped child's process group.
+            unsafe { libc::kill(-self.pid, libc::SIGTERM) };
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if let Ok(Some(s)) = self.child.try_wait() {
+                    self.exited = Some(s);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // SAFETY: as above; the group id stays ours while any member lives (ESRCH otherwise).
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        if self.exited.is_none() {
+            self.exited = self.child.wait().ok();
+        }
+        self.exited
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.stop_inner(Duration::from_secs(5));
+    }
 }
 
 /// Runs `cmd` with a time limit, killing it when it runs over. Returns status, stdout, stderr.

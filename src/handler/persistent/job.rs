@@ -1,0 +1,305 @@
+//! One job through a persistent handler (H-9 … H-11): the `job` frame, `started` and `done`,
+//! the handler's death, protocol errors and stops.
+
+use super::frame::{Done, Frame};
+use super::proc::{self, Proc};
+use super::*;
+
+/// Kills the process group when dropped while armed: a run whose future is dropped (a hard
+/// stop) leaves no process of the handler able to act (H-11).
+struct KillOnDrop {
+    pgid: i32,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed && self.pgid > 0 {
+            // SAFETY: kill(2) on a process group; no memory is shared.
+            unsafe {
+                libc::kill(-self.pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// How a job's wait on its handler ended.
+enum End {
+    Done(Done),
+    Exited(ExitStatus),
+    Protocol(String),
+    NoStart,
+}
+
+#[derive(Serialize)]
+struct JobFrame<'a> {
+    t: &'static str,
+    id: &'a str,
+    payload: &'a str,
+    queue: &'a str,
+    class: &'a str,
+    worker: &'a str,
+    lock_keys: &'a [String],
+    lock_token: &'a str,
+    deadline_ms: Option<u64>,
+}
+
+pub(super) fn line_of(value: &impl Serialize) -> Vec<u8> {
+    // Compact JSON holds no raw newline (H-4).
+    let mut v = serde_json::to_vec(value).unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Parts {
+    /// Runs one job (H-9), booting first if `prepare` was not called or the process died since.
+    pub(super) async fn perform(self, job: JobContext, stop: CancellationToken) -> HandlerResult {
+        let mut slot = self.slot.clone().lock_owned().await;
+        if let Readiness::NotReady { why, .. } = self.ready(&mut slot).await {
+            // Rare: the process died between prepare and perform and cannot be restarted now.
+            return Err(JobFailure::new(
+                RESCHEDULE,
+                format!("handler {} is not ready: {why}", self.spec.name),
+            ));
+        }
+        self.run_one(slot, job, stop).await
+    }
+
+    pub(super) async fn run_one(
+        &self,
+        mut slot: OwnedMutexGuard<Slot>,
+        job: JobContext,
+        stop: CancellationToken,
+    ) -> HandlerResult {
+        let spec = &self.spec;
+        slot.sent = Some(Sent {
+            id: job.id.clone(),
+            payload: job.payload.clone(),
+        });
+        let p = slot.proc.as_mut().expect("ready");
+        p.set_tag(&job.class, &job.queue);
+        p.clear_tail();
+        let pgid = p.pgid();
+        job.watch.attach(pgid);
+        let mut kill = KillOnDrop { pgid, armed: true };
+        let line = line_of(&JobFrame {
+            t: "job",
+            id: &job.id,
+            payload: &job.payload,
+            queue: &job.queue,
+            class: &job.class,
+            worker: &job.worker,
+            lock_keys: &job.lock_keys,
+            lock_token: &job.lock_token,
+            deadline_ms: job
+                .timeout
+                .map(|t| unix_ms(std::time::SystemTime::now() + t)),
+        });
+        let (end, stopping) = wait_for_end(spec, p, &job, line, &stop).await;
+        let done = match &end {
+            End::Done(d) => Some(d.clone()),
+            End::Exited(_) => late_done(p, &job.id).await,
+            _ => None,
+        };
+        if let Some(d) = done {
+            slot.sent = None;
+            let p = slot.proc.as_mut().expect("ready");
+            p.jobs += 1;
+            self.shared.state(|s| {
+                s.jobs = p.jobs;
+                s.jobs_total += 1;
+            });
+            let result = result_of_done(d);
+            if stopping {
+                // H-11: killed and reaped by after_run, whatever `done` said.
+                return result;
+            }
+            if let Some(status) = p.exited() {
+                let text = format!("exited after its job ({})", describe(status));
+                self.end_now(&mut slot, "exit", &text).await;
+                self.replace_later(slot);
+                return result;
+            }
+            kill.armed = false;
+            p.set_idle();
+            *self
+                .shared
+                .last_active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            self.recycle_if_due(slot);
+            return result;
+        }
+        if stopping {
+            // The handler did not answer before the stop's kill: after_run reaps it, and
+            // sends the job's failure hooks to the next one.
+            return Err(JobFailure::new("Resque::DirtyExit", "stopped").dirty());
+        }
+        let p = slot.proc.as_mut().expect("ready");
+        let (pid, tail) = (p.pid, p.tail());
+        let (reason, failure) = match end {
+            End::Exited(status) => ("exit", death_failure(&spec.name, pid, status, tail)),
+            End::Protocol(e) => {
+                warn!(handler = %spec.name, pid, class = %job.class, error = %e, "handler broke the protocol; killing it");
+                ("protocol", JobFailure::new("Locket::ProtocolError", e))
+            }
+            End::NoStart => {
+                warn!(handler = %spec.name, pid, class = %job.class, timeout_s = spec.start_timeout.as_secs_f64(), "handler did not start the job in time (wedged); killing it");
+                slot.sent = None;
+                let again = slot.no_start.as_deref() == Some(job.payload.as_str());
+                slot.no_start = if again {
+                    None
+                } else {
+                    Some(job.payload.clone())
+                };
+                let failure = if again {
+                    JobFailure::new(
+                        "Locket::HandlerCrashed",
+                        format!(
+                            "handler {} did not start this job twice in a row",
+                            spec.name
+                        ),
+                    )
+                } else {
+                    JobFailure::new(NOT_STARTED, "the handler did not start the job")
+                };
+                ("no_start", failure)
+            }
+            End::Done(_) => unreachable!("handled above"),
+        };
+        self.end_now(&mut slot, reason, &failure.error).await;
+        if let Some(sent) = slot.sent.take() {
+            self.queue_hooks(&mut slot, sent, &failure.exception, &failure.error);
+        }
+        self.replace_later(slot);
+        Err(failure)
+    }
+}
+
+/// Writes the `job` frame and waits for its end: `done`, the exit, a protocol error, or no
+/// `started` in time. A stop writes `stop` and SIGTERMs the group, then keeps waiting (the
+/// supervisor drops the future after the grace). Returns the end and whether a stop came.
+async fn wait_for_end(
+    spec: &Spec,
+    p: &mut Proc,
+    job: &JobContext,
+    line: Vec<u8>,
+    stop: &CancellationToken,
+) -> (End, bool) {
+    let start_deadline = tokio::time::Instant::now() + spec.start_timeout;
+    let mut exit = p.exit_watch();
+    // The write owns the pipe while it runs and hands it back when it is through.
+    let mut requests = None;
+    let mut write = Some(Box::pin({
+        let w = p.take_requests();
+        async move {
+            let mut w = w;
+            let r = match w.as_mut() {
+                Some(w) => tokio::io::AsyncWriteExt::write_all(w, &line).await,
+                None => Err(std::io::ErrorKind::BrokenPipe.into()),
+            };
+            (w, r)
+        }
+    }));
+    let (mut started, mut stopping, mut frames_open) = (false, false, true);
+    let end = loop {
+        tokio::select! {
+            (w, r) = async { write.as_mut().expect("guarded").await }, if write.is_some() => {
+                write = None;
+                requests = w;
+                if let Err(e) = r {
+                    debug!(handler = %spec.name, error = %e, "writing the job frame failed; waiting for the handler's exit");
+                }
+            }
+            f = p.frames.recv(), if frames_open => match f {
+                Some(Ok(Frame::Started { id, .. })) if id == job.id => started = true,
+                Some(Ok(Frame::Done { id, outcome })) if id == job.id => break End::Done(outcome),
+                Some(Ok(Frame::Bye { .. })) => p.bye = true,
+                Some(Ok(other)) => break End::Protocol(format!("a frame out of turn: {other:?}")),
+                Some(Err(e)) => break End::Protocol(e.to_string()),
+                None => frames_open = false,
+            },
+            status = proc::exited(&mut exit) => break End::Exited(status),
+            _ = tokio::time::sleep_until(start_deadline), if !started && !stopping => break End::NoStart,
+            _ = stop.cancelled(), if !stopping => {
+                stopping = true;
+                let reason = job.stop_reason.get().unwrap_or("shutdown");
+                info!(handler = %spec.name, pid = p.pid, reason, "stopping the handler's job");
+                let frame = serde_json::json!({"t": "stop", "id": job.id, "reason": reason});
+                proc::try_send(requests.as_ref(), &line_of(&frame));
+                p.signal(libc::SIGTERM);
+            }
+        }
+    };
+    // A job frame cut off mid-write leaves the pipe unusable; every end but a `done` ends the
+    // process anyway, and a `done` comes only after the whole frame was read.
+    p.put_requests(requests);
+    (end, stopping)
+}
+
+/// H-10: after an exit, a `done` already in the pipe still counts.
+async fn late_done(p: &mut Proc, id: &str) -> Option<Done> {
+    let deadline = tokio::time::Instant::now() + LATE_DONE;
+    loop {
+        match tokio::time::timeout_at(deadline, p.frames.recv()).await {
+            Ok(Some(Ok(Frame::Done { id: got, outcome }))) if got == id => return Some(outcome),
+            Ok(Some(Ok(_))) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// A `done` frame as the job's result (H-7).
+fn result_of_done(d: Done) -> HandlerResult {
+    match d {
+        Done::Ok { .. } => Ok(()),
+        Done::Reschedule => Err(JobFailure::new(RESCHEDULE, "rescheduled by the handler")),
+        Done::Failed {
+            exception,
+            error,
+            backtrace,
+        } => {
+            let f = JobFailure::new(exception, error).with_backtrace(backtrace);
+            // Resque counts a killed job (its fork mode's DirtyExit) as processed, not failed.
+            Err(if f.exception == "Resque::DirtyExit" {
+                f.dirty()
+            } else {
+                f
+            })
+        }
+    }
+}
+
+/// H-10: the failure of a job whose handler died without a `done`.
+fn death_failure(name: &str, pid: u32, status: ExitStatus, tail: Vec<String>) -> JobFailure {
+    use std::os::unix::process::ExitStatusExt;
+    warn!(handler = %name, pid, status = %describe(status), stderr = ?tail, "handler died during a job");
+    if let Some(sig) = status.signal() {
+        return JobFailure::new(
+            "Resque::DirtyExit",
+            format!(
+                "Child process received unhandled signal {}",
+                signal_status_text(pid, sig)
+            ),
+        )
+        .dirty();
+    }
+    let code = status.code().unwrap_or(-1);
+    let last = tail
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| format!(": {}", l.trim()))
+        .unwrap_or_default();
+    JobFailure::new(
+        "Locket::CommandFailed",
+        format!("handler {name} (pid {pid}) exited with status {code} during the job{last}"),
+    )
+    .with_backtrace(tail)
+}
