@@ -5,7 +5,6 @@ use super::{d10s, d60s, yes, Secs};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::PathBuf;
 
 /// How a named handler runs its jobs.
@@ -65,23 +64,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 impl<'de> Deserialize<'de> for Bytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Bytes;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a size such as \"768MiB\" or a number of bytes")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Bytes, E> {
-                parse_bytes(v).map(Bytes).map_err(E::custom)
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Bytes, E> {
-                parse_bytes(&v.to_string()).map(Bytes).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Bytes, E> {
-                parse_bytes(&v.to_string()).map(Bytes).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
+        super::from_text(d, "a size such as \"768MiB\" or a number of bytes", |t| {
+            parse_bytes(t).map(Bytes)
+        })
     }
 }
 

@@ -103,29 +103,45 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 impl<'de> Deserialize<'de> for Secs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secs, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Secs;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration such as \"35s\", \"250ms\" or a number of seconds")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Secs, E> {
-                parse_duration(v).map(Secs).map_err(E::custom)
-            }
-            // A bare integer takes the same range check as every other form: a duration past
-            // it would overflow `Instant + Duration` where it is used.
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Secs, E> {
-                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Secs, E> {
-                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Secs, E> {
-                parse_duration(&v.to_string()).map(Secs).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
+        from_text(
+            d,
+            "a duration such as \"35s\", \"250ms\" or a number of seconds",
+            |t| parse_duration(t).map(Secs),
+        )
     }
+}
+
+/// Deserializes a setting written as a string or a bare number, through `parse` of its text:
+/// a number takes the same checks as every other form (a duration past them would overflow
+/// `Instant + Duration` where it is used).
+fn from_text<'de, D: Deserializer<'de>, T>(
+    d: D,
+    expecting: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    struct V<T> {
+        expecting: &'static str,
+        parse: fn(&str) -> Result<T, String>,
+    }
+    impl<T> de::Visitor<'_> for V<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.expecting)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            (self.parse)(v).map_err(E::custom)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+            (self.parse)(&v.to_string()).map_err(E::custom)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+            (self.parse)(&v.to_string()).map_err(E::custom)
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+            (self.parse)(&v.to_string()).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(V { expecting, parse })
 }
 
 /// A list written either as a TOML array or as one comma-separated string.

@@ -134,18 +134,7 @@ pub async fn return_to_queue<C: ConnectionLike + Send>(
     rid: &str,
     queue: &str,
 ) -> RedisResult<bool> {
-    let keys = slot.keys;
-    let reply: String = scripts()
-        .return_job
-        .key(keys.inflight(slot.slot_key))
-        .key(keys.queue(queue))
-        .key(keys.queues())
-        .arg(rid)
-        .arg(queue)
-        .arg(keys.locket_prefix())
-        .invoke_async(conn)
-        .await?;
-    Ok(reply == "ok")
+    move_back(conn, slot, rid, queue, None).await
 }
 
 /// DEFER (H-8): a reservation whose handler cannot take it yet goes to the tail of its queue
@@ -158,23 +147,30 @@ pub async fn defer_to_queue<C: ConnectionLike + Send>(
     queue: &str,
     counter_ttl: std::time::Duration,
 ) -> RedisResult<bool> {
+    move_back(conn, slot, rid, queue, Some(counter_ttl)).await
+}
+
+/// RETURN, or DEFER with the counter's TTL (`return.lua`).
+async fn move_back<C: ConnectionLike + Send>(
+    conn: &mut C,
+    slot: &SlotRef<'_>,
+    rid: &str,
+    queue: &str,
+    defer: Option<std::time::Duration>,
+) -> RedisResult<bool> {
     let keys = slot.keys;
-    let reply: String = scripts()
-        .return_job
-        .key(keys.inflight(slot.slot_key))
+    let mut inv = scripts().return_job.prepare_invoke();
+    inv.key(keys.inflight(slot.slot_key))
         .key(keys.queue(queue))
         .key(keys.queues())
-        .key(keys.counter(queue))
         .arg(rid)
         .arg(queue)
-        .arg(keys.locket_prefix())
-        .arg(
-            u64::try_from(counter_ttl.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        )
-        .invoke_async(conn)
-        .await?;
+        .arg(keys.locket_prefix());
+    if let Some(ttl) = defer {
+        inv.key(keys.counter(queue))
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
+    }
+    let reply: String = inv.invoke_async(conn).await?;
     Ok(reply == "ok")
 }
 

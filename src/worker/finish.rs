@@ -37,42 +37,34 @@ impl Worker {
             release: &release,
             resent: false,
         };
-        if let Err(f) = &result {
-            if f.exception == crate::handler::persistent::NOT_STARTED {
-                // H-9: no code of the job ran: back to the head of its queue, nothing recorded.
-                info!(target: LOG_TARGET, queue = %queue, class = %class, "handler did not start the job: back to the head of its queue");
-                return self
-                    .finish_outcome(
-                        rid,
-                        queue,
-                        token,
-                        locks,
-                        Finish::Return,
-                        class,
-                        started,
-                        "returned",
-                        &fh,
-                    )
-                    .await;
-            }
+        // Ends that go back to the queue, recorded nowhere: exit 75 (EX_TEMPFAIL) to the tail,
+        // the lock released in the same FINISH so the next run of this key starts without
+        // overlap; a job a persistent handler never started (H-9, no code of it ran) to the
+        // head.
+        let back = result.as_ref().err().and_then(|f| {
             if f.exception == crate::handler::RESCHEDULE {
-                // EX_TEMPFAIL: the lock is released and the payload goes back to the tail in
-                // the same FINISH, so the next run of this key starts without overlap.
-                info!(target: LOG_TARGET, queue = %queue, class = %class, "job asked to be rescheduled (exit 75)");
-                return self
-                    .finish_outcome(
-                        rid,
-                        queue,
-                        token,
-                        locks,
-                        Finish::Requeue,
-                        class,
-                        started,
-                        "rescheduled",
-                        &fh,
-                    )
-                    .await;
+                Some((
+                    Finish::Requeue,
+                    "rescheduled",
+                    "job asked to be rescheduled (exit 75)",
+                ))
+            } else if f.exception == crate::handler::persistent::NOT_STARTED {
+                Some((
+                    Finish::Return,
+                    "returned",
+                    "handler did not start the job: back to the head of its queue",
+                ))
+            } else {
+                None
             }
+        });
+        if let Some((outcome, label, message)) = back {
+            info!(target: LOG_TARGET, queue = %queue, class = %class, "{message}");
+            return self
+                .finish_outcome(
+                    rid, queue, token, locks, outcome, class, started, label, &fh,
+                )
+                .await;
         }
         let (outcome, label) = match &result {
             Ok(()) => (Finish::Success, "success"),

@@ -184,6 +184,25 @@ fn h15_ruby_adapter_with_fork_runs_resques_hook_order() {
     check_ruby_hook_order(&mut app);
 }
 
+/// The example app with a `Slow` job running; and the worker's pid.
+fn slow_job_running(fork: bool) -> (App, i32) {
+    let mut command = vec!["adapters/ruby/locketd-ruby", "examples/ruby-app/app.rb"];
+    if fork {
+        command.push("--fork");
+    }
+    let mut app = App::start(&command, "");
+    let worker = app.daemon.worker_pid();
+    wait_registered(&mut app.r, &app.daemon);
+    app.push("Slow", json!([60]));
+    let hooks = app.hook_log.clone();
+    wait_until(LONG, "the job runs", || {
+        std::fs::read_to_string(&hooks)
+            .unwrap_or_default()
+            .contains("Slow start")
+    });
+    (app, worker)
+}
+
 /// The adapter of the worker's slot, and the job's forked child under it.
 fn adapter_and_child(worker: i32) -> (i32, Option<i32>) {
     let adapter = child_pids(worker)
@@ -201,22 +220,7 @@ fn h15_a_killed_fork_child_is_a_dirty_exit_with_on_failure_in_the_parent() {
         eprintln!("ruby is not installed: skipped (.ci/run installs it)");
         return;
     }
-    let mut app = App::start(
-        &[
-            "adapters/ruby/locketd-ruby",
-            "examples/ruby-app/app.rb",
-            "--fork",
-        ],
-        "",
-    );
-    let worker = app.daemon.worker_pid();
-    app.push("Slow", json!([60]));
-    let hooks = app.hook_log.clone();
-    wait_until(LONG, "the job runs", || {
-        std::fs::read_to_string(&hooks)
-            .unwrap_or_default()
-            .contains("Slow start")
-    });
+    let (mut app, worker) = slow_job_running(true);
     let (adapter, child) = adapter_and_child(worker);
     let child = child.expect("the job runs in a forked child");
     // SAFETY: kill(2) of a test's own grandchild.
@@ -253,23 +257,7 @@ fn a_worker_sigkilled_in_fork_mode_takes_its_handler_and_forked_child_with_it() 
         eprintln!("ruby is not installed: skipped (.ci/run installs it)");
         return;
     }
-    let mut app = App::start(
-        &[
-            "adapters/ruby/locketd-ruby",
-            "examples/ruby-app/app.rb",
-            "--fork",
-        ],
-        "",
-    );
-    let worker = app.daemon.worker_pid();
-    wait_registered(&mut app.r, &app.daemon);
-    app.push("Slow", json!([60]));
-    let hooks = app.hook_log.clone();
-    wait_until(LONG, "the job runs", || {
-        std::fs::read_to_string(&hooks)
-            .unwrap_or_default()
-            .contains("Slow start")
-    });
+    let (mut app, worker) = slow_job_running(true);
     let (adapter, child) = adapter_and_child(worker);
     let child = child.expect("the job runs in a forked child");
     // SAFETY: kill(2) of the test's own daemon's worker.
@@ -296,18 +284,7 @@ fn h14_ruby_on_failure_hooks_run_after_a_kill() {
         eprintln!("ruby is not installed: skipped (.ci/run installs it)");
         return;
     }
-    let mut app = App::start(
-        &["adapters/ruby/locketd-ruby", "examples/ruby-app/app.rb"],
-        "",
-    );
-    let worker = app.daemon.worker_pid();
-    app.push("Slow", json!([60]));
-    let hooks = app.hook_log.clone();
-    wait_until(LONG, "the job runs", || {
-        std::fs::read_to_string(&hooks)
-            .unwrap_or_default()
-            .contains("Slow start")
-    });
+    let (mut app, worker) = slow_job_running(false);
     // SAFETY: kill(2) of the test's own daemon's worker.
     unsafe {
         libc::kill(worker, libc::SIGUSR1);

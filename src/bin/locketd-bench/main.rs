@@ -516,7 +516,10 @@ fn run(opts: Opts) -> Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "locketd-bench: {} with {} (load average {}){}",
-        format!("{:?}", opts.scenario).to_lowercase(),
+        opts.scenario
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default(),
         exe.display(),
         load.split_whitespace()
             .take(3)

@@ -32,8 +32,9 @@ impl PeerDrain {
 
     pub(crate) fn report(&self, label: &str) {
         println!(
-            "{label}: {} jobs at {} jobs/s (start-up {:.2} s); Redis: {:.1} commands/job, CPU {:.1} us/job; \
-             Sidekiq CPU {:.1} us/job ({:.1} us/job in the drain window); stat:processed {}",
+            "{label}: {} jobs ({} timed by the queue) at {} jobs/s (start-up {:.2} s); Redis: {:.1} commands/job, \
+             CPU {:.1} us/job; Sidekiq CPU {:.1} us/job ({:.1} us/job in the drain window); stat:processed {}",
+            self.n,
             self.jobs,
             fmt_int(self.rate),
             self.startup.as_secs_f64(),
