@@ -134,7 +134,10 @@ fn adapter_drain(
     label: &str,
     rows: &mut Vec<Row>,
 ) -> Result<Drain> {
-    let (d, daemon) = drain_fresh(ctx, &persistent_classes(command), "Noop", workers, n)?;
+    let (mut d, daemon) = drain_fresh(ctx, &persistent_classes(command), "Noop", workers, n)?;
+    // One more sample: a process counts from its second sighting, and a short drain may end
+    // before the handlers (children of workers, themselves counted from their second) had two.
+    daemon.peak_rss(&mut d.rss);
     daemon.stop(Duration::from_secs(30));
     d.report(label);
     report_handlers(&d);
