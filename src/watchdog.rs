@@ -112,7 +112,13 @@ impl Watch {
         let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.push(Arc::downgrade(entry));
         drop(entries);
-        board.wake.notify_one();
+        // The thread looks at its list at least every LOOK_EVERY: it is woken only for a
+        // deadline nearer than that (a persistent handler attaches its group on every job).
+        let now_ms = u64::try_from(base().elapsed().as_millis()).unwrap_or(NEVER - 1);
+        let soon = now_ms.saturating_add(u64::try_from(LOOK_EVERY.as_millis()).unwrap_or(0));
+        if entry.deadline_ms.load(Ordering::SeqCst) < soon {
+            board.wake.notify_one();
+        }
     }
 
     /// Whether the watchdog killed this run's process group.
