@@ -146,11 +146,11 @@ impl Parts {
         let (reason, failure) = match end {
             End::Exited(status) => ("exit", death_failure(&spec.name, pid, status, tail)),
             End::Protocol(e) => {
-                warn!(handler = %spec.name, pid, class = %job.class, error = %e, "handler broke the protocol; killing it");
+                warn!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, error = %e, "handler broke the protocol; killing it");
                 ("protocol", JobFailure::new("Locket::ProtocolError", e))
             }
             End::NoStart => {
-                warn!(handler = %spec.name, pid, class = %job.class, timeout_s = spec.start_timeout.as_secs_f64(), "handler did not start the job in time (wedged); killing it");
+                warn!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, timeout_s = spec.start_timeout.as_secs_f64(), "handler did not start the job in time (wedged); killing it");
                 slot.sent = None;
                 let again = slot.no_start.as_deref() == Some(job.payload.as_str());
                 slot.no_start = if again {
@@ -214,7 +214,7 @@ async fn wait_for_end(
                 write = None;
                 requests = w;
                 if let Err(e) = r {
-                    debug!(handler = %spec.name, error = %e, "writing the job frame failed; waiting for the handler's exit");
+                    debug!(target: LOG_TARGET, handler = %spec.name, error = %e, "writing the job frame failed; waiting for the handler's exit");
                 }
             }
             f = p.frames.recv(), if frames_open => match f {
@@ -230,7 +230,7 @@ async fn wait_for_end(
             _ = stop.cancelled(), if !stopping => {
                 stopping = true;
                 let reason = job.stop_reason.get().unwrap_or("shutdown");
-                info!(handler = %spec.name, pid = p.pid, reason, "stopping the handler's job");
+                info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, reason, "stopping the handler's job");
                 let frame = serde_json::json!({"t": "stop", "id": job.id, "reason": reason});
                 proc::try_send(requests.as_ref(), &line_of(&frame));
                 p.signal(libc::SIGTERM);
@@ -279,7 +279,7 @@ fn result_of_done(d: Done) -> HandlerResult {
 /// H-10: the failure of a job whose handler died without a `done`.
 fn death_failure(name: &str, pid: u32, status: ExitStatus, tail: Vec<String>) -> JobFailure {
     use std::os::unix::process::ExitStatusExt;
-    warn!(handler = %name, pid, status = %describe(status), stderr = ?tail, "handler died during a job");
+    warn!(target: LOG_TARGET, handler = %name, pid, status = %describe(status), stderr = ?tail, "handler died during a job");
     if let Some(sig) = status.signal() {
         return JobFailure::new(
             "Resque::DirtyExit",

@@ -45,10 +45,10 @@ impl Parts {
             let tail = p.tail();
             if reason == "bye" {
                 p.retire(self.spec.term_timeout).await;
-                info!(handler = %self.spec.name, pid = p.pid, "handler {text}; starting a new one");
+                info!(target: LOG_TARGET, handler = %self.spec.name, pid = p.pid, "handler {text}; starting a new one");
             } else {
                 p.kill_and_reap().await;
-                warn!(handler = %self.spec.name, pid = p.pid, stderr = ?tail, "handler {text}; starting a new one");
+                warn!(target: LOG_TARGET, handler = %self.spec.name, pid = p.pid, stderr = ?tail, "handler {text}; starting a new one");
             }
             self.ended(slot, &p, reason, &text);
         }
@@ -106,7 +106,7 @@ impl Parts {
                 if spec.max_jobs > 0 {
                     p.max_jobs = spec.max_jobs + rand::random_range(0..=spec.max_jobs_jitter);
                 }
-                info!(handler = %spec.name, pid = p.pid, boot_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), max_jobs = p.max_jobs, features = ?features, "handler ready");
+                info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, boot_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), max_jobs = p.max_jobs, features = ?features, "handler ready");
                 let pid = p.pid;
                 self.shared.state(|s| {
                     s.pid = Some(pid);
@@ -144,7 +144,7 @@ impl Parts {
                     s.ready = false;
                     s.last_error = why.clone();
                 });
-                warn!(handler = %spec.name, error = %why, retry_in_s = delay.as_secs_f64(), stderr = ?tail, "handler failed to start; its jobs wait in their queues");
+                warn!(target: LOG_TARGET, handler = %spec.name, error = %why, retry_in_s = delay.as_secs_f64(), stderr = ?tail, "handler failed to start; its jobs wait in their queues");
                 Err(why)
             }
         }
@@ -261,7 +261,7 @@ impl Parts {
         };
         let Some(reason) = reason else { return };
         let mut p = slot.proc.take().expect("ready");
-        info!(handler = %spec.name, pid = p.pid, jobs = p.jobs, rss_bytes = ?memory, reason, "recycling handler");
+        info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, jobs = p.jobs, rss_bytes = ?memory, reason, "recycling handler");
         let parts = self.clone();
         tokio::spawn(async move {
             p.retire(parts.spec.term_timeout).await;
@@ -304,11 +304,13 @@ impl Parts {
                 Ok(Done::Failed {
                     exception, error, ..
                 }) => {
-                    warn!(handler = %self.spec.name, id = %hook.id, exception = %exception, error = %error, "a failure hook raised")
+                    warn!(target: LOG_TARGET, handler = %self.spec.name, id = %hook.id, exception = %exception, error = %error, "a failure hook raised")
                 }
-                Ok(_) => debug!(handler = %self.spec.name, id = %hook.id, "failure hooks ran"),
+                Ok(_) => {
+                    debug!(target: LOG_TARGET, handler = %self.spec.name, id = %hook.id, "failure hooks ran")
+                }
                 Err(e) => {
-                    warn!(handler = %self.spec.name, id = %hook.id, error = %e, "failure hooks did not run; restarting the handler");
+                    warn!(target: LOG_TARGET, handler = %self.spec.name, id = %hook.id, error = %e, "failure hooks did not run; restarting the handler");
                     self.end_now(slot, "protocol", &e).await;
                     return;
                 }
@@ -348,7 +350,7 @@ impl Parts {
                     continue;
                 };
                 if let Some(mut p) = slot.proc.take() {
-                    info!(handler = %parts.spec.name, pid = p.pid, idle_s = idle.as_secs_f64(), "idle handler exits; the next job starts it again");
+                    info!(target: LOG_TARGET, handler = %parts.spec.name, pid = p.pid, idle_s = idle.as_secs_f64(), "idle handler exits; the next job starts it again");
                     p.retire(parts.spec.term_timeout).await;
                     parts.ended(&mut slot, &p, "idle", "idle");
                 }

@@ -34,6 +34,9 @@ use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+/// The target of the log lines of every file here (`RUST_LOG=locketd::handler::persistent=debug`).
+const LOG_TARGET: &str = "locketd::handler::persistent";
+
 /// The exception of a job that a persistent handler never started (H-9): FINISH puts it back
 /// at the head of its queue, with no failure recorded and no stats counted.
 pub const NOT_STARTED: &str = "Locket::NotStarted";
@@ -246,7 +249,7 @@ impl Handler for PersistentHandler {
             parts.shared.stopping.cancel();
             let mut slot = parts.slot.lock().await;
             if let Some(mut p) = slot.proc.take() {
-                debug!(handler = %parts.spec.name, pid = p.pid, "stopping idle handler");
+                debug!(target: LOG_TARGET, handler = %parts.spec.name, pid = p.pid, "stopping idle handler");
                 p.retire(parts.spec.term_timeout).await;
             }
             parts.shared.state(|s| {

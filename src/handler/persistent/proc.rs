@@ -279,7 +279,7 @@ impl Proc {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if group_alive(self.pgid) {
-            tracing::warn!(pgid = self.pgid, "a handler's process group still has members 2s after SIGKILL (unkillable or unreaped)");
+            tracing::warn!(target: super::LOG_TARGET, pgid = self.pgid, "a handler's process group still has members 2s after SIGKILL (unkillable or unreaped)");
         }
         self.drain_logs().await;
         status
