@@ -9,7 +9,8 @@ use crate::resque::keys::Keys;
 use crate::store::{self, AdminRelease};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::RedisResult;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -237,6 +238,309 @@ pub fn human_ms(ms: i64) -> String {
     }
 }
 
+/// A bounded listing: the first rows (each in the shape of the CLI's `--json`) and how many
+/// entries the index holds in all, so a reader can say "500 of 10,000".
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Listing {
+    /// Entries of the index behind the rows (locks held, hold names, delayed jobs, queues).
+    pub total: u64,
+    /// The rows read, at most the limit asked for.
+    pub rows: Vec<Value>,
+}
+
+/// Redis server time in ms.
+pub async fn now_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(s * 1000 + us / 1000)
+}
+
+/// Lock ids read per pipeline.
+const CHUNK: usize = 200;
+
+/// The locks with a live holder, in `locket:locks` order (earliest deadline first): per lock
+/// its holders (`locketd locks --json`) and the queues it made skip jobs (`blocked_queues`).
+/// At most `limit` locks; `prefix` keeps ids starting with it. One pipeline per 200 locks.
+pub async fn read_locks<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    prefix: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let (held, indexed): (u64, u64) = redis::pipe()
+        .cmd("ZCOUNT")
+        .arg(keys.locks())
+        .arg(format!("({now}"))
+        .arg("+inf")
+        .zcard(keys.locks())
+        .query_async(conn)
+        .await?;
+    let mut out = Listing {
+        total: held,
+        rows: Vec::new(),
+    };
+    let mut matching = 0u64;
+    let mut start = 0usize;
+    while (start as u64) < indexed && (out.rows.len() < limit || prefix.is_some()) {
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.locks())
+            .arg(start)
+            .arg(start + CHUNK - 1)
+            .query_async(conn)
+            .await?;
+        if ids.is_empty() {
+            break;
+        }
+        start += ids.len();
+        let ids: Vec<String> = ids
+            .into_iter()
+            .filter(|id| prefix.is_none_or(|p| id.starts_with(p)))
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("ZRANGE")
+                .arg(keys.lock(id))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .hgetall(keys.lockinfo(id))
+                .smembers(keys.blocked_lock(id));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (id, r) in ids.iter().zip(replies.chunks(3)) {
+            let members: Vec<(String, f64)> =
+                redis::from_redis_value(r[0].clone()).unwrap_or_default();
+            let infos: HashMap<String, String> =
+                redis::from_redis_value(r[1].clone()).unwrap_or_default();
+            let mut blocked: Vec<String> =
+                redis::from_redis_value(r[2].clone()).unwrap_or_default();
+            blocked.sort();
+            let mut hs = Vec::new();
+            for (token, deadline) in members {
+                let left = deadline as i64 - now;
+                if left <= 0 {
+                    continue;
+                }
+                let info: Value = infos
+                    .get(&token)
+                    .and_then(|s| serde_json::from_str(s).ok())
+                    .unwrap_or(Value::Null);
+                let acquired = info["acquired_at"].as_i64().unwrap_or(now);
+                hs.push(json!({
+                    "token": token,
+                    "process": info["process"],
+                    "resque_worker": info["resque_worker"],
+                    "class": info["class"],
+                    "queue": info["queue"],
+                    "digest": info["digest"],
+                    "lock_id_source": info["lock_id_source"],
+                    "limit": info["limit"],
+                    "fence": info["fence"],
+                    "age_ms": now - acquired,
+                    "left_ms": left,
+                }));
+            }
+            if hs.is_empty() {
+                continue;
+            }
+            matching += 1;
+            if out.rows.len() < limit {
+                out.rows
+                    .push(json!({"lock_id": id, "holders": hs, "blocked_queues": blocked}));
+            }
+        }
+    }
+    if prefix.is_some() {
+        out.total = matching;
+    }
+    Ok(out)
+}
+
+/// The queues of `<ns>:queues` by name with their lock counters (`locketd counters --json`),
+/// the first `limit` of them; `total` is every known queue.
+pub async fn read_counters<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.queues())
+        .query_async(conn)
+        .await?;
+    queues.sort();
+    let total = queues.len() as u64;
+    queues.truncate(limit);
+    let mut rows = Vec::with_capacity(queues.len());
+    for chunk in queues.chunks(CHUNK) {
+        let mut pipe = redis::pipe();
+        for q in chunk {
+            pipe.get(keys.counter(q))
+                .cmd("PTTL")
+                .arg(keys.counter(q))
+                .llen(keys.queue(q));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (q, r) in chunk.iter().zip(replies.chunks(3)) {
+            let c: Option<i64> = redis::from_redis_value(r[0].clone()).unwrap_or(None);
+            let ttl: i64 = redis::from_redis_value(r[1].clone()).unwrap_or(-2);
+            let len: i64 = redis::from_redis_value(r[2].clone()).unwrap_or(0);
+            rows.push(json!({"queue": q, "counter": c, "length": len,
+                             "ttl_ms": if c.is_some() { Some(ttl) } else { None }}));
+        }
+    }
+    Ok(Listing { total, rows })
+}
+
+/// The live dependency holds (`locketd holds --json`), name by name in `locket:deps` order,
+/// at most `limit` rows; `total` is the number of hold names in the index.
+pub async fn read_holds<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    prefix: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let indexed: u64 = redis::cmd("ZCARD")
+        .arg(keys.deps())
+        .query_async(conn)
+        .await?;
+    let mut out = Listing {
+        total: indexed,
+        rows: Vec::new(),
+    };
+    let mut start = 0usize;
+    while (start as u64) < indexed && out.rows.len() < limit {
+        let names: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.deps())
+            .arg(start)
+            .arg(start + CHUNK - 1)
+            .query_async(conn)
+            .await?;
+        if names.is_empty() {
+            break;
+        }
+        start += names.len();
+        let names: Vec<String> = names
+            .into_iter()
+            .filter(|n| prefix.is_none_or(|p| n.starts_with(p)))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for n in &names {
+            pipe.hgetall(keys.dep(n));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (name, r) in names.iter().zip(replies) {
+            let fields: HashMap<String, String> = redis::from_redis_value(r).unwrap_or_default();
+            let mut fields: Vec<_> = fields.into_iter().collect();
+            fields.sort();
+            for (digest, v) in fields {
+                let (count, deadline) = v.split_once(':').unwrap_or(("0", "0"));
+                let count: i64 = count.parse().unwrap_or(0);
+                let left = deadline.parse::<i64>().unwrap_or(0) - now;
+                if left <= 0 || count <= 0 || out.rows.len() >= limit {
+                    continue;
+                }
+                out.rows
+                    .push(json!({"name": name, "digest": digest, "count": count, "left_ms": left}));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// locket's delayed jobs (`locketd delayed --json`), due first, at most `limit`; `queue`
+/// keeps one queue's. `total` is every delayed job (of that queue).
+pub async fn read_delayed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queue: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let total: u64 = redis::cmd("ZCARD")
+        .arg(keys.delayed())
+        .query_async(conn)
+        .await?;
+    // Filtered by queue, every member is read (the CLI's `--queue`); else only the first.
+    let last = if queue.is_some() || limit == usize::MAX {
+        -1
+    } else {
+        limit as i64 - 1
+    };
+    let raw: Vec<(String, f64)> = if limit == 0 {
+        Vec::new()
+    } else {
+        redis::cmd("ZRANGE")
+            .arg(keys.delayed())
+            .arg(0)
+            .arg(last)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?
+    };
+    let mut out = Listing {
+        total,
+        rows: Vec::new(),
+    };
+    let mut matching = 0u64;
+    for (m, due) in raw {
+        let v: Value = serde_json::from_str(&m).unwrap_or(Value::Null);
+        let due = due as i64;
+        let q = v["queue"].as_str().unwrap_or("").to_string();
+        if queue.is_some_and(|want| want != q) {
+            continue;
+        }
+        matching += 1;
+        if out.rows.len() >= limit {
+            continue;
+        }
+        let class = v["payload"]
+            .as_str()
+            .and_then(|p| serde_json::from_str::<Value>(p).ok())
+            .and_then(|p| p["class"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        out.rows
+            .push(json!({"rid": v["rid"], "queue": q, "class": class,
+                        "reason": v["reason"], "resource": v["resource"],
+                        "attempt": v["attempt"], "due_ms": due, "due_in_ms": due - now,
+                        "payload": v["payload"]}));
+    }
+    if queue.is_some() {
+        out.total = matching;
+    }
+    Ok(out)
+}
+
+/// The O-3 events of the last `minutes` minutes (at most 480), one map per minute, oldest
+/// first, read in one pipeline from the `metrics:<minute>` buckets: (epoch minute, counts).
+pub async fn read_minutes<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    minutes: u64,
+) -> RedisResult<Vec<(u64, HashMap<String, i64>)>> {
+    let now = now_ms(conn).await?;
+    let this_minute = (now / 60_000) as u64;
+    let first = (this_minute + 1).saturating_sub(minutes.min(480));
+    if minutes == 0 {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for m in first..=this_minute {
+        pipe.hgetall(keys.metrics(m));
+    }
+    let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+    Ok((first..=this_minute)
+        .zip(replies)
+        .map(|(m, r)| (m, redis::from_redis_value(r).unwrap_or_default()))
+        .collect())
+}
+
 /// Prints rows under a header, columns padded to their widest cell.
 fn table(header: &[&str], rows: &[Vec<String>]) {
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -268,11 +572,6 @@ fn print_json(v: &Value) {
 }
 
 impl Admin {
-    async fn now_ms(&mut self) -> anyhow::Result<i64> {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
-        Ok(s * 1000 + us / 1000)
-    }
-
     async fn enqueue(&mut self, a: &EnqueueArgs, config: &Config) -> anyhow::Result<ExitCode> {
         let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
             bail!("enqueue needs QUEUE and CLASS");
@@ -343,60 +642,26 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys.locks())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn)
-            .await?;
-        let mut out = Vec::new();
+        let listing =
+            read_locks(&mut self.conn, &self.keys, a.prefix.as_deref(), usize::MAX).await?;
         let mut rows = Vec::new();
-        for id in ids {
-            if let Some(p) = &a.prefix {
-                if !id.starts_with(p.as_str()) {
-                    continue;
-                }
-            }
-            let holders = store::holders(&mut self.conn, &self.keys, &id).await?;
-            let mut hs = Vec::new();
-            for h in holders {
-                let left = h.deadline_ms as i64 - now;
-                if left <= 0 {
-                    continue;
-                }
-                let info = h.info.clone().unwrap_or(Value::Null);
-                let acquired = info["acquired_at"].as_i64().unwrap_or(now);
-                let s = |k: &str| info[k].as_str().unwrap_or("").to_string();
+        for l in &listing.rows {
+            for h in l["holders"].as_array().into_iter().flatten() {
+                let s = |k: &str| h[k].as_str().unwrap_or("").to_string();
                 rows.push(vec![
-                    id.clone(),
-                    info["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
+                    l["lock_id"].as_str().unwrap_or("").to_string(),
+                    h["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
                     s("resque_worker"),
                     s("class"),
                     s("queue"),
-                    human_ms(now - acquired),
-                    human_ms(left),
-                    info["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
-                    h.token.chars().take(8).collect(),
+                    human_ms(h["age_ms"].as_i64().unwrap_or(0)),
+                    human_ms(h["left_ms"].as_i64().unwrap_or(0)),
+                    h["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
+                    s("token").chars().take(8).collect(),
                 ]);
-                hs.push(json!({
-                    "token": h.token,
-                    "process": info["process"],
-                    "resque_worker": info["resque_worker"],
-                    "class": info["class"],
-                    "queue": info["queue"],
-                    "digest": info["digest"],
-                    "lock_id_source": info["lock_id_source"],
-                    "limit": info["limit"],
-                    "fence": info["fence"],
-                    "age_ms": now - acquired,
-                    "left_ms": left,
-                }));
-            }
-            if !hs.is_empty() {
-                out.push(json!({"lock_id": id, "holders": hs}));
             }
         }
+        let out = listing.rows;
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -441,36 +706,27 @@ impl Admin {
             println!("reset {n} counter(s)");
             return Ok(ExitCode::SUCCESS);
         }
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for q in &queues {
-            let (c, ttl, len): (Option<i64>, i64, i64) = redis::pipe()
-                .cmd("GET")
-                .arg(self.keys.counter(q))
-                .cmd("PTTL")
-                .arg(self.keys.counter(q))
-                .cmd("LLEN")
-                .arg(self.keys.queue(q))
-                .query_async(&mut self.conn)
-                .await?;
-            rows.push(vec![
-                q.clone(),
-                c.map_or("-".into(), |c| c.to_string()),
-                len.to_string(),
-                if c.is_some() {
-                    human_ms(ttl)
-                } else {
-                    "-".into()
-                },
-                if c.is_some_and(|c| c >= len && len > 0) {
-                    "yes".into()
-                } else {
-                    "no".into()
-                },
-            ]);
-            out.push(json!({"queue": q, "counter": c, "length": len,
-                            "ttl_ms": if c.is_some() { Some(ttl) } else { None }}));
-        }
+        let out = read_counters(&mut self.conn, &self.keys, usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                let c = r["counter"].as_i64();
+                let len = r["length"].as_i64().unwrap_or(0);
+                vec![
+                    r["queue"].as_str().unwrap_or("").to_string(),
+                    c.map_or("-".into(), |c| c.to_string()),
+                    len.to_string(),
+                    r["ttl_ms"].as_i64().map_or("-".into(), human_ms),
+                    if c.is_some_and(|c| c >= len && len > 0) {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else {
@@ -506,43 +762,25 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let names: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys.deps())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn)
-            .await?;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for name in names {
-            if let Some(p) = &a.prefix {
-                if !name.starts_with(p.as_str()) {
-                    continue;
-                }
-            }
-            let fields: HashMap<String, String> = redis::cmd("HGETALL")
-                .arg(self.keys.dep(&name))
-                .query_async(&mut self.conn)
-                .await?;
-            let mut fields: Vec<_> = fields.into_iter().collect();
-            fields.sort();
-            for (digest, v) in fields {
-                let (count, deadline) = v.split_once(':').unwrap_or(("0", "0"));
-                let count: i64 = count.parse().unwrap_or(0);
-                let left = deadline.parse::<i64>().unwrap_or(0) - now;
-                if left <= 0 || count <= 0 {
-                    continue;
-                }
-                rows.push(vec![
-                    name.clone(),
-                    digest.chars().take(12).collect(),
-                    count.to_string(),
-                    human_ms(left),
-                ]);
-                out.push(json!({"name": name, "digest": digest, "count": count, "left_ms": left}));
-            }
-        }
+        let out = read_holds(&mut self.conn, &self.keys, a.prefix.as_deref(), usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                vec![
+                    r["name"].as_str().unwrap_or("").to_string(),
+                    r["digest"]
+                        .as_str()
+                        .unwrap_or("")
+                        .chars()
+                        .take(12)
+                        .collect(),
+                    r["count"].to_string(),
+                    human_ms(r["left_ms"].as_i64().unwrap_or(0)),
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -585,36 +823,23 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for (_, due, v) in self.delayed_members().await? {
-            let queue = v["queue"].as_str().unwrap_or("").to_string();
-            if a.queue.as_ref().is_some_and(|q| *q != queue) {
-                continue;
-            }
-            let class = v["payload"]
-                .as_str()
-                .and_then(|p| serde_json::from_str::<Value>(p).ok())
-                .and_then(|p| p["class"].as_str().map(str::to_string))
-                .unwrap_or_default();
-            rows.push(vec![
-                v["rid"].as_str().unwrap_or("").to_string(),
-                queue.clone(),
-                class.clone(),
-                format!(
-                    "{}:{}",
-                    v["reason"].as_str().unwrap_or(""),
-                    v["resource"].as_str().unwrap_or("")
-                ),
-                v["attempt"].to_string(),
-                human_ms((due - now).max(0)),
-            ]);
-            out.push(json!({"rid": v["rid"], "queue": queue, "class": class,
-                            "reason": v["reason"], "resource": v["resource"],
-                            "attempt": v["attempt"], "due_ms": due, "due_in_ms": due - now,
-                            "payload": v["payload"]}));
-        }
+        let out = read_delayed(&mut self.conn, &self.keys, a.queue.as_deref(), usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+                vec![
+                    s("rid"),
+                    s("queue"),
+                    s("class"),
+                    format!("{}:{}", s("reason"), s("resource")),
+                    r["attempt"].to_string(),
+                    human_ms(r["due_in_ms"].as_i64().unwrap_or(0).max(0)),
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -629,18 +854,9 @@ impl Admin {
     }
 
     async fn stats(&mut self, a: &StatsArgs) -> anyhow::Result<ExitCode> {
-        let now = self.now_ms().await?;
         let minutes = a.minutes.min(480);
-        let this_minute = (now / 60_000) as u64;
         let mut recent: HashMap<String, i64> = HashMap::new();
-        for m in (this_minute + 1).saturating_sub(minutes)..=this_minute {
-            if minutes == 0 {
-                break;
-            }
-            let h: HashMap<String, i64> = redis::cmd("HGETALL")
-                .arg(self.keys.metrics(m))
-                .query_async(&mut self.conn)
-                .await?;
+        for (_, h) in read_minutes(&mut self.conn, &self.keys, minutes).await? {
             for (k, v) in h {
                 *recent.entry(k).or_default() += v;
             }
