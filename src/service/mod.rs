@@ -88,7 +88,7 @@ where
         config: config.clone(),
     })));
     let done = CancellationToken::new();
-    let metrics = match &config.metrics {
+    let metrics = match &config.listen() {
         Some(listen) => Some(
             Endpoint::start(listen, &aggregate, &source)
                 .await
@@ -152,8 +152,8 @@ impl Sidecars {
                 .min(Duration::from_secs(5));
             crate::conn::connect(&config.redis, wait).await?
         };
-        if config.metrics != self.metrics.as_ref().map(|m| m.listen.clone()) {
-            self.move_endpoint(config.metrics.as_deref()).await?;
+        if config.listen() != self.metrics.as_ref().map(|m| m.listen.clone()) {
+            self.move_endpoint(config.listen().as_deref()).await?;
         }
         *self.source.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Source {
             conn,
