@@ -248,6 +248,19 @@ pub struct Listing {
     pub rows: Vec<Value>,
 }
 
+/// Deletes a queue's lock counter (`locketd counters --reset`); true when it was set.
+pub async fn reset_counter<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queue: &str,
+) -> RedisResult<bool> {
+    let n: i64 = redis::cmd("DEL")
+        .arg(keys.counter(queue))
+        .query_async(conn)
+        .await?;
+    Ok(n > 0)
+}
+
 /// Redis server time in ms.
 pub async fn now_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
@@ -684,13 +697,10 @@ impl Admin {
             .await?;
         queues.sort();
         if let Some(q) = &a.reset {
-            let n: i64 = redis::cmd("DEL")
-                .arg(self.keys.counter(q))
-                .query_async(&mut self.conn)
-                .await?;
+            let was = reset_counter(&mut self.conn, &self.keys, q).await?;
             println!(
                 "reset the counter of {q} ({})",
-                if n > 0 { "was set" } else { "was not set" }
+                if was { "was set" } else { "was not set" }
             );
             return Ok(ExitCode::SUCCESS);
         }
