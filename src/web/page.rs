@@ -56,6 +56,7 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
             "Locks",
             &[
                 "lock",
+                "token",
                 "worker",
                 "class",
                 "held for",
@@ -407,7 +408,7 @@ pub fn render(d: &PageData, config: &Config) -> String {
     let busy = st.workers.iter().filter(|w| w.job.is_some()).count();
     let _ = write!(
         out,
-        "<p id=\"summary\">processed <b id=\"s-processed\">{}</b> · failed <b id=\"s-failed\">{}</b> · failures listed <b id=\"s-failures\">{}</b> · locks held <b id=\"s-locks\">{}</b> · workers <b id=\"s-workers\">{}</b> (<span id=\"s-busy\">{busy}</span> busy){}</p>",
+        "<p id=\"summary\">processed <b id=\"s-processed\" data-rendered=\"{0}\">{0}</b> · failed <b id=\"s-failed\">{1}</b> · failures listed <b id=\"s-failures\">{2}</b> · locks held <b id=\"s-locks\">{3}</b> · workers <b id=\"s-workers\">{4}</b> (<span id=\"s-busy\">{busy}</span> busy){5}</p>",
         st.processed,
         st.failed,
         st.failures_listed,
@@ -512,4 +513,73 @@ pub fn count_text(name: &str, v: &Value) -> String {
         }
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Each row has one cell per column head, in every section (with and without actions).
+    #[test]
+    fn rows_match_their_heads() {
+        let sections = [
+            (
+                "queues",
+                json!({"total": 1, "rows": [{"name": "q", "length": 1, "counter": 1,
+                "skipped": true, "configured": true, "head_class": "C", "oldest_age_secs": 3}]}),
+            ),
+            (
+                "workers",
+                json!({"total": 1, "rows": [{"id": "h:1:q", "kind": "locketd",
+                "queues": "q", "job": {"class": "C", "run_at": "x", "running_secs": 1},
+                "handlers": [{"name": "ruby", "pid": 7, "ready": true}]}]}),
+            ),
+            (
+                "locks",
+                json!({"total": 1, "rows": [{"lock_id": "l", "blocked_queues": ["q"],
+                "waiting": null, "holders": [{"token": "t", "age_ms": 1, "left_ms": 2}]}]}),
+            ),
+            (
+                "holds",
+                json!({"total": 1, "rows": [{"name": "n", "digest": "d", "count": 1,
+                "left_ms": 1}]}),
+            ),
+            (
+                "delayed",
+                json!({"total": 1, "rows": [{"rid": "r", "due_in_ms": 1}],
+                "scheduler": {"total": 1, "rows": [{"at": 1, "class": "C"}]}}),
+            ),
+            (
+                "schedules",
+                json!({"total": 1, "rows": [{"name": "n", "config": {"every": "1m"}}]}),
+            ),
+            (
+                "failures",
+                json!({"total": 1, "rows": [{"list": "failed", "index": 0}]}),
+            ),
+        ];
+        for (name, v) in sections {
+            for actions in [false, true] {
+                let r = rows(name, &v, actions);
+                assert!(!r.is_empty(), "{name}");
+                for row in r {
+                    assert_eq!(row.len(), heads(name).1.len(), "{name}: {row:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cut_section_says_how_many_there_are() {
+        let rows: Vec<Value> = (0..MAX_ROWS).map(|i| json!({"name": i})).collect();
+        assert_eq!(
+            count_text("locks", &json!({"total": 10_000, "rows": rows})),
+            "500 of 10000"
+        );
+        assert_eq!(
+            count_text("locks", &json!({"total": 3, "rows": [1, 2, 3]})),
+            "3"
+        );
+    }
 }
