@@ -319,3 +319,58 @@ fn is_loopback(host: &str) -> bool {
         || h.parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, Secret};
+
+    fn with(http: Option<&str>, metrics: Option<&str>) -> Config {
+        let mut c = Config::parse("queues = \"q\"\n", "test").unwrap();
+        c.http = http.map(str::to_string);
+        c.metrics = metrics.map(str::to_string);
+        c
+    }
+
+    /// Issue 16: `http` names the metrics listener; a bare port is loopback; another address is
+    /// taken as told, with a warning; the two settings may not disagree.
+    #[test]
+    fn the_http_listener_is_loopback_unless_told_otherwise() {
+        assert_eq!(
+            with(Some("9187"), None).listen().as_deref(),
+            Some("127.0.0.1:9187")
+        );
+        assert_eq!(
+            with(None, Some("[::1]:9")).listen().as_deref(),
+            Some("[::1]:9")
+        );
+        assert_eq!(with(None, None).listen(), None);
+        for quiet in [
+            "9187",
+            "127.0.0.1:0",
+            "localhost:1",
+            "[::1]:2",
+            "127.1.2.3:4",
+        ] {
+            let w = with(Some(quiet), None).check().unwrap();
+            assert!(w.iter().all(|w| !w.contains("loopback")), "{quiet}: {w:?}");
+        }
+        let w = with(Some("0.0.0.0:9187"), None).check().unwrap();
+        assert!(
+            w.iter().any(|w| w.contains("not a loopback address")),
+            "{w:?}"
+        );
+        assert!(with(Some("127.0.0.1:1"), Some("127.0.0.1:2"))
+            .check()
+            .is_err());
+        assert!(with(Some("127.0.0.1:1"), Some("127.0.0.1:1"))
+            .check()
+            .is_ok());
+        assert!(with(Some("nope"), None).check().is_err());
+        let mut c = with(Some("9187"), None);
+        c.http_admin_token = Some(Secret("short".into()));
+        assert!(c.check().is_err());
+        c.http_admin_token = Some(Secret("0123456789abcdef".into()));
+        assert!(c.check().is_ok());
+        assert!(!format!("{c:?}").contains("0123456789abcdef"));
+    }
+}
