@@ -495,6 +495,7 @@ pub async fn serve(
     addr: &str,
     aggregate: Arc<Mutex<Aggregate>>,
     source: SharedSource,
+    minutes: Arc<crate::web::minutes::Minutes>,
 ) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let listener = TcpListener::bind(addr).await?;
     let local: SocketAddr = listener.local_addr()?;
@@ -502,8 +503,25 @@ pub async fn serve(
     info!(target: LOG_TARGET, addr = %local, "serving the web page on / and its API on /api/");
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
+        // The web page's processed and failed per minute: Resque's totals, read every 10 s
+        // (each read its own short task, so a slow Redis never holds up accepting).
+        let mut sample = tokio::time::interval(crate::web::minutes::EVERY);
+        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let (mut sock, peer) = match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = sample.tick() => {
+                    let (src, minutes) = (
+                        source.read().unwrap_or_else(|p| p.into_inner()).clone(),
+                        minutes.clone(),
+                    );
+                    tokio::spawn(async move {
+                        minutes.sample(&mut src.conn.clone(), &src.config).await;
+                    });
+                    continue;
+                }
+            };
+            let (mut sock, peer) = match accepted {
                 Ok(s) => s,
                 Err(e) => {
                     warn!(target: LOG_TARGET, error = %e, "metrics: accept failed");
@@ -517,7 +535,7 @@ pub async fn serve(
                 drop(sock);
                 continue;
             };
-            let (agg, source) = (aggregate.clone(), source.clone());
+            let (agg, source, minutes) = (aggregate.clone(), source.clone(), minutes.clone());
             tokio::spawn(async move {
                 let _permit = permit;
                 let _ = tokio::time::timeout(Duration::from_secs(10), async {
@@ -599,7 +617,7 @@ pub async fn serve(
                                 body: &body,
                                 peer: Some(peer),
                             };
-                            let r = crate::web::handle(&req, &mut src.conn.clone(), &src.config)
+                            let r = crate::web::handle(&req, &mut src.conn.clone(), &src.config, &minutes)
                                 .await;
                             (r.status, r.content_type, r.body, crate::web::SECURITY_HEADERS)
                         }

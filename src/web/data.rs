@@ -6,6 +6,7 @@
 //! Every section is a JSON object `{"total": N, "rows": [...]}` (rows in the shape of the
 //! CLI's `--json`, at most [`MAX_ROWS`]), with a few extra fields per section. Never `KEYS`.
 
+use super::minutes::Minutes;
 use crate::admin::{self, Listing};
 use crate::config::Config;
 use crate::ops::status::{self, Status};
@@ -31,11 +32,15 @@ pub const SECTIONS: &[&str] = &[
     "failures",
 ];
 
-/// The series of the chart: the O-3 events bucketed per minute, with their labels.
+/// The series of the chart, with their labels.
+/// `processed` and `failed` come from [`Minutes`] (Resque's totals sampled by the listener), the
+/// others from locket's per-minute buckets.
 pub const SERIES: &[(&str, &str)] = &[
-    ("started", "jobs started"),
+    ("processed", "processed"),
+    ("failed", "failed"),
+    ("started", "started"),
     ("conflict", "lock conflicts"),
-    ("conflict_failed", "failed on a conflict"),
+    ("conflict_failed", "conflict failures"),
     ("queue_skipped", "queue skips"),
 ];
 
@@ -56,6 +61,7 @@ fn listing(l: Listing) -> Value {
 pub async fn page<C: ConnectionLike + Send>(
     conn: &mut C,
     config: &Config,
+    minutes: &Minutes,
 ) -> crate::error::Result<PageData> {
     let status = status::collect(conn, config).await?;
     let mut sections = BTreeMap::new();
@@ -71,7 +77,7 @@ pub async fn page<C: ConnectionLike + Send>(
     );
     sections.insert("schedules", schedules(conn, &k).await?);
     sections.insert("failures", failures(conn, config).await?);
-    sections.insert("chart", chart(conn, &k).await?);
+    sections.insert("chart", chart(conn, &k, minutes).await?);
     Ok(PageData { status, sections })
 }
 
@@ -79,6 +85,7 @@ pub async fn page<C: ConnectionLike + Send>(
 pub async fn section<C: ConnectionLike + Send>(
     conn: &mut C,
     config: &Config,
+    minutes: &Minutes,
     name: &str,
 ) -> crate::error::Result<Option<Value>> {
     let k = Keys::new(&config.namespace);
@@ -96,7 +103,7 @@ pub async fn section<C: ConnectionLike + Send>(
         "delayed" => delayed(conn, &k).await?,
         "schedules" => schedules(conn, &k).await?,
         "failures" => failures(conn, config).await?,
-        "chart" => chart(conn, &k).await?,
+        "chart" => chart(conn, &k, minutes).await?,
         _ => return Ok(None),
     }))
 }
@@ -385,23 +392,40 @@ async fn failures<C: ConnectionLike + Send>(
     }))
 }
 
-/// The last hour of the per-minute buckets (`metrics:<minute>`), one point per minute per
-/// series of [`SERIES`]. Resque keeps only totals of processed and failed jobs, so those two
-/// are not among them (`missing` says so).
-async fn chart<C: ConnectionLike + Send>(conn: &mut C, k: &Keys) -> RedisResult<Value> {
-    let minutes = admin::read_minutes(conn, k, 60).await?;
+/// The last hour, one point per minute per series of [`SERIES`]: locket's events from its
+/// `metrics:<minute>` buckets, processed and failed jobs from [`Minutes`] (null for a minute
+/// the listener did not see).
+async fn chart<C: ConnectionLike + Send>(
+    conn: &mut C,
+    k: &Keys,
+    minutes: &Minutes,
+) -> RedisResult<Value> {
+    let buckets = admin::read_minutes(conn, k, 60).await?;
+    let first = buckets.first().map(|(m, _)| *m).unwrap_or(0);
+    let (processed, failed) = minutes.per_minute(first, buckets.len() as u64);
     let mut series = serde_json::Map::new();
     for (ev, label) in SERIES {
-        let points: Vec<i64> = minutes
-            .iter()
-            .map(|(_, h)| h.get(*ev).copied().unwrap_or(0))
-            .collect();
+        let points: Value = match *ev {
+            "processed" => json!(processed),
+            "failed" => json!(failed),
+            _ => json!(buckets
+                .iter()
+                .map(|(_, h)| h.get(*ev).copied().unwrap_or(0))
+                .collect::<Vec<i64>>()),
+        };
         series.insert(ev.to_string(), json!({"label": label, "points": points}));
     }
+    let since = minutes.since().map(|m| {
+        time::run_at(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(m * 60))
+    });
     Ok(json!({
-        "total": minutes.len(),
-        "first_minute": minutes.first().map(|(m, _)| *m),
+        "total": buckets.len(),
+        "first_minute": buckets.first().map(|(m, _)| *m),
         "series": series,
-        "missing": "processed and failed jobs per minute: Resque keeps only their totals (stat:processed, stat:failed), not per-minute buckets",
+        "note": format!(
+            "processed and failed: Resque's totals (all workers of the namespace), sampled by \
+             this daemon every 10 s{}; the rest: locket's per-minute event counts",
+            since.map(|s| format!(" since {s}")).unwrap_or_default()
+        ),
     }))
 }

@@ -16,6 +16,7 @@
 
 pub mod data;
 pub mod escape;
+pub mod minutes;
 pub mod page;
 
 use crate::config::Config;
@@ -90,10 +91,11 @@ pub async fn handle<C: ConnectionLike + Send>(
     req: &Request<'_>,
     conn: &mut C,
     config: &Config,
+    minutes: &minutes::Minutes,
 ) -> Response {
     let get = matches!(req.method, "GET" | "HEAD");
     match (req.path, get) {
-        ("/", true) => match data::page(conn, config).await {
+        ("/", true) => match data::page(conn, config, minutes).await {
             Ok(d) => Response::new(
                 "200 OK",
                 "text/html; charset=utf-8",
@@ -113,7 +115,7 @@ pub async fn handle<C: ConnectionLike + Send>(
             Ok(s) => Response::json("200 OK", &serde_json::to_value(&s).unwrap_or_default()),
             Err(e) => unavailable(&e),
         },
-        ("/api/page", true) => match data::page(conn, config).await {
+        ("/api/page", true) => match data::page(conn, config, minutes).await {
             Ok(d) => Response::json(
                 "200 OK",
                 &json!({"status": d.status, "sections": d.sections,
@@ -132,7 +134,7 @@ pub async fn handle<C: ConnectionLike + Send>(
         }
         (p, true) if p.starts_with("/api/") => {
             let name = &p["/api/".len()..];
-            match data::section(conn, config, name).await {
+            match data::section(conn, config, minutes, name).await {
                 Ok(Some(v)) => Response::json("200 OK", &v),
                 Ok(None) => Response::error(
                     "404 Not Found",

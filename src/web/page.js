@@ -3,9 +3,10 @@
 "use strict";
 (function () {
   var MAX_ROWS = 500;
-  var SERIES = [["started", "jobs started"], ["conflict", "lock conflicts"],
-                ["conflict_failed", "failed on a conflict"], ["queue_skipped", "queue skips"]];
-  var COLOURS = ["#2b6cb0", "#c05621", "#c53030", "#6b46c1"];
+  var SERIES = [["processed", "processed"], ["failed", "failed"], ["started", "started"],
+                ["conflict", "lock conflicts"], ["conflict_failed", "conflict failures"],
+                ["queue_skipped", "queue skips"]];
+  var COLOURS = ["#2f855a", "#c53030", "#2b6cb0", "#c05621", "#b83280", "#6b46c1"];
   var actions = document.body.getAttribute("data-actions") === "on";
   var refreshes = 0;
 
@@ -133,12 +134,16 @@
     var w = 900, h = 180, pad = 24;
     var max = 1;
     SERIES.forEach(function (x) { (v.series[x[0]].points || []).forEach(function (p) { if (p > max) max = p; }); });
-    var root = svg("svg", {id: "chart-svg", xmlns: "http://www.w3.org/2000/svg", viewBox: "0 0 " + w + " " + (h + 2 * pad), role: "img", "aria-label": "jobs per minute"});
+    var note = document.querySelector("#chart .note");
+    if (note) note.textContent = s(v.note);
+    var root = svg("svg", {id: "chart-svg", xmlns: "http://www.w3.org/2000/svg", viewBox: "0 0 " + w + " " + (h + 2 * pad + 16), role: "img", "aria-label": "jobs per minute"});
     root.appendChild(svg("line", {x1: pad, y1: h + pad, x2: w - pad, y2: h + pad, "class": "axis"}));
     var t1 = svg("text", {x: 2, y: pad + 4, "class": "tick"}); t1.textContent = String(max); root.appendChild(t1);
     var t0 = svg("text", {x: 2, y: h + pad, "class": "tick"}); t0.textContent = "0"; root.appendChild(t0);
+    var ta = svg("text", {x: pad, y: h + pad + 13, "class": "tick"}); ta.textContent = "60 min ago"; root.appendChild(ta);
+    var tb = svg("text", {x: w - pad, y: h + pad + 13, "class": "tick", "text-anchor": "end"}); tb.textContent = "now"; root.appendChild(tb);
     SERIES.forEach(function (x, i) {
-      var p = v.series[x[0]].points || [];
+      var p = (v.series[x[0]].points || []).map(function (y) { return y || 0; });
       var n = Math.max(p.length, 2) - 1, total = 0;
       var coords = p.map(function (y, j) {
         total += y;
@@ -146,7 +151,7 @@
       });
       var c = COLOURS[i % COLOURS.length];
       root.appendChild(svg("polyline", {fill: "none", stroke: c, "stroke-width": 2, points: coords.join(" ")}));
-      var l = svg("text", {x: pad + 210 * i, y: h + 2 * pad - 2, fill: c, "class": "legend"});
+      var l = svg("text", {x: pad + 145 * i, y: h + 2 * pad + 12, fill: c, "class": "legend"});
       l.textContent = x[1] + " (" + total + ")";
       root.appendChild(l);
     });

@@ -327,7 +327,9 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
 }
 
 /// The colours of the chart's series, in [`SERIES`] order.
-pub const COLOURS: &[&str] = &["#2b6cb0", "#c05621", "#c53030", "#6b46c1"];
+pub const COLOURS: &[&str] = &[
+    "#2f855a", "#c53030", "#2b6cb0", "#c05621", "#b83280", "#6b46c1",
+];
 
 /// The chart as inline SVG: one polyline per series over the last hour's minutes.
 pub fn chart(v: &Value) -> String {
@@ -349,16 +351,19 @@ pub fn chart(v: &Value) -> String {
         .max(1);
     let mut out = format!(
         "<svg id=\"chart-svg\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {}\" role=\"img\" aria-label=\"jobs per minute\">",
-        h + 2.0 * pad
+        h + 2.0 * pad + 16.0
     );
     let _ = write!(
         out,
-        "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"axis\"/><text x=\"2\" y=\"{}\" class=\"tick\">{max}</text><text x=\"2\" y=\"{}\" class=\"tick\">0</text>",
+        "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" class=\"axis\"/><text x=\"2\" y=\"{}\" class=\"tick\">{max}</text><text x=\"2\" y=\"{}\" class=\"tick\">0</text><text x=\"{pad}\" y=\"{}\" class=\"tick\">60 min ago</text><text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">now</text>",
         h + pad,
         w - pad,
         h + pad,
         pad + 4.0,
-        h + pad
+        h + pad,
+        h + pad + 13.0,
+        w - pad,
+        h + pad + 13.0
     );
     for (i, (ev, label)) in SERIES.iter().enumerate() {
         let p = points(ev);
@@ -379,8 +384,8 @@ pub fn chart(v: &Value) -> String {
             out,
             "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/><text x=\"{}\" y=\"{}\" fill=\"{c}\" class=\"legend\">{} ({total})</text>",
             coords.join(" "),
-            pad + 210.0 * i as f64,
-            h + 2.0 * pad - 2.0,
+            pad + 145.0 * i as f64,
+            h + 2.0 * pad + 12.0,
             html(label),
             c = COLOURS[i % COLOURS.len()],
         );
@@ -432,11 +437,7 @@ pub fn render(d: &PageData, config: &Config) -> String {
         if *name == "chart" {
             out.push_str("<div id=\"chart-box\">");
             out.push_str(&chart(v));
-            let _ = write!(
-                out,
-                "</div><p class=\"note\">{}</p>",
-                html(&s(&v["missing"]))
-            );
+            let _ = write!(out, "</div><p class=\"note\">{}</p>", html(&s(&v["note"])));
         } else {
             if *name == "failures" {
                 out.push_str("<table class=\"by-class\"><thead><tr><th>class</th><th>exception</th><th>count</th></tr></thead><tbody>");

@@ -428,7 +428,7 @@ fn the_api_and_the_page_show_a_known_state() {
         "boom",
         "http://resque-web.example:5678/failed",
         "<svg id=\"chart-svg\"",
-        "jobs started (5)",
+        "started (5)",
         "<script src=\"/assets/page.js\"></script>",
     ] {
         assert!(page.contains(needle), "{needle} missing in\n{page}");
@@ -769,7 +769,7 @@ fn the_page_in_headless_chromium() {
         ("delayed", "SendEmail"),
         ("schedules", "cron 0 3 * * *"),
         ("failures", "RuntimeError"),
-        ("chart", "jobs started (5)"),
+        ("chart", "started (5)"),
     ] {
         let at = dom
             .find(&format!("<section id=\"{id}\">"))
