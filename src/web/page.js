@@ -35,7 +35,8 @@
   var rowsOf = {
     queues: function (v) {
       return v.rows.map(function (q) {
-        var state = q.skipped ? "skipped (every job waits on a lock)" : q.length === 0 ? "empty" : "ok";
+        var state = q.skipped ? "skipped (every job waits on a lock)" : q.length === 0 ? "empty"
+          : q.counter > 0 ? "draining (" + q.counter + " of " + q.length + " wait on a lock)" : "ok";
         if (q.configured === false) state += "; not worked here";
         return [q.name, s(q.length), q.counter === null ? "-" : s(q.counter), state,
                 s(q.head_class), secs(q.oldest_age_secs),

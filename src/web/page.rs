@@ -110,12 +110,15 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
         "queues" => list
             .iter()
             .map(|q| {
+                let counter = q["counter"].as_u64().unwrap_or(0);
                 let state = if q["skipped"] == true {
-                    "skipped (every job waits on a lock)"
+                    "skipped (every job waits on a lock)".to_string()
                 } else if q["length"] == 0 {
-                    "empty"
+                    "empty".to_string()
+                } else if counter > 0 {
+                    format!("draining ({counter} of {} wait on a lock)", s(&q["length"]))
                 } else {
-                    "ok"
+                    "ok".to_string()
                 };
                 let state = if q["configured"] == false {
                     format!("{state}; not worked here")

@@ -86,6 +86,13 @@ fn seed(r: &mut R, class: &str, queue: &str) {
         ],
     );
     run(c, &["SET", &format!("resque:locket:counter:{queue}"), "2"]);
+    // A queue being drained: one of its three jobs waits on a lock.
+    run(c, &["SADD", "resque:queues", "mixed"]);
+    run(
+        c,
+        &["RPUSH", "resque:queue:mixed", &payload, &payload, &payload],
+    );
+    run(c, &["SET", "resque:locket:counter:mixed", "1"]);
     // A held lock, with a holder's info as ACQUIRE writes it, that made the queue skip.
     let info = json!({"process": "web-host:4242:abcd", "resque_worker": "web-host:4242:busy",
                       "class": class, "queue": queue, "digest": "d1d1d1d1", "limit": 1,
@@ -413,6 +420,7 @@ fn the_api_and_the_page_show_a_known_state() {
         "queues skipping: busy",
         "<section id=\"queues\">",
         "skipped (every job waits on a lock)",
+        "draining (1 of 3 wait on a lock)",
         "<section id=\"holds\">",
         "report:2026",
         "abcdef012345",
@@ -763,7 +771,7 @@ fn the_page_in_headless_chromium() {
     assert!(!dom.contains("refresh failed"), "{dom}");
     // The sections, as the script left them: its own rendering of the same rows.
     for (id, needle) in [
-        ("queues", "skipped (every job waits on a lock)"),
+        ("queues", "draining (1 of 3 wait on a lock)"),
         ("locks", "Acct::Sync on busy (attempt 2"),
         ("holds", "report:2026"),
         ("delayed", "SendEmail"),
