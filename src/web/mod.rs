@@ -5,7 +5,8 @@
 //!   in the binary) refreshes its sections from `/api/page` every 2 s. Without scripts the page
 //!   is the same, just not refreshed.
 //! - `GET /api/status` (`locketd status --json`), `/api/<section>` for each of
-//!   [`data::SECTIONS`], and `/api/page` (all of them at once).
+//!   [`data::SECTIONS`], and `/api/page` (all of them at once, with the status line's totals
+//!   as `summary` instead of the whole, unbounded status).
 //! - `POST /api/locks/release`, `/api/counters/reset`, `/api/failures/retry`,
 //!   `/api/failures/remove`: off unless `http_admin_token` is set, then only with
 //!   `Authorization: Bearer <token>`; each logged at warn with what it changed.
@@ -118,7 +119,7 @@ pub async fn handle<C: ConnectionLike + Send>(
         ("/api/page", true) => match data::page(conn, config, minutes).await {
             Ok(d) => Response::json(
                 "200 OK",
-                &json!({"status": d.status, "sections": d.sections,
+                &json!({"summary": page::summary(&d.status), "sections": d.sections,
                         "actions": config.http_admin_token.is_some()}),
             ),
             Err(e) => unavailable(&e),

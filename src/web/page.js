@@ -163,11 +163,10 @@
     if (t) fillBody(t, (v.by_class || []).map(function (b) { return [s(b.class), s(b.exception), s(b.count)]; }));
   }
   function apply(page) {
-    var st = page.status;
+    var st = page.summary;
     var set = function (id, val) { var e = document.getElementById(id); if (e) e.textContent = String(val); };
     set("s-processed", st.processed); set("s-failed", st.failed); set("s-failures", st.failures_listed);
-    set("s-locks", st.locks_held); set("s-workers", st.workers.length);
-    set("s-busy", st.workers.filter(function (w) { return !!w.job; }).length);
+    set("s-locks", st.locks_held); set("s-workers", st.workers); set("s-busy", st.busy);
     Object.keys(page.sections).forEach(function (name) {
       var v = page.sections[name];
       var sec = document.getElementById(name);

@@ -397,6 +397,23 @@ pub fn chart(v: &Value) -> String {
     out
 }
 
+/// The totals of the page's status line (`/api/page`'s `summary`): `status` without its
+/// unbounded lists.
+pub fn summary(st: &crate::ops::status::Status) -> Value {
+    serde_json::json!({
+        "redis": st.redis,
+        "namespace": st.namespace,
+        "now": st.now,
+        "paused": st.paused,
+        "processed": st.processed,
+        "failed": st.failed,
+        "failures_listed": st.failures_listed,
+        "locks_held": st.locks_held,
+        "workers": st.workers.len(),
+        "busy": st.workers.iter().filter(|w| w.job.is_some()).count(),
+    })
+}
+
 /// The whole page.
 pub fn render(d: &PageData, config: &Config) -> String {
     let st = &d.status;
@@ -454,7 +471,10 @@ pub fn render(d: &PageData, config: &Config) -> String {
                     );
                 }
                 out.push_str("</tbody></table>");
-                if let Some(url) = v["resque_web_url"].as_str() {
+                let url = v["resque_web_url"]
+                    .as_str()
+                    .filter(|u| u.starts_with("http://") || u.starts_with("https://"));
+                if let Some(url) = url {
                     let _ = write!(
                         out,
                         "<p><a href=\"{}/failed\" rel=\"noreferrer\">resque-web's failures</a></p>",
