@@ -408,7 +408,8 @@ pub async fn read_counters<C: ConnectionLike + Send>(
 }
 
 /// The live dependency holds (`locketd holds --json`), name by name in `locket:deps` order,
-/// at most `limit` rows; `total` is the number of hold names in the index.
+/// each with the queues it made skip jobs (`blocked_queues`), at most `limit` rows; `total` is
+/// the number of hold names in the index.
 pub async fn read_holds<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -445,11 +446,15 @@ pub async fn read_holds<C: ConnectionLike + Send>(
         }
         let mut pipe = redis::pipe();
         for n in &names {
-            pipe.hgetall(keys.dep(n));
+            pipe.hgetall(keys.dep(n)).smembers(keys.blocked_dep(n));
         }
         let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-        for (name, r) in names.iter().zip(replies) {
-            let fields: HashMap<String, String> = redis::from_redis_value(r).unwrap_or_default();
+        for (name, r) in names.iter().zip(replies.chunks(2)) {
+            let fields: HashMap<String, String> =
+                redis::from_redis_value(r[0].clone()).unwrap_or_default();
+            let mut blocked: Vec<String> =
+                redis::from_redis_value(r[1].clone()).unwrap_or_default();
+            blocked.sort();
             let mut fields: Vec<_> = fields.into_iter().collect();
             fields.sort();
             for (digest, v) in fields {
@@ -460,7 +465,8 @@ pub async fn read_holds<C: ConnectionLike + Send>(
                     continue;
                 }
                 out.rows
-                    .push(json!({"name": name, "digest": digest, "count": count, "left_ms": left}));
+                    .push(json!({"name": name, "digest": digest, "count": count,
+                                     "left_ms": left, "blocked_queues": blocked}));
             }
         }
     }

@@ -67,7 +67,10 @@
       return out;
     },
     holds: function (v) {
-      return v.rows.map(function (h) { return [h.name, s(h.digest).slice(0, 12), s(h.count), human(h.left_ms)]; });
+      return v.rows.map(function (h) {
+        var q = h.blocked_queues || [];
+        return [h.name, s(h.digest).slice(0, 12), s(h.count), human(h.left_ms), q.length ? "queues skipping: " + q.join(", ") : ""];
+      });
     },
     delayed: function (v) {
       var out = v.rows.map(function (d) {

@@ -67,7 +67,10 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
                 "",
             ],
         ),
-        "holds" => ("Holds", &["hold", "digest", "count", "time left"]),
+        "holds" => (
+            "Holds",
+            &["hold", "digest", "count", "time left", "blocking"],
+        ),
         "delayed" => (
             "Delayed jobs",
             &["rid", "queue", "class", "waits on", "attempt", "due in"],
@@ -248,11 +251,22 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
         "holds" => list
             .iter()
             .map(|h| {
+                let q: Vec<String> = h["blocked_queues"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(s)
+                    .collect();
                 vec![
                     t(&h["name"]),
                     html(&s(&h["digest"]).chars().take(12).collect::<String>()),
                     t(&h["count"]),
                     ms(&h["left_ms"]),
+                    if q.is_empty() {
+                        String::new()
+                    } else {
+                        html(&format!("queues skipping: {}", q.join(", ")))
+                    },
                 ]
             })
             .collect(),
@@ -567,7 +581,7 @@ mod tests {
             (
                 "holds",
                 json!({"total": 1, "rows": [{"name": "n", "digest": "d", "count": 1,
-                "left_ms": 1}]}),
+                "left_ms": 1, "blocked_queues": ["q"]}]}),
             ),
             (
                 "delayed",

@@ -151,6 +151,10 @@ fn seed(r: &mut R, class: &str, queue: &str) {
             &format!("1:{far}"),
         ],
     );
+    run(
+        c,
+        &["SADD", "resque:locket:blocked:dep:report:2026", "mixed"],
+    );
     // A failure.
     let failure = json!({"failed_at": "2026/11/25 02:00:00 UTC", "payload": {"class": class, "args": [7]},
                          "exception": "RuntimeError", "error": "boom", "backtrace": [],
@@ -424,6 +428,7 @@ fn the_api_and_the_page_show_a_known_state() {
         "<section id=\"holds\">",
         "report:2026",
         "abcdef012345",
+        "queues skipping: mixed",
         "<section id=\"delayed\">",
         "rid-1",
         "SendEmail",
@@ -773,7 +778,7 @@ fn the_page_in_headless_chromium() {
     for (id, needle) in [
         ("queues", "draining (1 of 3 wait on a lock)"),
         ("locks", "Acct::Sync on busy (attempt 2"),
-        ("holds", "report:2026"),
+        ("holds", "queues skipping: mixed"),
         ("delayed", "SendEmail"),
         ("schedules", "cron 0 3 * * *"),
         ("failures", "RuntimeError"),
