@@ -219,7 +219,7 @@ fn cpu_ticks(pid: i32) -> u64 {
 
 /// Issue 16 item 5: a page with 10,000 locks and 1,000 queues, rendered within 200 ms of the
 /// daemon's CPU (the master serves it). The figure is printed; the bound is checked for an
-/// optimised build only (`cargo test --release --test it -- web::render_cpu`).
+/// optimised build only (`cargo test --release --test it -- web::browser::render_cpu`).
 #[test]
 fn render_cpu_with_10000_locks_and_1000_queues() {
     let redis = RedisServer::start();
