@@ -63,6 +63,7 @@ pub mod resque;
 pub mod service;
 pub mod store;
 pub mod watchdog;
+pub mod web;
 pub mod worker;
 
 pub use error::{Error, Result};

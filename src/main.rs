@@ -57,6 +57,10 @@ struct Cli {
     /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9187).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve /metrics, the web page (/) and its JSON API (/api/) on ADDR: the same listener as
+    /// --metrics, under a clearer name. A bare port means 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -82,7 +86,7 @@ enum Command {
     },
     /// List, show, retry, remove or clear Resque failures (as resque-web does).
     Failed(locketd::ops::failed::FailedArgs),
-    /// Operator commands: enqueue, locks, counters, holds, delayed, stats (src/admin.rs).
+    /// Operator commands: enqueue, locks, counters, holds, delayed, stats (src/admin/).
     #[command(flatten)]
     Admin(locketd::admin::AdminCommand),
 }
@@ -150,6 +154,12 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
     }
     if let Some(m) = &cli.metrics {
         cfg.metrics = Some(m.clone());
+        cfg.http = None;
+    }
+    if let Some(h) = &cli.http {
+        cfg.http = Some(h.clone());
+        // The flag names the listener: a `metrics` address of the file gives way to it.
+        cfg.metrics = None;
     }
 }
 

@@ -35,6 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("operator reads", &["ops"]),
     ("the client", &["client"]),
     ("admin commands", &["admin"]),
+    ("the web page", &["web"]),
     ("service side-cars", &["service"]),
     ("the master", &["master"]),
 ];

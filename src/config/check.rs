@@ -11,14 +11,44 @@ impl Config {
         if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
             return Err(invalid("namespace", "must be non-empty, without spaces"));
         }
-        if let Some(addr) = &self.metrics {
-            let port = addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
-            if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
+        if let (Some(h), Some(m)) = (&self.http, &self.metrics) {
+            if h != m {
                 return Err(invalid(
-                    "metrics",
-                    format!("{addr:?} is not host:port (e.g. \"127.0.0.1:9187\")"),
+                    "http",
+                    format!("{h:?} and metrics {m:?} name one listener: set one of them"),
                 ));
             }
+        }
+        if let Some(addr) = self.listen() {
+            let setting = if self.http.is_some() {
+                "http"
+            } else {
+                "metrics"
+            };
+            let port = addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+            let Some((host, Ok(_))) = port.filter(|(h, _)| !h.is_empty()) else {
+                return Err(invalid(
+                    setting,
+                    format!("{addr:?} is not host:port (e.g. \"127.0.0.1:9187\")"),
+                ));
+            };
+            if !is_loopback(host) {
+                warnings.push(format!(
+                    "{setting} = {addr:?} is not a loopback address: /metrics, the web page and \
+                     its API are reachable from other hosts (the page shows queue, class and \
+                     lock names)"
+                ));
+            }
+        }
+        if self
+            .http_admin_token
+            .as_ref()
+            .is_some_and(|t| t.0.trim().len() < 16)
+        {
+            return Err(invalid(
+                "http_admin_token",
+                "must be at least 16 characters (e.g. `openssl rand -hex 16`)",
+            ));
         }
         if self.queues.0.is_empty() {
             return Err(invalid(
@@ -279,5 +309,68 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// `127.0.0.1`, `::1`, `[::1]`, `localhost` and the rest of 127/8.
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, Secret};
+
+    fn with(http: Option<&str>, metrics: Option<&str>) -> Config {
+        let mut c = Config::parse("queues = \"q\"\n", "test").unwrap();
+        c.http = http.map(str::to_string);
+        c.metrics = metrics.map(str::to_string);
+        c
+    }
+
+    /// Issue 16: `http` names the metrics listener; a bare port is loopback; another address is
+    /// taken as told, with a warning; the two settings may not disagree.
+    #[test]
+    fn the_http_listener_is_loopback_unless_told_otherwise() {
+        assert_eq!(
+            with(Some("9187"), None).listen().as_deref(),
+            Some("127.0.0.1:9187")
+        );
+        assert_eq!(
+            with(None, Some("[::1]:9")).listen().as_deref(),
+            Some("[::1]:9")
+        );
+        assert_eq!(with(None, None).listen(), None);
+        for quiet in [
+            "9187",
+            "127.0.0.1:0",
+            "localhost:1",
+            "[::1]:2",
+            "127.1.2.3:4",
+        ] {
+            let w = with(Some(quiet), None).check().unwrap();
+            assert!(w.iter().all(|w| !w.contains("loopback")), "{quiet}: {w:?}");
+        }
+        let w = with(Some("0.0.0.0:9187"), None).check().unwrap();
+        assert!(
+            w.iter().any(|w| w.contains("not a loopback address")),
+            "{w:?}"
+        );
+        assert!(with(Some("127.0.0.1:1"), Some("127.0.0.1:2"))
+            .check()
+            .is_err());
+        assert!(with(Some("127.0.0.1:1"), Some("127.0.0.1:1"))
+            .check()
+            .is_ok());
+        assert!(with(Some("nope"), None).check().is_err());
+        let mut c = with(Some("9187"), None);
+        c.http_admin_token = Some(Secret("short".into()));
+        assert!(c.check().is_err());
+        c.http_admin_token = Some(Secret("0123456789abcdef".into()));
+        assert!(c.check().is_ok());
+        assert!(!format!("{c:?}").contains("0123456789abcdef"));
     }
 }

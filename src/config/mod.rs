@@ -238,6 +238,19 @@ pub struct Config {
     /// `--metrics`. None: no metrics endpoint.
     #[serde(default)]
     pub metrics: Option<String>,
+    /// The same listener under a clearer name (issue 16): `GET /metrics`, the web page at `/`
+    /// and its JSON API under `/api/`, overridden by `--http`. A bare port means
+    /// `127.0.0.1:<port>`. Set one of `http` and `metrics`, or both to the same address.
+    #[serde(default)]
+    pub http: Option<String>,
+    /// The token the web page's actions (release a lock holder, reset a counter, retry or
+    /// remove a failure) need, sent as `Authorization: Bearer <token>`. None: actions are off.
+    #[serde(default)]
+    pub http_admin_token: Option<Secret>,
+    /// resque-web's address (e.g. `http://127.0.0.1:5678`): the web page links its failures
+    /// there.
+    #[serde(default)]
+    pub resque_web_url: Option<String>,
     /// Prune dead Resque workers at start, by Resque's own rules.
     #[serde(default = "yes")]
     pub prune_dead_workers: bool,
@@ -546,10 +559,37 @@ impl Default for Config {
             graceful_term: false,
             term_timeout: d4s(),
             metrics: None,
+            http: None,
+            http_admin_token: None,
+            resque_web_url: None,
             locket: Locket::default(),
             classes: BTreeMap::new(),
             handlers: BTreeMap::new(),
         }
+    }
+}
+
+/// A setting that must not reach a log line: `Debug` prints `"<redacted>"`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+impl Config {
+    /// The address the HTTP listener binds (`http`, else `metrics`), a bare port read as
+    /// `127.0.0.1:<port>`; None: no listener.
+    pub fn listen(&self) -> Option<String> {
+        let a = self.http.as_ref().or(self.metrics.as_ref())?;
+        Some(if a.parse::<u16>().is_ok() {
+            format!("127.0.0.1:{a}")
+        } else {
+            a.clone()
+        })
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Sidecars {
     /// The config and Redis connection `/metrics` and the health check use.
     source: SharedSource,
     aggregate: Arc<Mutex<Aggregate>>,
+    /// The web page's processed and failed per minute, kept across a moved listener.
+    minutes: Arc<crate::web::minutes::Minutes>,
     /// The notify side-car: given a moment at stop to say STOPPING=1.
     notify: JoinHandle<()>,
 }
@@ -44,8 +46,10 @@ impl Endpoint {
         listen: &str,
         aggregate: &Arc<Mutex<Aggregate>>,
         source: &SharedSource,
+        minutes: &Arc<crate::web::minutes::Minutes>,
     ) -> std::io::Result<Endpoint> {
-        let (task, addr) = http::serve(listen, aggregate.clone(), source.clone()).await?;
+        let (task, addr) =
+            http::serve(listen, aggregate.clone(), source.clone(), minutes.clone()).await?;
         Ok(Endpoint {
             listen: listen.to_string(),
             addr,
@@ -88,9 +92,10 @@ where
         config: config.clone(),
     })));
     let done = CancellationToken::new();
-    let metrics = match &config.metrics {
+    let minutes = Arc::new(crate::web::minutes::Minutes::default());
+    let metrics = match &config.listen() {
         Some(listen) => Some(
-            Endpoint::start(listen, &aggregate, &source)
+            Endpoint::start(listen, &aggregate, &source, &minutes)
                 .await
                 .map_err(|e| cannot_listen(listen, &e))?,
         ),
@@ -121,6 +126,7 @@ where
         metrics,
         source,
         aggregate,
+        minutes,
         notify,
     })
 }
@@ -152,8 +158,8 @@ impl Sidecars {
                 .min(Duration::from_secs(5));
             crate::conn::connect(&config.redis, wait).await?
         };
-        if config.metrics != self.metrics.as_ref().map(|m| m.listen.clone()) {
-            self.move_endpoint(config.metrics.as_deref()).await?;
+        if config.listen() != self.metrics.as_ref().map(|m| m.listen.clone()) {
+            self.move_endpoint(config.listen().as_deref()).await?;
         }
         *self.source.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Source {
             conn,
@@ -175,7 +181,7 @@ impl Sidecars {
             }
             return Ok(());
         };
-        match Endpoint::start(listen, &self.aggregate, &self.source).await {
+        match Endpoint::start(listen, &self.aggregate, &self.source, &self.minutes).await {
             Ok(new) => {
                 if let Some(old) = self.metrics.replace(new) {
                     old.stop().await;
@@ -188,13 +194,15 @@ impl Sidecars {
         let old = self.metrics.take().expect("an endpoint, checked above");
         let old_listen = old.listen.clone();
         old.stop().await;
-        match Endpoint::start(listen, &self.aggregate, &self.source).await {
+        match Endpoint::start(listen, &self.aggregate, &self.source, &self.minutes).await {
             Ok(new) => {
                 self.metrics = Some(new);
                 Ok(())
             }
             Err(e) => {
-                match Endpoint::start(&old_listen, &self.aggregate, &self.source).await {
+                match Endpoint::start(&old_listen, &self.aggregate, &self.source, &self.minutes)
+                    .await
+                {
                     Ok(back) => self.metrics = Some(back),
                     Err(e2) => tracing::error!(
                         error = %e2,

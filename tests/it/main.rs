@@ -28,3 +28,4 @@ mod stories;
 mod supervision;
 mod support;
 mod systemd_units;
+mod web;

@@ -14,6 +14,12 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+mod read;
+pub use read::{
+    now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
+    Listing,
+};
+
 /// The O-3 events, in the order `locketd stats` prints them.
 pub const EVENTS: &[&str] = &[
     "reserved",
@@ -268,11 +274,6 @@ fn print_json(v: &Value) {
 }
 
 impl Admin {
-    async fn now_ms(&mut self) -> anyhow::Result<i64> {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
-        Ok(s * 1000 + us / 1000)
-    }
-
     async fn enqueue(&mut self, a: &EnqueueArgs, config: &Config) -> anyhow::Result<ExitCode> {
         let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
             bail!("enqueue needs QUEUE and CLASS");
@@ -343,60 +344,26 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys.locks())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn)
-            .await?;
-        let mut out = Vec::new();
+        let listing =
+            read_locks(&mut self.conn, &self.keys, a.prefix.as_deref(), usize::MAX).await?;
         let mut rows = Vec::new();
-        for id in ids {
-            if let Some(p) = &a.prefix {
-                if !id.starts_with(p.as_str()) {
-                    continue;
-                }
-            }
-            let holders = store::holders(&mut self.conn, &self.keys, &id).await?;
-            let mut hs = Vec::new();
-            for h in holders {
-                let left = h.deadline_ms as i64 - now;
-                if left <= 0 {
-                    continue;
-                }
-                let info = h.info.clone().unwrap_or(Value::Null);
-                let acquired = info["acquired_at"].as_i64().unwrap_or(now);
-                let s = |k: &str| info[k].as_str().unwrap_or("").to_string();
+        for l in &listing.rows {
+            for h in l["holders"].as_array().into_iter().flatten() {
+                let s = |k: &str| h[k].as_str().unwrap_or("").to_string();
                 rows.push(vec![
-                    id.clone(),
-                    info["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
+                    l["lock_id"].as_str().unwrap_or("").to_string(),
+                    h["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
                     s("resque_worker"),
                     s("class"),
                     s("queue"),
-                    human_ms(now - acquired),
-                    human_ms(left),
-                    info["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
-                    h.token.chars().take(8).collect(),
+                    human_ms(h["age_ms"].as_i64().unwrap_or(0)),
+                    human_ms(h["left_ms"].as_i64().unwrap_or(0)),
+                    h["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
+                    s("token").chars().take(8).collect(),
                 ]);
-                hs.push(json!({
-                    "token": h.token,
-                    "process": info["process"],
-                    "resque_worker": info["resque_worker"],
-                    "class": info["class"],
-                    "queue": info["queue"],
-                    "digest": info["digest"],
-                    "lock_id_source": info["lock_id_source"],
-                    "limit": info["limit"],
-                    "fence": info["fence"],
-                    "age_ms": now - acquired,
-                    "left_ms": left,
-                }));
-            }
-            if !hs.is_empty() {
-                out.push(json!({"lock_id": id, "holders": hs}));
             }
         }
+        let out = listing.rows;
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -419,13 +386,10 @@ impl Admin {
             .await?;
         queues.sort();
         if let Some(q) = &a.reset {
-            let n: i64 = redis::cmd("DEL")
-                .arg(self.keys.counter(q))
-                .query_async(&mut self.conn)
-                .await?;
+            let was = reset_counter(&mut self.conn, &self.keys, q).await?;
             println!(
                 "reset the counter of {q} ({})",
-                if n > 0 { "was set" } else { "was not set" }
+                if was { "was set" } else { "was not set" }
             );
             return Ok(ExitCode::SUCCESS);
         }
@@ -441,36 +405,27 @@ impl Admin {
             println!("reset {n} counter(s)");
             return Ok(ExitCode::SUCCESS);
         }
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for q in &queues {
-            let (c, ttl, len): (Option<i64>, i64, i64) = redis::pipe()
-                .cmd("GET")
-                .arg(self.keys.counter(q))
-                .cmd("PTTL")
-                .arg(self.keys.counter(q))
-                .cmd("LLEN")
-                .arg(self.keys.queue(q))
-                .query_async(&mut self.conn)
-                .await?;
-            rows.push(vec![
-                q.clone(),
-                c.map_or("-".into(), |c| c.to_string()),
-                len.to_string(),
-                if c.is_some() {
-                    human_ms(ttl)
-                } else {
-                    "-".into()
-                },
-                if c.is_some_and(|c| c >= len && len > 0) {
-                    "yes".into()
-                } else {
-                    "no".into()
-                },
-            ]);
-            out.push(json!({"queue": q, "counter": c, "length": len,
-                            "ttl_ms": if c.is_some() { Some(ttl) } else { None }}));
-        }
+        let out = read_counters(&mut self.conn, &self.keys, usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                let c = r["counter"].as_i64();
+                let len = r["length"].as_i64().unwrap_or(0);
+                vec![
+                    r["queue"].as_str().unwrap_or("").to_string(),
+                    c.map_or("-".into(), |c| c.to_string()),
+                    len.to_string(),
+                    r["ttl_ms"].as_i64().map_or("-".into(), human_ms),
+                    if c.is_some_and(|c| c >= len && len > 0) {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else {
@@ -506,43 +461,25 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let names: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys.deps())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn)
-            .await?;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for name in names {
-            if let Some(p) = &a.prefix {
-                if !name.starts_with(p.as_str()) {
-                    continue;
-                }
-            }
-            let fields: HashMap<String, String> = redis::cmd("HGETALL")
-                .arg(self.keys.dep(&name))
-                .query_async(&mut self.conn)
-                .await?;
-            let mut fields: Vec<_> = fields.into_iter().collect();
-            fields.sort();
-            for (digest, v) in fields {
-                let (count, deadline) = v.split_once(':').unwrap_or(("0", "0"));
-                let count: i64 = count.parse().unwrap_or(0);
-                let left = deadline.parse::<i64>().unwrap_or(0) - now;
-                if left <= 0 || count <= 0 {
-                    continue;
-                }
-                rows.push(vec![
-                    name.clone(),
-                    digest.chars().take(12).collect(),
-                    count.to_string(),
-                    human_ms(left),
-                ]);
-                out.push(json!({"name": name, "digest": digest, "count": count, "left_ms": left}));
-            }
-        }
+        let out = read_holds(&mut self.conn, &self.keys, a.prefix.as_deref(), usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                vec![
+                    r["name"].as_str().unwrap_or("").to_string(),
+                    r["digest"]
+                        .as_str()
+                        .unwrap_or("")
+                        .chars()
+                        .take(12)
+                        .collect(),
+                    r["count"].to_string(),
+                    human_ms(r["left_ms"].as_i64().unwrap_or(0)),
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -585,36 +522,23 @@ impl Admin {
                 ExitCode::from(1)
             });
         }
-        let now = self.now_ms().await?;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for (_, due, v) in self.delayed_members().await? {
-            let queue = v["queue"].as_str().unwrap_or("").to_string();
-            if a.queue.as_ref().is_some_and(|q| *q != queue) {
-                continue;
-            }
-            let class = v["payload"]
-                .as_str()
-                .and_then(|p| serde_json::from_str::<Value>(p).ok())
-                .and_then(|p| p["class"].as_str().map(str::to_string))
-                .unwrap_or_default();
-            rows.push(vec![
-                v["rid"].as_str().unwrap_or("").to_string(),
-                queue.clone(),
-                class.clone(),
-                format!(
-                    "{}:{}",
-                    v["reason"].as_str().unwrap_or(""),
-                    v["resource"].as_str().unwrap_or("")
-                ),
-                v["attempt"].to_string(),
-                human_ms((due - now).max(0)),
-            ]);
-            out.push(json!({"rid": v["rid"], "queue": queue, "class": class,
-                            "reason": v["reason"], "resource": v["resource"],
-                            "attempt": v["attempt"], "due_ms": due, "due_in_ms": due - now,
-                            "payload": v["payload"]}));
-        }
+        let out = read_delayed(&mut self.conn, &self.keys, a.queue.as_deref(), usize::MAX)
+            .await?
+            .rows;
+        let rows: Vec<Vec<String>> = out
+            .iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+                vec![
+                    s("rid"),
+                    s("queue"),
+                    s("class"),
+                    format!("{}:{}", s("reason"), s("resource")),
+                    r["attempt"].to_string(),
+                    human_ms(r["due_in_ms"].as_i64().unwrap_or(0).max(0)),
+                ]
+            })
+            .collect();
         if a.json {
             print_json(&Value::Array(out));
         } else if rows.is_empty() {
@@ -629,18 +553,9 @@ impl Admin {
     }
 
     async fn stats(&mut self, a: &StatsArgs) -> anyhow::Result<ExitCode> {
-        let now = self.now_ms().await?;
         let minutes = a.minutes.min(480);
-        let this_minute = (now / 60_000) as u64;
         let mut recent: HashMap<String, i64> = HashMap::new();
-        for m in (this_minute + 1).saturating_sub(minutes)..=this_minute {
-            if minutes == 0 {
-                break;
-            }
-            let h: HashMap<String, i64> = redis::cmd("HGETALL")
-                .arg(self.keys.metrics(m))
-                .query_async(&mut self.conn)
-                .await?;
+        for (_, h) in read_minutes(&mut self.conn, &self.keys, minutes).await? {
             for (k, v) in h {
                 *recent.entry(k).or_default() += v;
             }

@@ -1,0 +1,330 @@
+//! The readers behind `locketd locks`, `counters`, `holds`, `delayed` and `stats` (and the web
+//! page's sections): bounded, pipelined, each row in the shape of the CLI's `--json`.
+
+use crate::resque::keys::Keys;
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// A bounded listing: the first rows (each in the shape of the CLI's `--json`) and how many
+/// entries the index holds in all, so a reader can say "500 of 10,000".
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Listing {
+    /// Entries of the index behind the rows (locks held, hold names, delayed jobs, queues).
+    pub total: u64,
+    /// The rows read, at most the limit asked for.
+    pub rows: Vec<Value>,
+}
+
+/// Deletes a queue's lock counter (`locketd counters --reset`); true when it was set.
+pub async fn reset_counter<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queue: &str,
+) -> RedisResult<bool> {
+    let n: i64 = redis::cmd("DEL")
+        .arg(keys.counter(queue))
+        .query_async(conn)
+        .await?;
+    Ok(n > 0)
+}
+
+/// Redis server time in ms.
+pub async fn now_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(s * 1000 + us / 1000)
+}
+
+/// Lock ids read per pipeline.
+const CHUNK: usize = 200;
+
+/// The locks with a live holder, in `locket:locks` order (earliest deadline first): per lock
+/// its holders (`locketd locks --json`) and the queues it made skip jobs (`blocked_queues`).
+/// At most `limit` locks; `prefix` keeps ids starting with it. One pipeline per 200 locks.
+pub async fn read_locks<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    prefix: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let (held, indexed): (u64, u64) = redis::pipe()
+        .cmd("ZCOUNT")
+        .arg(keys.locks())
+        .arg(format!("({now}"))
+        .arg("+inf")
+        .zcard(keys.locks())
+        .query_async(conn)
+        .await?;
+    let mut out = Listing {
+        total: held,
+        rows: Vec::new(),
+    };
+    let mut matching = 0u64;
+    let mut start = 0usize;
+    while (start as u64) < indexed && (out.rows.len() < limit || prefix.is_some()) {
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.locks())
+            .arg(start)
+            .arg(start + CHUNK - 1)
+            .query_async(conn)
+            .await?;
+        if ids.is_empty() {
+            break;
+        }
+        start += ids.len();
+        let ids: Vec<String> = ids
+            .into_iter()
+            .filter(|id| prefix.is_none_or(|p| id.starts_with(p)))
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("ZRANGE")
+                .arg(keys.lock(id))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .hgetall(keys.lockinfo(id))
+                .smembers(keys.blocked_lock(id));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (id, r) in ids.iter().zip(replies.chunks(3)) {
+            let members: Vec<(String, f64)> =
+                redis::from_redis_value(r[0].clone()).unwrap_or_default();
+            let infos: HashMap<String, String> =
+                redis::from_redis_value(r[1].clone()).unwrap_or_default();
+            let mut blocked: Vec<String> =
+                redis::from_redis_value(r[2].clone()).unwrap_or_default();
+            blocked.sort();
+            let mut hs = Vec::new();
+            for (token, deadline) in members {
+                let left = deadline as i64 - now;
+                if left <= 0 {
+                    continue;
+                }
+                let info: Value = infos
+                    .get(&token)
+                    .and_then(|s| serde_json::from_str(s).ok())
+                    .unwrap_or(Value::Null);
+                let acquired = info["acquired_at"].as_i64().unwrap_or(now);
+                hs.push(json!({
+                    "token": token,
+                    "process": info["process"],
+                    "resque_worker": info["resque_worker"],
+                    "class": info["class"],
+                    "queue": info["queue"],
+                    "digest": info["digest"],
+                    "lock_id_source": info["lock_id_source"],
+                    "limit": info["limit"],
+                    "fence": info["fence"],
+                    "age_ms": now - acquired,
+                    "left_ms": left,
+                }));
+            }
+            if hs.is_empty() {
+                continue;
+            }
+            matching += 1;
+            if out.rows.len() < limit {
+                out.rows
+                    .push(json!({"lock_id": id, "holders": hs, "blocked_queues": blocked}));
+            }
+        }
+    }
+    if prefix.is_some() {
+        out.total = matching;
+    }
+    Ok(out)
+}
+
+/// The queues of `<ns>:queues` by name with their lock counters (`locketd counters --json`),
+/// the first `limit` of them; `total` is every known queue.
+pub async fn read_counters<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.queues())
+        .query_async(conn)
+        .await?;
+    queues.sort();
+    let total = queues.len() as u64;
+    queues.truncate(limit);
+    let mut rows = Vec::with_capacity(queues.len());
+    for chunk in queues.chunks(CHUNK) {
+        let mut pipe = redis::pipe();
+        for q in chunk {
+            pipe.get(keys.counter(q))
+                .cmd("PTTL")
+                .arg(keys.counter(q))
+                .llen(keys.queue(q));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (q, r) in chunk.iter().zip(replies.chunks(3)) {
+            let c: Option<i64> = redis::from_redis_value(r[0].clone()).unwrap_or(None);
+            let ttl: i64 = redis::from_redis_value(r[1].clone()).unwrap_or(-2);
+            let len: i64 = redis::from_redis_value(r[2].clone()).unwrap_or(0);
+            rows.push(json!({"queue": q, "counter": c, "length": len,
+                             "ttl_ms": if c.is_some() { Some(ttl) } else { None }}));
+        }
+    }
+    Ok(Listing { total, rows })
+}
+
+/// The live dependency holds (`locketd holds --json`), name by name in `locket:deps` order,
+/// each with the queues it made skip jobs (`blocked_queues`), at most `limit` rows; `total` is
+/// the number of hold names in the index.
+pub async fn read_holds<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    prefix: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let indexed: u64 = redis::cmd("ZCARD")
+        .arg(keys.deps())
+        .query_async(conn)
+        .await?;
+    let mut out = Listing {
+        total: indexed,
+        rows: Vec::new(),
+    };
+    let mut start = 0usize;
+    while (start as u64) < indexed && out.rows.len() < limit {
+        let names: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.deps())
+            .arg(start)
+            .arg(start + CHUNK - 1)
+            .query_async(conn)
+            .await?;
+        if names.is_empty() {
+            break;
+        }
+        start += names.len();
+        let names: Vec<String> = names
+            .into_iter()
+            .filter(|n| prefix.is_none_or(|p| n.starts_with(p)))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for n in &names {
+            pipe.hgetall(keys.dep(n)).smembers(keys.blocked_dep(n));
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (name, r) in names.iter().zip(replies.chunks(2)) {
+            let fields: HashMap<String, String> =
+                redis::from_redis_value(r[0].clone()).unwrap_or_default();
+            let mut blocked: Vec<String> =
+                redis::from_redis_value(r[1].clone()).unwrap_or_default();
+            blocked.sort();
+            let mut fields: Vec<_> = fields.into_iter().collect();
+            fields.sort();
+            for (digest, v) in fields {
+                let (count, deadline) = v.split_once(':').unwrap_or(("0", "0"));
+                let count: i64 = count.parse().unwrap_or(0);
+                let left = deadline.parse::<i64>().unwrap_or(0) - now;
+                if left <= 0 || count <= 0 || out.rows.len() >= limit {
+                    continue;
+                }
+                out.rows
+                    .push(json!({"name": name, "digest": digest, "count": count,
+                                     "left_ms": left, "blocked_queues": blocked}));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// locket's delayed jobs (`locketd delayed --json`), due first, at most `limit`; `queue`
+/// keeps one queue's. `total` is every delayed job (of that queue).
+pub async fn read_delayed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queue: Option<&str>,
+    limit: usize,
+) -> RedisResult<Listing> {
+    let now = now_ms(conn).await?;
+    let total: u64 = redis::cmd("ZCARD")
+        .arg(keys.delayed())
+        .query_async(conn)
+        .await?;
+    // Filtered by queue, every member is read (the CLI's `--queue`); else only the first.
+    let last = if queue.is_some() || limit == usize::MAX {
+        -1
+    } else {
+        limit as i64 - 1
+    };
+    let raw: Vec<(String, f64)> = if limit == 0 {
+        Vec::new()
+    } else {
+        redis::cmd("ZRANGE")
+            .arg(keys.delayed())
+            .arg(0)
+            .arg(last)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?
+    };
+    let mut out = Listing {
+        total,
+        rows: Vec::new(),
+    };
+    let mut matching = 0u64;
+    for (m, due) in raw {
+        let v: Value = serde_json::from_str(&m).unwrap_or(Value::Null);
+        let due = due as i64;
+        let q = v["queue"].as_str().unwrap_or("").to_string();
+        if queue.is_some_and(|want| want != q) {
+            continue;
+        }
+        matching += 1;
+        if out.rows.len() >= limit {
+            continue;
+        }
+        let class = v["payload"]
+            .as_str()
+            .and_then(|p| serde_json::from_str::<Value>(p).ok())
+            .and_then(|p| p["class"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        out.rows
+            .push(json!({"rid": v["rid"], "queue": q, "class": class,
+                        "reason": v["reason"], "resource": v["resource"],
+                        "attempt": v["attempt"], "due_ms": due, "due_in_ms": due - now,
+                        "payload": v["payload"]}));
+    }
+    if queue.is_some() {
+        out.total = matching;
+    }
+    Ok(out)
+}
+
+/// The O-3 events of the last `minutes` minutes (at most 480), one map per minute, oldest
+/// first, read in one pipeline from the `metrics:<minute>` buckets: (epoch minute, counts).
+pub async fn read_minutes<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    minutes: u64,
+) -> RedisResult<Vec<(u64, HashMap<String, i64>)>> {
+    let now = now_ms(conn).await?;
+    let this_minute = (now / 60_000) as u64;
+    let first = (this_minute + 1).saturating_sub(minutes.min(480));
+    if minutes == 0 {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for m in first..=this_minute {
+        pipe.hgetall(keys.metrics(m));
+    }
+    let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+    Ok((first..=this_minute)
+        .zip(replies)
+        .map(|(m, r)| (m, redis::from_redis_value(r).unwrap_or_default()))
+        .collect())
+}

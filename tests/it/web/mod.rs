@@ -1,0 +1,650 @@
+//! The web page of issue 16 through the real binary and a real redis-server: a known state
+//! seeded in Redis (a held lock with a job waiting on it, a skipped queue, a hold, delayed jobs
+//! of locket and of resque-scheduler, a schedule, a failure, per-minute counts), read back from
+//! the JSON API and the HTML; escaping; the token-guarded actions; the listener's address; and
+//! (`browser.rs`) the page in headless Chromium and its CPU cost. Run: `cargo test --test it -- web::`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::daemon::{cfg, R};
+use crate::support::{Daemon, RedisServer};
+
+mod browser;
+
+const SHORT: Duration = Duration::from_secs(10);
+const TOKEN: &str = "s3cret-token-0123456789";
+
+/// A class name and a queue name that would break out of HTML if not escaped.
+const EVIL_CLASS: &str = "<script>alert(1)</script>";
+const EVIL_QUEUE: &str = "q\"uo'te";
+
+/// One HTTP exchange: (status code, head, body).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the listener");
+    s.set_read_timeout(Some(SHORT)).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, head.to_string(), body.to_string())
+}
+
+fn get_json(addr: &str, path: &str) -> Value {
+    let (code, _, body) = http(addr, "GET", path, &[], "");
+    assert_eq!(code, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+fn now_ms(r: &mut R) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut r.0).unwrap();
+    s * 1000 + us / 1000
+}
+
+/// The known state. `class` and `queue` name the held lock's job and the skipped queue.
+fn seed(r: &mut R, class: &str, queue: &str) {
+    let now = now_ms(r);
+    let far = now + 600_000;
+    let payload = json!({"class": class, "args": [7]}).to_string();
+    let c = &mut r.0;
+    let run = |c: &mut redis::Connection, args: &[&str]| {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let _: redis::Value = cmd.query(c).unwrap();
+    };
+    // A skipped queue: two jobs, both counted as waiting on a lock.
+    run(c, &["SADD", "resque:queues", queue]);
+    run(
+        c,
+        &[
+            "RPUSH",
+            &format!("resque:queue:{queue}"),
+            &payload,
+            &payload,
+        ],
+    );
+    run(c, &["SET", &format!("resque:locket:counter:{queue}"), "2"]);
+    // A queue being drained: one of its three jobs waits on a lock.
+    run(c, &["SADD", "resque:queues", "mixed"]);
+    run(
+        c,
+        &["RPUSH", "resque:queue:mixed", &payload, &payload, &payload],
+    );
+    run(c, &["SET", "resque:locket:counter:mixed", "1"]);
+    // A held lock, with a holder's info as ACQUIRE writes it, that made the queue skip.
+    let info = json!({"process": "web-host:4242:abcd", "resque_worker": "web-host:4242:busy",
+                      "class": class, "queue": queue, "digest": "d1d1d1d1", "limit": 1,
+                      "fence": 3, "acquired_at": now - 5000});
+    run(
+        c,
+        &[
+            "ZADD",
+            "resque:locket:lock:acct:7",
+            &far.to_string(),
+            "tok-aaaa1111",
+        ],
+    );
+    run(
+        c,
+        &[
+            "HSET",
+            "resque:locket:lockinfo:acct:7",
+            "tok-aaaa1111",
+            &info.to_string(),
+        ],
+    );
+    run(
+        c,
+        &["ZADD", "resque:locket:locks", &far.to_string(), "acct:7"],
+    );
+    run(c, &["SADD", "resque:locket:blocked:lock:acct:7", queue]);
+    // A job delayed because of that lock (P-4), its second attempt.
+    let member = json!({"rid": "rid-1", "queue": queue, "payload": payload,
+                        "reason": "lock", "resource": "acct:7", "attempt": 2});
+    run(
+        c,
+        &[
+            "ZADD",
+            "resque:locket:delayed",
+            &(now + 300_000).to_string(),
+            &member.to_string(),
+        ],
+    );
+    // A hold.
+    run(
+        c,
+        &[
+            "ZADD",
+            "resque:locket:deps",
+            &far.to_string(),
+            "report:2026",
+        ],
+    );
+    run(
+        c,
+        &[
+            "HSET",
+            "resque:locket:dep:report:2026",
+            "abcdef0123456789",
+            &format!("1:{far}"),
+        ],
+    );
+    run(
+        c,
+        &["SADD", "resque:locket:blocked:dep:report:2026", "mixed"],
+    );
+    // A failure.
+    let failure = json!({"failed_at": "2026/11/25 02:00:00 UTC", "payload": {"class": class, "args": [7]},
+                         "exception": "RuntimeError", "error": "boom", "backtrace": [],
+                         "worker": "web-host:4242:busy", "queue": queue});
+    run(c, &["RPUSH", "resque:failed", &failure.to_string()]);
+    // resque-scheduler's delayed job, schedule and master lock.
+    let ts = (now / 1000 + 3600).to_string();
+    run(c, &["ZADD", "resque:delayed_queue_schedule", &ts, &ts]);
+    run(
+        c,
+        &[
+            "RPUSH",
+            &format!("resque:delayed:{ts}"),
+            r#"{"class":"SendEmail","args":[42],"queue":"mailers"}"#,
+        ],
+    );
+    run(
+        c,
+        &[
+            "HSET",
+            "resque:persistent_schedules",
+            "nightly",
+            r#"{"class":"Report","cron":"0 3 * * *","queue":"low"}"#,
+        ],
+    );
+    run(
+        c,
+        &[
+            "HSET",
+            "resque:delayed:last_enqueued_at",
+            "nightly",
+            "2026-11-25 03:00:00 +0000",
+        ],
+    );
+    run(
+        c,
+        &[
+            "SET",
+            "resque:resque:resque_scheduler_master_lock",
+            "sched-host:99",
+            "EX",
+            "180",
+        ],
+    );
+    // Per-minute counts of this minute.
+    let minute = (now / 60_000).to_string();
+    run(
+        c,
+        &[
+            "HSET",
+            &format!("resque:locket:metrics:{minute}"),
+            "started",
+            "5",
+            "conflict",
+            "2",
+            "queue_skipped",
+            "3",
+        ],
+    );
+}
+
+/// A daemon working another queue, serving on `--http 127.0.0.1:0`, with `extra` config lines.
+fn daemon(redis: &RedisServer, extra: &str) -> (Daemon, String) {
+    let mut c = cfg("web_worked");
+    for l in extra.lines() {
+        c = c.top(l);
+    }
+    let d = Daemon::builder(redis)
+        .config(&c.render())
+        .args(["--http", "127.0.0.1:0"])
+        .start();
+    let addr = crate::service::metrics_addr(&d);
+    (d, addr)
+}
+
+#[test]
+fn the_api_and_the_page_show_a_known_state() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (_d, addr) = daemon(
+        &redis,
+        "resque_web_url = \"http://resque-web.example:5678/\"",
+    );
+
+    let status = get_json(&addr, "/api/status");
+    assert_eq!(status["namespace"], "resque");
+    assert_eq!(status["locks_held"], 1);
+    assert_eq!(status["failures_listed"], 1);
+
+    let queues = get_json(&addr, "/api/queues");
+    let busy = queues["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "busy")
+        .expect("queue busy");
+    assert_eq!(busy["length"], 2);
+    assert_eq!(busy["counter"], 2);
+    assert_eq!(busy["skipped"], true);
+    assert_eq!(busy["configured"], false);
+    assert_eq!(busy["head_class"], "Acct::Sync");
+
+    let locks = get_json(&addr, "/api/locks");
+    assert_eq!(locks["total"], 1);
+    let l = &locks["rows"][0];
+    assert_eq!(l["lock_id"], "acct:7");
+    assert_eq!(l["blocked_queues"], json!(["busy"]));
+    let h = &l["holders"][0];
+    assert_eq!(
+        (
+            &h["token"],
+            &h["class"],
+            &h["queue"],
+            &h["resque_worker"],
+            &h["fence"],
+            &h["limit"]
+        ),
+        (
+            &json!("tok-aaaa1111"),
+            &json!("Acct::Sync"),
+            &json!("busy"),
+            &json!("web-host:4242:busy"),
+            &json!(3),
+            &json!(1)
+        )
+    );
+    let age = h["age_ms"].as_i64().unwrap();
+    assert!((5000..60_000).contains(&age), "{age}");
+    let left = h["left_ms"].as_i64().unwrap();
+    assert!(left > 500_000 && left <= 600_000, "{left}");
+    assert_eq!(l["waiting"]["rid"], "rid-1");
+    assert_eq!(l["waiting"]["attempt"], 2);
+    assert_eq!(l["waiting"]["class"], "Acct::Sync");
+
+    let holds = get_json(&addr, "/api/holds");
+    assert_eq!(holds["total"], 1);
+    assert_eq!(holds["rows"][0]["name"], "report:2026");
+    assert_eq!(holds["rows"][0]["digest"], "abcdef0123456789");
+    assert_eq!(holds["rows"][0]["count"], 1);
+
+    let delayed = get_json(&addr, "/api/delayed");
+    assert_eq!(delayed["total"], 1);
+    let d0 = &delayed["rows"][0];
+    assert_eq!(
+        (
+            &d0["rid"],
+            &d0["queue"],
+            &d0["class"],
+            &d0["reason"],
+            &d0["resource"]
+        ),
+        (
+            &json!("rid-1"),
+            &json!("busy"),
+            &json!("Acct::Sync"),
+            &json!("lock"),
+            &json!("acct:7")
+        )
+    );
+    assert_eq!(delayed["scheduler"]["total"], 1);
+    assert_eq!(delayed["scheduler"]["rows"][0]["class"], "SendEmail");
+    assert_eq!(delayed["scheduler"]["rows"][0]["queue"], "mailers");
+    assert_eq!(delayed["scheduler"]["rows"][0]["args"], json!([42]));
+
+    let schedules = get_json(&addr, "/api/schedules");
+    assert_eq!(schedules["total"], 1);
+    assert_eq!(schedules["rows"][0]["name"], "nightly");
+    assert_eq!(schedules["rows"][0]["config"]["cron"], "0 3 * * *");
+    assert_eq!(
+        schedules["rows"][0]["last_enqueued_at"],
+        "2026-11-25 03:00:00 +0000"
+    );
+    assert_eq!(schedules["master_lock"]["holder"], "sched-host:99");
+
+    let failures = get_json(&addr, "/api/failures");
+    assert_eq!(failures["total"], 1);
+    assert_eq!(
+        failures["by_class"],
+        json!([{"class": "Acct::Sync", "exception": "RuntimeError", "count": 1}])
+    );
+    assert_eq!(failures["rows"][0]["error"], "boom");
+    assert_eq!(
+        failures["resque_web_url"],
+        "http://resque-web.example:5678/"
+    );
+
+    let chart = get_json(&addr, "/api/chart");
+    assert_eq!(
+        chart["series"]["started"]["points"]
+            .as_array()
+            .unwrap()
+            .len(),
+        60
+    );
+    let sum = |ev: &str| {
+        chart["series"][ev]["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().unwrap())
+            .sum::<i64>()
+    };
+    // The daemon's own idle worker counts nothing: its queue is empty.
+    assert!(sum("started") >= 5 && sum("conflict") >= 2 && sum("queue_skipped") >= 3);
+
+    // The CLI's --json rows are the API's rows.
+    let cli = |args: &[&str]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--redis", &redis.url()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mut from_cli = cli(&["holds", "--json"]);
+    let mut from_api = holds["rows"].clone();
+    for v in [&mut from_cli[0], &mut from_api[0]] {
+        v["left_ms"] = json!(0);
+    }
+    assert_eq!(from_cli, from_api);
+    let mut from_cli = cli(&["locks", "--json"]);
+    let mut from_api = locks["rows"].clone();
+    for v in [&mut from_cli[0], &mut from_api[0]] {
+        let h = &mut v["holders"][0];
+        h["age_ms"] = json!(0);
+        h["left_ms"] = json!(0);
+        v.as_object_mut().unwrap().remove("waiting");
+    }
+    assert_eq!(from_cli, from_api);
+
+    // Every section has its own endpoint; an unknown one is a 404 that lists them.
+    for s in [
+        "queues",
+        "workers",
+        "locks",
+        "holds",
+        "delayed",
+        "schedules",
+        "failures",
+        "chart",
+    ] {
+        get_json(&addr, &format!("/api/{s}"));
+    }
+    let (code, _, body) = http(&addr, "GET", "/api/nope", &[], "");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("/api/locks"), "{body}");
+
+    // The HTML holds the same state, server-rendered.
+    let (code, head, page) = http(&addr, "GET", "/", &[], "");
+    assert_eq!(code, 200);
+    assert!(head.contains("text/html"), "{head}");
+    assert!(
+        head.contains("Content-Security-Policy: default-src 'none'; script-src 'self'"),
+        "{head}"
+    );
+    for needle in [
+        "<section id=\"locks\">",
+        "acct:7",
+        "<td>tok-aaaa</td>",
+        "Acct::Sync on busy (attempt 2",
+        "queues skipping: busy",
+        "<section id=\"queues\">",
+        "skipped (every job waits on a lock)",
+        "draining (1 of 3 wait on a lock)",
+        "<section id=\"holds\">",
+        "report:2026",
+        "abcdef012345",
+        "queues skipping: mixed",
+        "<section id=\"delayed\">",
+        "rid-1",
+        "SendEmail",
+        "mailers",
+        "<section id=\"schedules\">",
+        "cron 0 3 * * *",
+        "sched-host:99",
+        "<section id=\"failures\">",
+        "RuntimeError",
+        "boom",
+        "http://resque-web.example:5678/failed",
+        "<svg id=\"chart-svg\"",
+        "started (5)",
+        "<script src=\"/assets/page.js\"></script>",
+    ] {
+        assert!(page.contains(needle), "{needle} missing in\n{page}");
+    }
+    // No token set: no action buttons.
+    assert!(!page.contains("data-endpoint"), "{page}");
+    let (code, head, js) = http(&addr, "GET", "/assets/page.js", &[], "");
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("text/javascript") && js.contains("/api/page"),
+        "{head}"
+    );
+    // /metrics is still there.
+    let (code, _, metrics) = http(&addr, "GET", "/metrics", &[], "");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("locketd_locks_held 1"), "{metrics}");
+}
+
+/// Sections without data are left out (hidden) of the page.
+#[test]
+fn sections_appear_only_with_their_data() {
+    let redis = RedisServer::start();
+    let (_d, addr) = daemon(&redis, "");
+    let (_, _, page) = http(&addr, "GET", "/", &[], "");
+    for s in ["locks", "holds", "delayed", "schedules", "failures"] {
+        assert!(
+            page.contains(&format!("<section id=\"{s}\" hidden>")),
+            "{s} shown in\n{page}"
+        );
+    }
+    for s in ["queues", "workers", "chart"] {
+        assert!(
+            page.contains(&format!("<section id=\"{s}\">")),
+            "{s} hidden in\n{page}"
+        );
+    }
+}
+
+#[test]
+fn names_from_redis_are_escaped_in_the_html() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, EVIL_CLASS, EVIL_QUEUE);
+    let (_d, addr) = daemon(&redis, &format!("http_admin_token = \"{TOKEN}\""));
+    let (_, _, page) = http(&addr, "GET", "/", &[], "");
+    assert!(!page.contains("<script>alert"), "raw class in\n{page}");
+    assert!(!page.contains(EVIL_QUEUE), "raw queue in\n{page}");
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{page}"
+    );
+    assert!(page.contains("q&quot;uo&#39;te"), "{page}");
+    // Also inside the action buttons' attributes.
+    assert!(
+        page.contains("data-body=\"{&quot;queue&quot;:&quot;q\\&quot;uo&#39;te&quot;}\""),
+        "{page}"
+    );
+    // The only script is the page's own.
+    assert_eq!(page.matches("<script").count(), 1, "{page}");
+    // The API gives the names as they are.
+    let q = get_json(&addr, "/api/queues");
+    assert!(q["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["name"] == EVIL_QUEUE && r["head_class"] == EVIL_CLASS));
+}
+
+#[test]
+fn actions_are_off_without_the_token_setting() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (_d, addr) = daemon(&redis, "");
+    let auth = format!("Bearer {TOKEN}");
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/locks/release",
+        &[("Authorization", &auth)],
+        r#"{"lock_id":"acct:7","force":true}"#,
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("actions are off: set http_admin_token"),
+        "{body}"
+    );
+    assert!(r.exists("resque:locket:lock:acct:7"));
+}
+
+#[test]
+fn actions_need_the_right_token_and_are_logged() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (d, addr) = daemon(&redis, &format!("http_admin_token = \"{TOKEN}\""));
+    let release = r#"{"lock_id":"acct:7","token":"tok-aaaa1111"}"#;
+
+    let (code, _, body) = http(&addr, "POST", "/api/locks/release", &[], release);
+    assert_eq!(code, 401, "{body}");
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/locks/release",
+        &[("Authorization", "Bearer wrong-token-0123456789")],
+        release,
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("wrong admin token"), "{body}");
+    d.wait_for_log("web: action refused: wrong token", SHORT);
+    d.wait_for_log("web: action refused: no token", SHORT);
+    assert!(
+        r.exists("resque:locket:lock:acct:7"),
+        "released without the token"
+    );
+    // A GET is not an action.
+    let (code, _, _) = http(&addr, "GET", "/api/locks/release", &[], "");
+    assert_eq!(code, 405);
+    assert!(!d.log().contains(TOKEN), "the token reached the log");
+
+    let auth = format!("Bearer {TOKEN}");
+    let ok = |path: &str, body: &str| -> Value {
+        let (code, _, out) = http(
+            &addr,
+            "POST",
+            path,
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        );
+        assert_eq!(code, 200, "{path}: {out}");
+        serde_json::from_str(&out).unwrap()
+    };
+    // The page offers the actions once the token is set.
+    let (_, _, page) = http(&addr, "GET", "/", &[], "");
+    assert!(
+        page.contains("data-endpoint=\"/api/locks/release\""),
+        "{page}"
+    );
+
+    assert_eq!(ok("/api/locks/release", release)["released"], 1);
+    assert!(!r.exists("resque:locket:lock:acct:7"));
+    d.wait_for_log("web: lock holder released by an operator", SHORT);
+    // Releasing the lock reset the counters of the queues it blocked (as the CLI's release).
+    assert!(!r.exists("resque:locket:counter:busy"));
+
+    r.cmd::<()>(&["SET", "resque:locket:counter:busy", "2"]);
+    assert_eq!(
+        ok("/api/counters/reset", r#"{"queue":"busy"}"#)["was_set"],
+        true
+    );
+    assert!(!r.exists("resque:locket:counter:busy"));
+    d.wait_for_log("web: lock counter reset by an operator", SHORT);
+
+    let before = r.llen("resque:queue:busy");
+    let retried = ok("/api/failures/retry", r#"{"list":"failed","index":0}"#);
+    assert_eq!(retried["retried"]["class"], "Acct::Sync");
+    assert_eq!(r.llen("resque:queue:busy"), before + 1);
+    d.wait_for_log("web: failure retried by an operator", SHORT);
+    ok("/api/failures/remove", r#"{"list":"failed","index":0}"#);
+    assert_eq!(r.llen("resque:failed"), 0);
+    d.wait_for_log("web: failure removed by an operator", SHORT);
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/failures/remove",
+        &[("Authorization", &auth)],
+        r#"{"list":"failed","index":0}"#,
+    );
+    assert_eq!(code, 404, "{body}");
+}
+
+#[test]
+fn the_listener_binds_loopback_unless_told_otherwise() {
+    let redis = RedisServer::start();
+    // A bare port is a loopback address.
+    let d = Daemon::builder(&redis)
+        .config(&cfg("web_worked").render())
+        .args(["--http", "0"])
+        .start();
+    let addr = crate::service::metrics_addr(&d);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    assert!(!d.log().contains("not a loopback address"));
+    let (code, _, _) = http(&addr, "GET", "/", &[], "");
+    assert_eq!(code, 200);
+    drop(d);
+    // Another address is taken as told, with a warning.
+    let d = Daemon::builder(&redis)
+        .config(&cfg("web_worked").render())
+        .args(["--http", "0.0.0.0:0"])
+        .start();
+    d.wait_for_log("is not a loopback address", SHORT);
+    drop(d);
+    // --metrics is the same listener: the page is there too.
+    let d = Daemon::builder(&redis)
+        .config(&cfg("web_worked").render())
+        .args(["--metrics", "127.0.0.1:0"])
+        .start();
+    let addr = crate::service::metrics_addr(&d);
+    let (code, _, page) = http(&addr, "GET", "/", &[], "");
+    assert_eq!(code, 200);
+    assert!(page.contains("<h1>locketd</h1>"));
+}
