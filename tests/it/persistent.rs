@@ -667,7 +667,7 @@ fn h2_check_config_rejects_bad_handler_tables_by_name() {
 #[test]
 fn status_and_metrics_show_each_slots_handler() {
     let mut s = Setup::new();
-    let config = s.config("max_jobs = 3", "", "").replacen(
+    let config = s.config("max_jobs = 3\npreload = true", "", "").replacen(
         "interval = 0.1\n",
         "interval = 0.1\nslots = 2\n",
         1,
@@ -696,7 +696,9 @@ fn status_and_metrics_show_each_slots_handler() {
                         .collect()
                 })
                 .unwrap_or_default();
+            // Both handlers ready: one recycled after its last job may still be booting.
             slots.len() == 2
+                && slots.iter().all(|h| h["ready"] == true)
                 && slots
                     .iter()
                     .map(|h| h["jobs_total"].as_u64().unwrap_or(0))
@@ -708,11 +710,12 @@ fn status_and_metrics_show_each_slots_handler() {
         assert_eq!(h["name"], "t", "{h}");
         let pid = i32::try_from(h["pid"].as_i64().expect("a pid")).expect("pid");
         assert!(pid_alive(pid), "{h}");
-        assert!(h["rss_bytes"].as_u64().unwrap_or(0) > 1024 * 1024, "{h}");
-        assert!(
-            h["boots"].as_u64().unwrap_or(0) >= 2,
-            "recycled after 3 jobs: {h}"
-        );
+        let served = h["jobs_total"].as_u64().unwrap_or(0);
+        if served > 0 {
+            assert!(h["rss_bytes"].as_u64().unwrap_or(0) > 1024 * 1024, "{h}");
+        }
+        // A slot's handler is replaced after every 3 jobs (and booted with the slot).
+        assert_eq!(h["boots"].as_u64(), Some(1 + served / 3), "{h}");
     }
     let text = crate::ops::stdout_ok(&crate::ops::locketd(&s.redis, &["--queues", "q", "status"]));
     assert!(
@@ -727,12 +730,11 @@ fn status_and_metrics_show_each_slots_handler() {
             .map(str::to_string)
             .collect()
     };
-    wait_until(LONG, "/metrics shows both slots' handlers", || {
+    wait_until(LONG, "/metrics shows both slots' handlers ready", || {
         body = crate::service::scrape(&addr).unwrap_or_default();
-        ready_lines(&body).len() == 2
+        let ready = ready_lines(&body);
+        ready.len() == 2 && ready.iter().all(|l| l.ends_with(" 1"))
     });
-    let ready = ready_lines(&body);
-    assert!(ready.iter().all(|l| l.ends_with(" 1")), "{ready:?}");
     assert!(
         body.contains("locketd_handler_restarts_total{") && body.contains("reason=\"max_jobs\""),
         "{body}"
