@@ -57,6 +57,30 @@ pub enum AdminCommand {
     Delayed(DelayedArgs),
     /// Locket event totals and recent per-minute counts.
     Stats(StatsArgs),
+    /// The [schedule.*] tables: next fire, last enqueue, the scheduler lock's holder;
+    /// `schedule run NAME` enqueues one tick now.
+    Schedule(ScheduleArgs),
+}
+
+/// `locketd schedule [run NAME]`.
+#[derive(Args, Debug, Clone)]
+pub struct ScheduleArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub action: Option<ScheduleAction>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd schedule run`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum ScheduleAction {
+    /// Enqueue one tick of a schedule now (not recorded as a tick: the next one still fires).
+    Run {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// `locketd enqueue QUEUE CLASS [ARG_JSON...]`.
@@ -73,6 +97,13 @@ pub struct EnqueueArgs {
     /// Print the ENQUEUE Lua script (for clients in other languages) and exit.
     #[arg(long)]
     pub print_script: bool,
+    /// Deliver at this time (Unix seconds or RFC 3339, e.g. 2026-11-25T10:00:00Z) through
+    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2).
+    #[arg(long, value_name = "TIME", conflicts_with = "in_")]
+    pub at: Option<String>,
+    /// Deliver after this long ("300", "5m", "1h"), as `Resque.enqueue_in` does.
+    #[arg(long = "in", id = "in_", value_name = "DURATION")]
+    pub in_: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -213,6 +244,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Holds(h) => a.holds(h).await,
             AdminCommand::Delayed(d) => a.delayed(d).await,
             AdminCommand::Stats(s) => a.stats(s).await,
+            AdminCommand::Schedule(s) => a.schedule(s, config).await,
         }
     })
 }
@@ -235,6 +267,25 @@ pub fn human_ms(ms: i64) -> String {
     } else {
         format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
     }
+}
+
+/// The Unix second `--at` or `--in` names, if either is given.
+fn delayed_at(a: &EnqueueArgs) -> anyhow::Result<Option<i64>> {
+    if let Some(at) = &a.at {
+        if let Ok(n) = at.trim().parse::<i64>() {
+            return Ok(Some(n));
+        }
+        let t = chrono::DateTime::parse_from_rfc3339(at.trim())
+            .with_context(|| format!("--at {at:?}: not Unix seconds nor RFC 3339"))?;
+        return Ok(Some(t.timestamp()));
+    }
+    if let Some(d) = &a.in_ {
+        let d = crate::config::parse_duration(d).map_err(|e| anyhow::anyhow!("--in: {e}"))?;
+        return Ok(Some(
+            crate::scheduler::unix_now() + d.as_secs_f64().ceil() as i64,
+        ));
+    }
+    Ok(None)
 }
 
 /// Prints rows under a header, columns padded to their widest cell.
@@ -277,6 +328,12 @@ impl Admin {
         let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
             bail!("enqueue needs QUEUE and CLASS");
         };
+        if let Some(ts) = delayed_at(a)? {
+            if ts > crate::scheduler::unix_now() {
+                return self.enqueue_delayed(a, queue, class, ts).await;
+            }
+            // enqueue_at with a time not in the future pushes at once (SC-2).
+        }
         let mut client = Client::with_connection(self.conn.clone(), config)?;
         let done = client.enqueue_json(queue, class, &a.args).await?;
         if a.json {
@@ -296,6 +353,101 @@ impl Admin {
             for h in &done.holds {
                 println!("hold added: {h}");
             }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn schedule(&mut self, a: &ScheduleArgs, config: &Config) -> anyhow::Result<ExitCode> {
+        use crate::scheduler::ops;
+        if let Some(ScheduleAction::Run { name }) = &a.action {
+            if !ops::run_now(&mut self.conn, config, name).await? {
+                eprintln!("locketd: no [schedule.{name:?}] in the config");
+                return Ok(ExitCode::from(2));
+            }
+            if a.json {
+                print_json(&json!({"schedule": name, "enqueued": true}));
+            } else {
+                println!("enqueued one tick of {name}");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        let now = crate::scheduler::unix_now();
+        let l = ops::listing(&mut self.conn, config, now).await?;
+        if a.json {
+            print_json(&serde_json::to_value(&l)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        match &l.lock_holder {
+            Some(h) => println!(
+                "scheduler lock {} held by {h} (ttl {}s)",
+                l.lock_key, l.lock_ttl
+            ),
+            None => println!("scheduler lock {} is free: no scheduler runs", l.lock_key),
+        }
+        let stamp = |t: i64| {
+            crate::resque::time::started_at(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.max(0) as u64),
+            )
+        };
+        let rows: Vec<Vec<String>> = l
+            .schedules
+            .iter()
+            .map(|s| {
+                vec![
+                    s.name.clone(),
+                    s.when.clone(),
+                    format!("{} on {}", s.class, s.queue),
+                    s.next.map_or("-".into(), |t| {
+                        format!("{} (in {})", stamp(t), human_ms((t - now) * 1000))
+                    }),
+                    s.last_enqueued_at.clone().unwrap_or("-".into()),
+                    s.description.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            println!("no [schedule.*] tables in the config");
+        } else {
+            table(
+                &[
+                    "NAME",
+                    "WHEN",
+                    "JOB",
+                    "NEXT",
+                    "LAST ENQUEUED",
+                    "DESCRIPTION",
+                ],
+                &rows,
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// SC-1, SC-2: `{"class":…,"args":[…],"queue":…}` into the delayed queue.
+    async fn enqueue_delayed(
+        &mut self,
+        a: &EnqueueArgs,
+        queue: &str,
+        class: &str,
+        ts: i64,
+    ) -> anyhow::Result<ExitCode> {
+        let mut args = Vec::with_capacity(a.args.len());
+        for (i, text) in a.args.iter().enumerate() {
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(text)
+                .with_context(|| format!("argument {} is not one JSON value: {text}", i + 1))?;
+            args.push(raw.get().trim().to_string());
+        }
+        let item = format!(
+            "{{\"class\":{},\"args\":[{}],\"queue\":{}}}",
+            Value::String(class.to_string()),
+            args.join(","),
+            Value::String(queue.to_string())
+        );
+        crate::store::schedule::schedule_item(&mut self.conn, &self.keys, ts, &item).await?;
+        if a.json {
+            print_json(&json!({"queue": queue, "item": item, "at": ts}));
+        } else {
+            println!("scheduled {class} on {queue} at {ts} (delayed:{ts})");
         }
         Ok(ExitCode::SUCCESS)
     }

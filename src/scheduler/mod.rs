@@ -91,6 +91,8 @@ struct Scheduler {
     last_error: Option<(String, Instant)>,
     /// A new config arrived (HUP) and is not applied yet.
     reload_pending: bool,
+    /// The next read of the delayed queue (just after the next whole second).
+    next_poll: Instant,
 }
 
 impl Scheduler {
@@ -110,6 +112,7 @@ impl Scheduler {
             delivery: deliver::State::default(),
             last_error: None,
             reload_pending: false,
+            next_poll: Instant::now(),
         }
     }
 
@@ -211,12 +214,7 @@ impl Scheduler {
     /// The next instant to look: the next whole second (a due item waits at most that long),
     /// earlier for a renewal.
     fn wake_at(&self) -> Instant {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let to_next_second = Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()))
-            + Duration::from_millis(5);
-        let mut wake = Instant::now() + to_next_second;
+        let mut wake = Instant::now() + to_next_second();
         if let Some(h) = &self.held {
             wake = wake.min(h.next_renew.max(Instant::now()));
         }
@@ -231,6 +229,11 @@ impl Scheduler {
         if self.held.is_none() {
             return;
         }
+        // A wake-up for a renewal only renews: the delayed queue is read once a second.
+        if Instant::now() + Duration::from_millis(100) < self.next_poll {
+            return;
+        }
+        self.next_poll = Instant::now() + to_next_second();
         let keys = self.keys();
         let deadline = self.held.as_ref().map(|h| h.deadline);
         let until = deadline.unwrap_or_else(Instant::now);
@@ -418,6 +421,15 @@ impl Scheduler {
             Err(e) => self.error(&format!("scheduler: firing {:?}", s.name), &e),
         }
     }
+}
+
+/// From now to just after the next whole second of the wall clock: an item due at second T is
+/// looked for a few milliseconds after T.
+fn to_next_second() -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos())) + Duration::from_millis(5)
 }
 
 /// How often a held lock is renewed: every sixth of its TTL, at most every 5 s (the gem's

@@ -432,3 +432,148 @@ fn hup_reloads_schedules() {
         !queue(&mut r, "hup").is_empty()
     });
 }
+
+fn cli(redis: &RedisServer, config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .arg("--config")
+        .arg(config)
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .output()
+        .expect("run locketd");
+    assert!(
+        out.status.success(),
+        "locketd {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `locketd enqueue --in/--at` writes the gem's format (SC-1, SC-2: the item, its index, the
+/// ZSET entry); `status --json` counts it; the daemon delivers it; `locketd schedule` lists a
+/// schedule with its lock holder; `schedule run` enqueues one tick now.
+#[test]
+fn cli_enqueue_in_status_schedule_and_schedule_run() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locketd.toml");
+    std::fs::write(
+        &path,
+        config("[schedule.report]\ncron = \"0 3 * * *\"\ntz = \"Europe/Berlin\"\nclass = \"Report\"\nqueue = \"low\"\nargs = \"x\"\ndescription = \"nightly\"\n"),
+    )
+    .unwrap();
+    cli(
+        &redis,
+        &path,
+        &[
+            "enqueue",
+            "mailers",
+            "SendEmail",
+            "42",
+            r#"{"to":"a@b.c"}"#,
+            "--in",
+            "3",
+        ],
+    );
+    let item = r#"{"class":"SendEmail","args":[42,{"to":"a@b.c"}],"queue":"mailers"}"#;
+    let members: Vec<String> =
+        r.cmd(&["ZRANGE", &format!("{NS}:delayed_queue_schedule"), "0", "-1"]);
+    assert_eq!(members.len(), 1);
+    let ts = &members[0];
+    let bucket: Vec<String> = r.cmd(&["LRANGE", &format!("{NS}:delayed:{ts}"), "0", "-1"]);
+    assert_eq!(bucket, [item]);
+    let idx: Vec<String> = r.cmd(&["SMEMBERS", &format!("{NS}:timestamps:{item}")]);
+    assert_eq!(idx, [format!("delayed:{ts}")]);
+    let at = (now() + 3600).to_string();
+    cli(&redis, &path, &["enqueue", "later", "Later", "--at", &at]);
+    let status: serde_json::Value =
+        serde_json::from_str(&cli(&redis, &path, &["status", "--json"])).unwrap();
+    assert_eq!(status["delayed"]["timestamps"], json!(2), "{status}");
+    assert_eq!(status["delayed"]["due_items"], json!(0), "{status}");
+    let d = Daemon::start(&redis, &std::fs::read_to_string(&path).unwrap(), &[]);
+    wait_until(SHORT, "the --in item delivered", || {
+        queue(&mut r, "mailers").len() == 1
+    });
+    assert_eq!(
+        queue(&mut r, "mailers"),
+        [r#"{"class":"SendEmail","args":[42,{"to":"a@b.c"}]}"#]
+    );
+    let list = cli(&redis, &path, &["schedule"]);
+    assert!(list.contains(&format!(":{}", d.pid())), "{list}");
+    assert!(
+        list.contains("report") && list.contains("Europe/Berlin") && list.contains("nightly"),
+        "{list}"
+    );
+    cli(&redis, &path, &["schedule", "run", "report"]);
+    assert_eq!(queue(&mut r, "low"), [r#"{"class":"Report","args":["x"]}"#]);
+    let last: String = r.cmd(&["HGET", &format!("{NS}:delayed:last_enqueued_at"), "report"]);
+    assert!(last.ends_with(" +0000"), "{last}");
+    let listing: serde_json::Value =
+        serde_json::from_str(&cli(&redis, &path, &["schedule", "--json"])).unwrap();
+    assert_eq!(listing["schedules"][0]["last_enqueued_at"], json!(last));
+}
+
+/// Target: when nothing is due, the scheduler costs at most 5 Redis commands a second: the
+/// commands naming its keys (the delayed schedule, the lock) are counted with MONITOR over
+/// 5 s, a holder and a standby running.
+#[test]
+fn idle_scheduler_costs_few_redis_commands() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::start();
+    let a = Daemon::start(&redis, &config(""), &[]);
+    a.wait_for_log("scheduler lock taken", SHORT);
+    let _b = Daemon::start(&redis, &config(""), &[]);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut mon = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
+    mon.write_all(b"MONITOR\r\n").unwrap();
+    mon.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 65536];
+    while start.elapsed() < Duration::from_secs(5) {
+        match mon.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("delayed_queue_schedule") || l.contains("resque_scheduler_master_lock")
+        })
+        // A script's own commands are listed after its EVALSHA: count the call once.
+        .filter(|l| !l.contains("[0 lua]"))
+        .collect();
+    let holder = ours.iter().filter(|l| l.contains("ZRANGEBYSCORE")).count();
+    assert!(
+        holder >= 3,
+        "the holder does not poll:\n{}",
+        ours.join("\n")
+    );
+    // Holder: one poll a second and a renewal every 0.5 s (TTL 3 s); standby: one SET NX a
+    // second. Per daemon, at most 5 a second.
+    assert!(
+        ours.len() <= 2 * 5 * 5,
+        "{} commands in 5 s:\n{}",
+        ours.len(),
+        ours.join("\n")
+    );
+    let per_holder = ours.iter().filter(|l| !l.contains("\"NX\"")).count();
+    eprintln!(
+        "idle scheduler over 5 s: {} commands in all, {per_holder} by the holder",
+        ours.len()
+    );
+    if std::env::var("SHOW_MONITOR").is_ok() {
+        eprintln!("{}", ours.join("\n"));
+    }
+    assert!(
+        per_holder <= 5 * 5,
+        "{per_holder} commands in 5 s by the holder"
+    );
+}
