@@ -235,8 +235,11 @@ impl Scheduler {
         }
         self.next_poll = Instant::now() + to_next_second();
         let keys = self.keys();
-        let deadline = self.held.as_ref().map(|h| h.deadline);
-        let until = deadline.unwrap_or_else(Instant::now);
+        // A long drain stops for the next renewal (SC-8) and goes on after it.
+        let until = self
+            .held
+            .as_ref()
+            .map_or_else(Instant::now, |h| h.deadline.min(h.next_renew));
         if let Err(e) = self.delivery.pass(&mut conn, &keys, until).await {
             self.error("scheduler: delivering delayed items", &e);
         }
@@ -348,7 +351,7 @@ impl Scheduler {
         for s in self.schedules.clone() {
             if let Some(prev) = s.prev_tick(now) {
                 if now - prev <= grace {
-                    self.fire(&mut conn, &s, prev).await;
+                    let _ = self.fire(&mut conn, &s, prev).await;
                 } else {
                     debug!(target: "locketd::scheduler", schedule = %s.name, tick = prev,
                         "the latest tick is older than misfire_grace: not fired");
@@ -388,7 +391,11 @@ impl Scheduler {
                     "ticks missed (the scheduler was busy or paused): firing only the latest");
             }
             if now - tick <= grace {
-                self.fire(conn, &s, tick).await;
+                if !self.fire(conn, &s, tick).await {
+                    // Redis did not answer: the tick is tried again at the next look, while
+                    // it is younger than the grace.
+                    continue;
+                }
             } else {
                 warn!(target: "locketd::scheduler", schedule = %s.name, tick,
                     "tick older than misfire_grace: skipped");
@@ -400,7 +407,9 @@ impl Scheduler {
         }
     }
 
-    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) {
+    /// Fires `tick` of `s`; false when Redis did not answer (a refusal is logged and counts
+    /// as done: it is not retried in a loop).
+    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> bool {
         let keys = self.keys();
         let stamp = crate::resque::time::started_at(SystemTime::now());
         match st::fire(
@@ -414,11 +423,21 @@ impl Scheduler {
         )
         .await
         {
-            Ok(true) => info!(target: "locketd::scheduler", schedule = %s.name, tick,
-                queue = %s.queue, class = %s.class, "schedule fired"),
-            Ok(false) => debug!(target: "locketd::scheduler", schedule = %s.name, tick,
-                "tick fired already"),
-            Err(e) => self.error(&format!("scheduler: firing {:?}", s.name), &e),
+            Ok(true) => {
+                info!(target: "locketd::scheduler", schedule = %s.name, tick,
+                    queue = %s.queue, class = %s.class, "schedule fired");
+                true
+            }
+            Ok(false) => {
+                debug!(target: "locketd::scheduler", schedule = %s.name, tick,
+                    "tick fired already");
+                true
+            }
+            Err(e) => {
+                self.error(&format!("scheduler: firing {:?}", s.name), &e);
+                // A refusal (a key of another type, S-6) is deterministic: not retried.
+                e.kind() != redis::ErrorKind::Io && !e.is_connection_dropped()
+            }
         }
     }
 }

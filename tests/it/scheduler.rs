@@ -338,7 +338,12 @@ fn every_ticks_fire_once_across_the_fleet_with_kills() {
         Daemon::start(&redis, &text, &[]),
         Daemon::start(&redis, &text, &[]),
     ];
-    for round in 0..4 {
+    // LOCKETD_SCHED_ROUNDS=60 runs about 200 ticks (3 s a round).
+    let rounds: usize = std::env::var("LOCKETD_SCHED_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(3));
         let holder: Option<String> = r.cmd(&["GET", LOCK]);
         if let Some(h) = holder {
@@ -413,6 +418,39 @@ fn misfire_grace_fires_the_latest_missed_tick_once() {
     if now() % 60 > 5 {
         assert_eq!(queue(&mut r, "graced").len(), 1, "a burst: {}", d.log());
     }
+}
+
+/// SC-14: with `publish = true` every schedule is written to `persistent_schedules` with a
+/// string class, a queue and a cron or every string the gem parses, and named in
+/// `schedules_changed`; off by default.
+#[test]
+fn publish_writes_persistent_schedules_only_when_asked() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let tables = "[schedule.nightly]\ncron = \"0 3 * * *\"\ntz = \"Europe/Berlin\"\nclass = \"Report\"\nqueue = \"low\"\nargs = [\"x\"]\n[schedule.tick]\nevery = \"PT5M\"\nclass = \"Tick\"\nqueue = \"high\"\n";
+    let mut d = Daemon::start(&redis, &config(tables), &[]);
+    d.wait_for_log("scheduler lock taken", SHORT);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!r.exists(&format!("{NS}:persistent_schedules")));
+    d.terminate(SHORT);
+    let d = Daemon::start(&redis, &config(&format!("publish = true\n{tables}")), &[]);
+    d.wait_for_log("scheduler lock taken", SHORT);
+    wait_until(SHORT, "schedules published", || {
+        r.exists(&format!("{NS}:persistent_schedules"))
+    });
+    let all: BTreeMap<String, String> = r.cmd(&["HGETALL", &format!("{NS}:persistent_schedules")]);
+    let nightly: serde_json::Value = serde_json::from_str(&all["nightly"]).unwrap();
+    assert_eq!(
+        nightly,
+        json!({"class": "Report", "queue": "low", "args": ["x"], "cron": "0 3 * * * Europe/Berlin"})
+    );
+    let tick: serde_json::Value = serde_json::from_str(&all["tick"]).unwrap();
+    assert_eq!(
+        tick,
+        json!({"class": "Tick", "queue": "high", "args": [], "every": "300s"})
+    );
+    let changed: Vec<String> = r.cmd(&["SMEMBERS", &format!("{NS}:schedules_changed")]);
+    assert_eq!(changed.len(), 2);
 }
 
 /// HUP reloads the schedules: a schedule added to the file fires without a restart.
@@ -575,5 +613,32 @@ fn idle_scheduler_costs_few_redis_commands() {
     assert!(
         per_holder <= 5 * 5,
         "{per_holder} commands in 5 s by the holder"
+    );
+}
+
+/// The bench's `delayed` scenario on a tiny N (debug build): it runs and prints its figure.
+/// Speed is reported by the harness, never asserted here.
+#[test]
+fn the_delayed_bench_scenario_runs_on_a_tiny_n() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd-bench"))
+        .args([
+            "delayed",
+            "--jobs",
+            "2000",
+            "--locketd",
+            env!("CARGO_BIN_EXE_locketd"),
+        ])
+        .output()
+        .expect("run locketd-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("delayed: 2000 items over 1000 timestamps delivered in")
+            && stdout.contains("(index left: 0)"),
+        "{stdout}"
     );
 }
