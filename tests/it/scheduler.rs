@@ -642,3 +642,118 @@ fn the_delayed_bench_scenario_runs_on_a_tiny_n() {
         "{stdout}"
     );
 }
+
+/// SC-5 under races: two daemons delivering at once (a split brain: each holds its own lock
+/// key) while a client runs the gem's `remove_delayed` on random items. Every item is either
+/// removed (LREM said so) or delivered, never both, never twice, never lost.
+#[test]
+fn split_brain_delivery_with_concurrent_remove_delayed_loses_and_duplicates_nothing() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let n = 3000;
+    let base = now() + 2;
+    let item = |i: usize| format!(r#"{{"class":"J","args":[{i}],"queue":"race"}}"#);
+    for i in 0..n {
+        gem_enqueue_at(&mut r, base + (i % 3) as i64, &item(i));
+    }
+    let _a = Daemon::start(&redis, &config("lock_key = \"lock-a\""), &[]);
+    let _b = Daemon::start(&redis, &config("lock_key = \"lock-b\""), &[]);
+    let mut removed = std::collections::BTreeSet::new();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < deadline && zcard(&mut r) > 0 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let i = (seed % n as u64) as usize;
+        let it = item(i);
+        let idx = format!("{NS}:timestamps:{it}");
+        let buckets: Vec<String> = r.cmd(&["SMEMBERS", &idx]);
+        for b in buckets {
+            let gone: i64 = r.cmd(&["LREM", &format!("{NS}:{b}"), "0", &it]);
+            if gone > 0 {
+                removed.insert(i);
+            }
+            let _: i64 = r.cmd(&["SREM", &idx, &b]);
+        }
+    }
+    wait_until(SHORT, "every bucket delivered", || zcard(&mut r) == 0);
+    let mut delivered = BTreeMap::new();
+    for p in queue(&mut r, "race") {
+        let v: serde_json::Value = serde_json::from_str(&p).unwrap();
+        *delivered
+            .entry(v["args"][0].as_u64().unwrap() as usize)
+            .or_insert(0) += 1;
+    }
+    assert!(delivered.values().all(|c| *c == 1), "delivered twice");
+    for i in 0..n {
+        assert!(
+            delivered.contains_key(&i) != removed.contains(&i),
+            "item {i}: delivered {} removed {}",
+            delivered.contains_key(&i),
+            removed.contains(&i)
+        );
+    }
+    assert!(
+        !removed.is_empty(),
+        "the remover removed nothing: the test raced nothing"
+    );
+    assert!(r.keys(&format!("{NS}:timestamps:*")).is_empty());
+}
+
+/// SC-12 in a split brain: two daemons each holding their own lock key fire the same
+/// schedule; the record still lets each tick through once.
+#[test]
+fn split_brain_schedulers_fire_each_tick_once() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let sched = "[schedule.tick]\nevery = \"1s\"\nclass = \"Tick\"\nqueue = \"ticks\"\n";
+    let mut a = Daemon::start(
+        &redis,
+        &config(&format!("lock_key = \"lock-a\"\n{sched}")),
+        &[],
+    );
+    let mut b = Daemon::start(
+        &redis,
+        &config(&format!("lock_key = \"lock-b\"\n{sched}")),
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    a.terminate(SHORT);
+    b.terminate(SHORT);
+    let mut ticks = fired_ticks(&a.log());
+    let from_a = ticks.len();
+    ticks.extend(fired_ticks(&b.log()));
+    let mut sorted = ticks.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ticks.len(), "a tick fired twice: {ticks:?}");
+    assert_eq!(queue(&mut r, "ticks").len(), ticks.len());
+    assert!(ticks.len() >= 4, "{ticks:?}");
+    eprintln!(
+        "split brain: {from_a} ticks by a, {} by b",
+        ticks.len() - from_a
+    );
+}
+
+/// SC-9: a scheduler whose renewal finds the key taken by someone else (here an operator
+/// wrote a Ruby scheduler's value) stops delivering at once and waits as a standby.
+#[test]
+fn a_scheduler_that_loses_its_lock_stops_delivering() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let d = Daemon::start(&redis, &config(""), &[]);
+    d.wait_for_log("scheduler lock taken", SHORT);
+    let _: () = r.cmd(&["SET", LOCK, "otherhost:123", "EX", "5"]);
+    d.wait_for_log("scheduler lock lost to another holder", SHORT);
+    gem_enqueue_at(&mut r, now() - 1, r#"{"class":"J","args":[],"queue":"q"}"#);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(queue(&mut r, "q").is_empty(), "delivered without the lock");
+    let holder: String = r.cmd(&["GET", LOCK]);
+    assert_eq!(holder, "otherhost:123");
+    wait_until(
+        SHORT,
+        "delivery after the other holder's key expired",
+        || queue(&mut r, "q").len() == 1,
+    );
+}
