@@ -128,16 +128,26 @@ impl Scheduler {
         self.config.scheduler.lock_ttl.get()
     }
 
-    /// Logs a Redis error, the same one at most once a minute.
+    /// Logs a Redis error: one line per outage (then at most one a minute while it lasts),
+    /// not one per retry.
     fn error(&mut self, what: &str, e: &dyn std::fmt::Display) {
         let text = format!("{what}: {e}");
         let repeat = self
             .last_error
             .as_ref()
-            .is_some_and(|(t, at)| *t == text && at.elapsed() < Duration::from_secs(60));
+            .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(60));
         if !repeat {
-            warn!(target: "locketd::scheduler", "{text}");
+            warn!(target: "locketd::scheduler", "{text}; retrying every second");
             self.last_error = Some((text, Instant::now()));
+        } else {
+            debug!(target: "locketd::scheduler", "{text}");
+        }
+    }
+
+    /// Redis answered the lock's command: an outage logged by `error` is over.
+    fn answered(&mut self) {
+        if self.last_error.take().is_some() {
+            info!(target: "locketd::scheduler", "Redis answers the scheduler again");
         }
     }
 
@@ -267,15 +277,23 @@ impl Scheduler {
             } else if now >= h.next_renew {
                 let started = Instant::now();
                 match st::lock_renew(conn, &key, &self.value, secs).await {
-                    Ok(true) => {
+                    Ok(st::Renewed::Ours) => {
+                        self.answered();
                         self.held = Some(Held {
                             deadline: started + ttl * 2 / 3,
                             next_renew: started + renew_every(ttl),
                         })
                     }
-                    Ok(false) => {
+                    Ok(st::Renewed::Other) => {
+                        self.answered();
                         warn!(target: "locketd::scheduler", lock = %key,
                             "scheduler lock lost to another holder: now a standby");
+                        self.held = None;
+                    }
+                    Ok(st::Renewed::Gone) => {
+                        self.answered();
+                        info!(target: "locketd::scheduler", lock = %key,
+                            "scheduler lock key gone (expired, or Redis restarted): taking it again");
                         self.held = None;
                     }
                     Err(e) => {
@@ -290,7 +308,11 @@ impl Scheduler {
         if self.held.is_none() && now >= self.next_acquire {
             self.next_acquire = now + Duration::from_secs(1);
             let started = Instant::now();
-            match st::lock_acquire(conn, &key, &self.value, secs).await {
+            let got = st::lock_acquire(conn, &key, &self.value, secs).await;
+            if got.is_ok() {
+                self.answered();
+            }
+            match got {
                 Ok(true) => {
                     info!(target: "locketd::scheduler", lock = %key, value = %self.value,
                         "scheduler lock taken: this daemon delivers and fires schedules");

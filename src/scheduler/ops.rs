@@ -86,7 +86,7 @@ pub async fn delayed_counts<C: ConnectionLike + Send>(
             p.cmd("LLEN").arg(keys.delayed_bucket(m));
         }
         // A bucket of another type answers WRONGTYPE: counted as 0.
-        let lens: Vec<redis::Value> = p.query_async(conn).await.unwrap_or_default();
+        let lens: Vec<redis::Value> = p.ignore_errors().query_async(conn).await?;
         out.due_items = lens
             .iter()
             .map(|v| match v {

@@ -140,13 +140,24 @@ pub async fn lock_acquire<C: ConnectionLike + Send>(
     Ok(r.is_some())
 }
 
-/// Renews the lock if it is still ours (compare-and-expire). True when renewed.
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// The key was ours: its TTL is reset.
+    Ours,
+    /// Another value holds the key.
+    Other,
+    /// There is no key (it expired, or Redis restarted without it).
+    Gone,
+}
+
+/// Renews the lock if it is still ours (compare-and-expire).
 pub async fn lock_renew<C: ConnectionLike + Send>(
     conn: &mut C,
     key: &str,
     value: &str,
     ttl_secs: u64,
-) -> RedisResult<bool> {
+) -> RedisResult<Renewed> {
     let n: i64 = scripts()
         .sched_lock
         .key(key)
@@ -155,7 +166,11 @@ pub async fn lock_renew<C: ConnectionLike + Send>(
         .arg(ttl_secs.max(1))
         .invoke_async(conn)
         .await?;
-    Ok(n == 1)
+    Ok(match n {
+        1 => Renewed::Ours,
+        0 => Renewed::Other,
+        _ => Renewed::Gone,
+    })
 }
 
 /// Releases the lock if it is ours (compare-and-delete). True when deleted.

@@ -6,9 +6,12 @@
 -- ARGV[2]  our value, locketd-<host>:<pid>
 -- ARGV[3]  TTL in seconds (renew)
 --
--- Returns 1 when the key was ours (and was renewed or deleted), else 0.
+-- Returns 1 when the key was ours (and was renewed or deleted), 0 when another value holds
+-- it, -1 when there is no key (it expired, or Redis restarted without it).
 
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not v then return -1 end
+if v ~= ARGV[2] then return 0 end
 if ARGV[1] == 'renew' then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 else
