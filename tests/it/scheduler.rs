@@ -757,3 +757,35 @@ fn a_scheduler_that_loses_its_lock_stops_delivering() {
         || queue(&mut r, "q").len() == 1,
     );
 }
+
+/// SC-10: `locketd check-config` names the schedule and its bad cron, duration or zone.
+#[test]
+fn check_config_names_a_bad_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    for (table, want) in [
+        ("cron = \"0 0 30 2 MON-\"", "schedule.\"bad\": invalid cron"),
+        (
+            "every = \"5 parsecs\"",
+            "schedule.\"bad\": invalid duration",
+        ),
+        (
+            "cron = \"@daily\"\ntz = \"Atlantis/Capital\"",
+            "schedule.\"bad\": unknown time zone",
+        ),
+    ] {
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            format!("queues = \"q\"\n[schedule.bad]\nclass = \"C\"\nqueue = \"q\"\n{table}\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{err}");
+        assert!(err.contains(want), "{table}: {err}");
+    }
+}
