@@ -343,6 +343,7 @@ fn every_ticks_fire_once_across_the_fleet_with_kills() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
+    let mut kills = 0;
     for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(3));
         let holder: Option<String> = r.cmd(&["GET", LOCK]);
@@ -352,6 +353,7 @@ fn every_ticks_fire_once_across_the_fleet_with_kills() {
                 .position(|d| h.ends_with(&format!(":{}", d.pid())))
             {
                 let mut d = daemons.remove(i);
+                kills += 1;
                 d.kill_master_and_workers();
                 logs.push_str(&d.log());
                 d.kill();
@@ -366,6 +368,7 @@ fn every_ticks_fire_once_across_the_fleet_with_kills() {
         logs.push_str(&d.log());
     }
     let ticks = fired_ticks(&logs);
+    eprintln!("{} ticks fired, {kills} holders SIGKILLed", ticks.len());
     let mut seen = BTreeMap::new();
     for t in &ticks {
         *seen.entry(*t).or_insert(0) += 1;
