@@ -60,6 +60,7 @@ pub mod ops;
 pub mod process;
 pub mod proctitle;
 pub mod resque;
+pub mod scheduler;
 pub mod service;
 pub mod store;
 pub mod watchdog;

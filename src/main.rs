@@ -86,7 +86,7 @@ enum Command {
     },
     /// List, show, retry, remove or clear Resque failures (as resque-web does).
     Failed(locketd::ops::failed::FailedArgs),
-    /// Operator commands: enqueue, locks, counters, holds, delayed, stats (src/admin/).
+    /// Operator commands: enqueue, locks, counters, holds, delayed, stats, schedule (src/admin/).
     #[command(flatten)]
     Admin(locketd::admin::AdminCommand),
 }

@@ -30,6 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the connection", &["conn"]),
     ("configuration", &["config"]),
     ("the Redis-side state machine", &["store"]),
+    ("the scheduler", &["scheduler"]),
     ("handlers", &["handler"]),
     ("the worker", &["worker"]),
     ("operator reads", &["ops"]),

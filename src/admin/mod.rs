@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 mod read;
+mod schedule;
 pub use read::{
     now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
     Listing,
@@ -63,6 +64,30 @@ pub enum AdminCommand {
     Delayed(DelayedArgs),
     /// Locket event totals and recent per-minute counts.
     Stats(StatsArgs),
+    /// The [schedule.*] tables: next fire, last enqueue, the scheduler lock's holder;
+    /// `schedule run NAME` enqueues one tick now.
+    Schedule(ScheduleArgs),
+}
+
+/// `locketd schedule [run NAME]`.
+#[derive(Args, Debug, Clone)]
+pub struct ScheduleArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub action: Option<ScheduleAction>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `locketd schedule run`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum ScheduleAction {
+    /// Enqueue one tick of a schedule now (not recorded as a tick: the next one still fires).
+    Run {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// `locketd enqueue QUEUE CLASS [ARG_JSON...]`.
@@ -79,6 +104,13 @@ pub struct EnqueueArgs {
     /// Print the ENQUEUE Lua script (for clients in other languages) and exit.
     #[arg(long)]
     pub print_script: bool,
+    /// Deliver at this time (Unix seconds or RFC 3339, e.g. 2026-11-25T10:00:00Z) through
+    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2).
+    #[arg(long, value_name = "TIME", conflicts_with = "in_")]
+    pub at: Option<String>,
+    /// Deliver after this long ("300", "5m", "1h"), as `Resque.enqueue_in` does.
+    #[arg(long = "in", id = "in_", value_name = "DURATION")]
+    pub in_: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -219,6 +251,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Holds(h) => a.holds(h).await,
             AdminCommand::Delayed(d) => a.delayed(d).await,
             AdminCommand::Stats(s) => a.stats(s).await,
+            AdminCommand::Schedule(s) => a.schedule(s, config).await,
         }
     })
 }
@@ -278,6 +311,12 @@ impl Admin {
         let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
             bail!("enqueue needs QUEUE and CLASS");
         };
+        if let Some(ts) = schedule::delayed_at(a)? {
+            if ts > crate::scheduler::unix_now() {
+                return self.enqueue_delayed(a, queue, class, ts).await;
+            }
+            // enqueue_at with a time not in the future pushes at once (SC-2).
+        }
         let mut client = Client::with_connection(self.conn.clone(), config)?;
         let done = client.enqueue_json(queue, class, &a.args).await?;
         if a.json {

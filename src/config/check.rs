@@ -230,6 +230,18 @@ impl Config {
             }
         }
         self.check_handlers(&mut warnings)?;
+        self.schedules()?;
+        if self.scheduler.lock_ttl.get() < Duration::from_secs(2) {
+            return Err(invalid("scheduler.lock_ttl", "is below 2s"));
+        }
+        if self
+            .scheduler
+            .lock_key
+            .as_deref()
+            .is_some_and(str::is_empty)
+        {
+            return Err(invalid("scheduler.lock_key", "must be non-empty"));
+        }
         plans::Plans::compile(self)?;
         if self.classes.is_empty() {
             warnings.push(
@@ -242,6 +254,21 @@ impl Config {
 }
 
 impl Config {
+    /// The `[schedule.<name>]` tables compiled (SC-10, SC-11); the error names the schedule
+    /// and what is wrong with it (a bad cron, duration or zone).
+    pub fn schedules(&self) -> Result<Vec<super::Schedule>, ConfigError> {
+        self.schedule
+            .iter()
+            .map(|(name, c)| {
+                if name.is_empty() {
+                    return Err(invalid("schedule", "a schedule name is empty"));
+                }
+                super::Schedule::compile(name, c)
+                    .map_err(|e| invalid(&format!("schedule.{name:?}"), e))
+            })
+            .collect()
+    }
+
     /// The `[handlers]` tables (H-2): a command each; persistent limits in range.
     fn check_handlers(&self, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
         for (name, h) in &self.handlers {

@@ -12,6 +12,7 @@ use std::time::Duration;
 mod check;
 mod handlers;
 pub mod plans;
+pub mod schedule;
 
 pub use handlers::{parse_bytes, Bytes, HandlerConfig, HandlerMode};
 
@@ -280,6 +281,12 @@ pub struct Config {
     /// (`mode = "persistent"`, persistent-handlers.md).
     #[serde(default)]
     pub handlers: BTreeMap<String, HandlerConfig>,
+    /// The scheduler (scheduler-protocol.md §3): delayed delivery and recurring schedules.
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// Recurring schedules, `[schedule.<name>]` (SC-10).
+    #[serde(default)]
+    pub schedule: BTreeMap<String, ScheduleConfig>,
 }
 
 /// The `[locket]` table (locking-semantics.md §3).
@@ -479,6 +486,7 @@ pub struct ClassConfig {
 
 pub use crate::locks::Policy;
 pub use plans::{HoldEntry, LockEntry, LockSetting};
+pub use schedule::{Schedule, ScheduleConfig, SchedulerConfig};
 
 fn default_redis() -> String {
     "redis://127.0.0.1:6379/0".to_string()
@@ -495,7 +503,7 @@ fn default_log_level() -> String {
 fn default_max_payload() -> usize {
     8 * 1024 * 1024
 }
-fn yes() -> bool {
+pub(crate) fn yes() -> bool {
     true
 }
 fn three() -> u32 {
@@ -565,6 +573,8 @@ impl Default for Config {
             locket: Locket::default(),
             classes: BTreeMap::new(),
             handlers: BTreeMap::new(),
+            scheduler: SchedulerConfig::default(),
+            schedule: BTreeMap::new(),
         }
     }
 }
@@ -711,6 +721,20 @@ mod tests {
             ("log_level = \"locketd=lots\"", "log_level"),
             ("[classes.\"A\"]\ncommand = []", "command"),
             ("namespace = \"\"", "namespace"),
+            // check-config names the schedule and the bad cron, duration or zone (SC-10).
+            (
+                "[schedule.nightly]\nclass = \"C\"\nqueue = \"q\"\ncron = \"0 25 * * *\"",
+                "schedule.\"nightly\": invalid cron \"0 25 * * *\"",
+            ),
+            (
+                "[schedule.tick]\nclass = \"C\"\nqueue = \"q\"\nevery = \"5 minutes\"",
+                "schedule.\"tick\": invalid duration \"5 minutes\"",
+            ),
+            (
+                "[schedule.b]\nclass = \"C\"\nqueue = \"q\"\ncron = \"@daily\"\ntz = \"Europe/Berlim\"",
+                "schedule.\"b\": unknown time zone \"Europe/Berlim\"",
+            ),
+            ("[scheduler]\nlock_ttl = \"1s\"", "scheduler.lock_ttl"),
         ];
         for (text, setting) in cases {
             let c = cfg(&format!("queues = \"q\"\n{text}"));

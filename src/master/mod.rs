@@ -127,6 +127,8 @@ pub struct Master {
     sidecars: Option<Sidecars>,
     /// Recoveries of dead workers still running: the master waits for them before it exits.
     recoveries: Vec<tokio::task::JoinHandle<()>>,
+    /// The scheduler task (SC-8: only the master runs it), once started.
+    scheduler: Option<crate::scheduler::Handle>,
 }
 
 impl Master {
@@ -156,6 +158,7 @@ impl Master {
             slots_per_worker: Arc::new(AtomicU64::new(1)),
             sidecars: None,
             recoveries: Vec::new(),
+            scheduler: None,
         })
     }
 
@@ -203,7 +206,16 @@ impl Master {
                 return Ok(exit);
             }
         };
+        self.scheduler = Some(crate::scheduler::spawn(
+            &self.current.config,
+            self.stop_token.clone(),
+        ));
         let exit = self.supervise(&mut signals).await;
+        // The stop token was cancelled by the stop signal: the scheduler releases its lock.
+        self.stop_token.cancel();
+        if let Some(s) = self.scheduler.take() {
+            s.join().await;
+        }
         self.finish_recoveries().await;
         if let Some(sidecars) = self.sidecars.take() {
             sidecars.stop().await;
@@ -424,6 +436,9 @@ impl Master {
                     workers = loaded.config.workers,
                     "HUP: config reloaded; replacing workers gracefully"
                 );
+                if let Some(s) = &self.scheduler {
+                    s.reload(&loaded.config);
+                }
                 self.current = loaded;
                 self.generation += 1;
                 self.backoff.clear();

@@ -51,6 +51,8 @@ pub struct Status {
     pub queues: Vec<QueueStatus>,
     /// Registered workers, locketd's and other Resque implementations', by id.
     pub workers: Vec<WorkerStatus>,
+    /// resque-scheduler's delayed queue: scheduled, due, oldest overdue, items kept back.
+    pub delayed: crate::scheduler::ops::DelayedCounts,
 }
 
 /// One queue.
@@ -212,7 +214,12 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         .query_async(conn)
         .await?;
 
+    let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
+        .await
+        .unwrap_or_default();
+
     Ok(Status {
+        delayed,
         redis: crate::conn::redact(&config.redis),
         namespace: config.namespace.clone(),
         now,
@@ -399,6 +406,23 @@ impl Status {
             if parked > 0 { format!("  PARKED {parked} (see JOB)") } else { String::new() },
             if self.paused { "  PAUSED (pause-all-workers is set)" } else { "" }
         );
+        let d = &self.delayed;
+        let _ = writeln!(
+            out,
+            "delayed (resque-scheduler): {} timestamps scheduled, {} due ({} items), oldest overdue {}s{}",
+            d.timestamps,
+            d.due_timestamps,
+            d.due_items,
+            d.oldest_overdue_secs,
+            if d.kept.is_empty() {
+                String::new()
+            } else {
+                format!("  KEPT BACK {}", d.kept.len())
+            }
+        );
+        for (what, why) in d.kept.iter().take(10) {
+            let _ = writeln!(out, "  kept back: {what}: {why}");
+        }
         out.push('\n');
         if self.queues.is_empty() {
             out.push_str("no queues known\n");

@@ -39,6 +39,41 @@ impl Keys {
         format!("{}:{key}", self.ns)
     }
 
+    /// `<ns>:delayed_queue_schedule`: resque-scheduler's ZSET of due timestamps (SC-1).
+    pub fn delayed_schedule(&self) -> String {
+        self.resque("delayed_queue_schedule")
+    }
+    /// `<ns>:delayed:<ts>`: resque-scheduler's list of the items due at `ts`.
+    pub fn delayed_bucket(&self, ts: &str) -> String {
+        self.resque(&format!("delayed:{ts}"))
+    }
+    /// `<ns>:timestamps:<item>`: the buckets (`delayed:<ts>`) holding an item.
+    pub fn delayed_index(&self, item: &str) -> String {
+        self.resque(&format!("timestamps:{item}"))
+    }
+    /// `<ns>:delayed:last_enqueued_at`: schedule name → last enqueue (Ruby `Time#to_s`).
+    pub fn last_enqueued_at(&self) -> String {
+        self.resque("delayed:last_enqueued_at")
+    }
+    /// `<ns>:persistent_schedules`: schedule name → its JSON config (SC-14).
+    pub fn persistent_schedules(&self) -> String {
+        self.resque("persistent_schedules")
+    }
+    /// `<ns>:schedules_changed`: names of changed schedules (SC-14).
+    pub fn schedules_changed(&self) -> String {
+        self.resque("schedules_changed")
+    }
+    /// `<ns>:locket:schedule:last`: schedule name → the last tick fired (SC-12).
+    pub fn schedule_last(&self) -> String {
+        self.locket("schedule:last")
+    }
+
+    /// `<ns>:locket:scheduler:problems`: JSON of the delayed items the scheduler keeps back
+    /// and why (SC-5), for `status`; expires unless refreshed.
+    pub fn scheduler_problems(&self) -> String {
+        self.locket("scheduler:problems")
+    }
+
     /// `<ns>:queues`: the set of known queue names.
     pub fn queues(&self) -> String {
         self.resque("queues")

@@ -46,6 +46,8 @@ pub struct RedisGauges {
     pub failed: u64,
     /// `SCARD workers`.
     pub workers_registered: u64,
+    /// resque-scheduler's delayed queue (SC-3 readers' numbers).
+    pub delayed: crate::scheduler::ops::DelayedCounts,
 }
 
 /// Reads the scrape-time gauges (bounded: a handful of commands plus two per queue).
@@ -98,7 +100,11 @@ async fn read_redis_inner(
             .scard(k.workers())
             .query_async(conn)
             .await?;
+    let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
+        .await
+        .unwrap_or_default();
     Ok(RedisGauges {
+        delayed,
         up: true,
         queues: names
             .into_iter()
@@ -409,6 +415,31 @@ impl Collector for Scrape {
                     .iter()
                     .map(|(q, _, c)| (l(&[("queue", q)]), as_i64(*c)))
                     .collect::<Vec<_>>(),
+            )?;
+            let d = &r.delayed;
+            gauge_family(
+                &mut enc,
+                "locketd_delayed_timestamps",
+                "resque-scheduler timestamps scheduled (ZCARD delayed_queue_schedule).",
+                &[(Vec::new(), as_i64(d.timestamps))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_delayed_due_items",
+                "resque-scheduler delayed items due now and not delivered yet.",
+                &[(Vec::new(), as_i64(d.due_items))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_delayed_oldest_overdue_seconds",
+                "Age of the oldest due resque-scheduler timestamp (0: none due).",
+                &[(Vec::new(), as_i64(d.oldest_overdue_secs))],
+            )?;
+            gauge_family(
+                &mut enc,
+                "locketd_delayed_kept_items",
+                "Delayed items the scheduler keeps back (no usable queue, wrong-typed key).",
+                &[(Vec::new(), d.kept.len() as i64)],
             )?;
             gauge_family(
                 &mut enc,

@@ -9,6 +9,7 @@ pub mod batch;
 mod finish;
 pub mod registry;
 mod reserve;
+pub mod schedule;
 pub mod scripts;
 mod upkeep;
 

@@ -99,6 +99,12 @@ pub struct Scripts {
     pub finish_reserve: Script,
     /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
     pub batch: Script,
+    /// Deliver one batch of a due resque-scheduler timestamp (SC-4, SC-5).
+    pub deliver: Script,
+    /// Fire one tick of a recurring schedule (SC-12).
+    pub fire: Script,
+    /// Renew or release the scheduler's master lock (SC-8).
+    pub sched_lock: Script,
 }
 
 /// The scripts, compiled (hashed) on first use.
@@ -122,11 +128,14 @@ pub fn scripts() -> &'static Scripts {
         park: Script::new(script!("park.lua")),
         finish_reserve: Script::new(&combined("finish_reserve_part")),
         batch: Script::new(&combined("batch_part")),
+        deliver: Script::new(script!("deliver.lua")),
+        fire: Script::new(script!("fire.lua")),
+        sched_lock: Script::new(script!("sched_lock.lua")),
     })
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 17] {
+pub fn sources() -> [(&'static str, &'static str); 20] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -145,6 +154,9 @@ pub fn sources() -> [(&'static str, &'static str); 17] {
         ("park.lua", script!("park.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
+        ("deliver.lua", script!("deliver.lua")),
+        ("fire.lua", script!("fire.lua")),
+        ("sched_lock.lua", script!("sched_lock.lua")),
     ]
 }
 

@@ -22,6 +22,7 @@ mod policies;
 mod redis_url;
 mod refusals;
 mod s6_sweep;
+mod scheduler;
 mod service;
 mod stalled_log;
 mod stories;

@@ -8,6 +8,7 @@
 //! cargo run --release --bin locketd-bench -- ruby             # Ruby adapter vs Sidekiq (bench/README.md)
 //! ```
 
+mod delayed;
 mod persistent;
 mod procs;
 mod scenarios;
@@ -46,6 +47,8 @@ enum Scenario {
     Python,
     /// p50 enqueue-to-start latency of a persistent handler's `Probe` vs the `probe` builtin.
     HandlerLatency,
+    /// resque-scheduler delayed items (100,000 over 1,000 timestamps) delivered by the scheduler.
+    Delayed,
     /// Everything above, then one Markdown table against the issue's targets (ruby, python and
     /// handler-latency only when their interpreters are installed).
     All,
@@ -544,6 +547,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::Ruby => persistent::scenario_ruby(&opts, &exe, &mut rows)?,
         Scenario::Python => persistent::scenario_python(&opts, &exe, &mut rows)?,
         Scenario::HandlerLatency => persistent::scenario_handler_latency(&opts, &exe, &mut rows)?,
+        Scenario::Delayed => delayed::scenario_delayed(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,
@@ -578,6 +582,9 @@ fn run(opts: Opts) -> Result<()> {
             })?;
             attempt("peers", &mut rows, |r| {
                 scenario_peers(&with(Some(1), None), &exe, r)
+            })?;
+            attempt("delayed", &mut rows, |r| {
+                delayed::scenario_delayed(&with(Some(1), None), &exe, r)
             })?;
             if persistent::ruby_installed() {
                 attempt("ruby --workers 2", &mut rows, |r| {

@@ -1,0 +1,480 @@
+//! The scheduler (scheduler-protocol.md): run by the master only (SC-8), it holds the gem's
+//! master lock (SC-6 … SC-9), delivers resque-scheduler's due delayed items (SC-4, SC-5) and
+//! fires the `[schedule.<name>]` tables (SC-10 … SC-14), only while it holds the lock.
+//!
+//! Its cost when nothing is due: one `ZRANGEBYSCORE … LIMIT` a second and a lock renewal
+//! every few seconds (a standby: one `SET NX` a second).
+
+pub mod deliver;
+pub mod ops;
+
+use crate::config::{Config, Schedule};
+use crate::resque::keys::Keys;
+use crate::store::schedule as st;
+use redis::aio::ConnectionManager;
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// A tick this young is fired even with `misfire_grace = 0`: it is on time, not missed.
+const ON_TIME: i64 = 5;
+
+/// The value locketd writes into the lock key: never a Ruby process's `<host>:<pid>` (SC-8).
+pub fn lock_value() -> String {
+    format!("locketd-{}:{}", crate::host::hostname(), std::process::id())
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The work payload of a schedule's job: `{"class":…,"args":…}`.
+pub fn payload(s: &Schedule) -> String {
+    format!(
+        "{{\"class\":{},\"args\":{}}}",
+        serde_json::Value::String(s.class.clone()),
+        s.args_json
+    )
+}
+
+/// The running scheduler task: give it new configs (HUP), stop it with the master's token.
+pub struct Handle {
+    tx: watch::Sender<Config>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl Handle {
+    /// A reloaded config: its schedules, lock settings and `enabled` take effect at once.
+    pub fn reload(&self, config: &Config) {
+        let _ = self.tx.send(config.clone());
+    }
+
+    /// Waits until the task released its lock and ended (after `stop` was cancelled).
+    pub async fn join(self) {
+        let _ = self.join.await;
+    }
+}
+
+/// Starts the scheduler task; it ends (releasing its lock) when `stop` is cancelled.
+pub fn spawn(config: &Config, stop: CancellationToken) -> Handle {
+    let (tx, rx) = watch::channel(config.clone());
+    let join = tokio::spawn(async move {
+        let mut s = Scheduler::new(rx, stop);
+        s.run().await;
+    });
+    Handle { tx, join }
+}
+
+struct Held {
+    /// Past this instant the lock may have expired: stop delivering (SC-9).
+    deadline: Instant,
+    next_renew: Instant,
+}
+
+struct Scheduler {
+    rx: watch::Receiver<Config>,
+    stop: CancellationToken,
+    config: Config,
+    schedules: Vec<Schedule>,
+    conn: Option<(String, ConnectionManager)>,
+    value: String,
+    held: Option<Held>,
+    next_acquire: Instant,
+    /// Per schedule: the next tick to fire.
+    next: HashMap<String, i64>,
+    delivery: deliver::State,
+    last_error: Option<(String, Instant)>,
+    /// A new config arrived (HUP) and is not applied yet.
+    reload_pending: bool,
+    /// The next read of the delayed queue (just after the next whole second).
+    next_poll: Instant,
+}
+
+impl Scheduler {
+    fn new(rx: watch::Receiver<Config>, stop: CancellationToken) -> Scheduler {
+        let config = rx.borrow().clone();
+        let schedules = config.schedules().unwrap_or_default();
+        Scheduler {
+            rx,
+            stop,
+            config,
+            schedules,
+            conn: None,
+            value: lock_value(),
+            held: None,
+            next_acquire: Instant::now(),
+            next: HashMap::new(),
+            delivery: deliver::State::default(),
+            last_error: None,
+            reload_pending: false,
+            next_poll: Instant::now(),
+        }
+    }
+
+    fn keys(&self) -> Keys {
+        Keys::new(&self.config.namespace)
+    }
+
+    fn lock_key(&self) -> String {
+        self.config.scheduler.lock_key(&self.config.namespace)
+    }
+
+    fn ttl(&self) -> Duration {
+        self.config.scheduler.lock_ttl.get()
+    }
+
+    /// Logs a Redis error: one line per outage (then at most one a minute while it lasts),
+    /// not one per retry.
+    fn error(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        let text = format!("{what}: {e}");
+        let repeat = self
+            .last_error
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(60));
+        if !repeat {
+            warn!(target: "locketd::scheduler", "{text}; retrying every second");
+            self.last_error = Some((text, Instant::now()));
+        } else {
+            debug!(target: "locketd::scheduler", "{text}");
+        }
+    }
+
+    /// Redis answered the lock's command: an outage logged by `error` is over.
+    fn answered(&mut self) {
+        if self.last_error.take().is_some() {
+            info!(target: "locketd::scheduler", "Redis answers the scheduler again");
+        }
+    }
+
+    async fn connection(&mut self) -> Option<ConnectionManager> {
+        let url = self.config.redis.clone();
+        if let Some((u, c)) = &self.conn {
+            if *u == url {
+                return Some(c.clone());
+            }
+        }
+        match crate::conn::connect(&url, Duration::from_secs(5)).await {
+            Ok(c) => {
+                self.conn = Some((url, c.clone()));
+                Some(c)
+            }
+            Err(e) => {
+                self.error("scheduler: connecting to Redis", &e);
+                None
+            }
+        }
+    }
+
+    async fn run(&mut self) {
+        info!(target: "locketd::scheduler", enabled = self.config.scheduler.enabled,
+            schedules = self.schedules.len(), lock = %self.lock_key(), "scheduler started");
+        loop {
+            if self.stop.is_cancelled() {
+                break;
+            }
+            if std::mem::take(&mut self.reload_pending) || self.rx.has_changed().unwrap_or(false) {
+                self.reload().await;
+            }
+            if self.config.scheduler.enabled {
+                self.step().await;
+            } else if self.held.is_some() {
+                self.release().await;
+            }
+            let wake = self.wake_at();
+            tokio::select! {
+                _ = self.stop.cancelled() => break,
+                r = self.rx.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                    self.reload_pending = true;
+                }
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+        self.release().await;
+        info!(target: "locketd::scheduler", "scheduler stopped");
+    }
+
+    async fn reload(&mut self) {
+        let new = self.rx.borrow_and_update().clone();
+        let lock_moved = new.scheduler.lock_key(&new.namespace) != self.lock_key()
+            || new.redis != self.config.redis;
+        if lock_moved {
+            self.release().await;
+        }
+        self.config = new;
+        match self.config.schedules() {
+            Ok(s) => self.schedules = s,
+            Err(e) => warn!(target: "locketd::scheduler", error = %e, "HUP: schedules kept"),
+        }
+        self.next.clear();
+        info!(target: "locketd::scheduler", schedules = self.schedules.len(),
+            enabled = self.config.scheduler.enabled, "HUP: schedules reloaded");
+        if self.held.is_some() {
+            self.on_became_master().await;
+        }
+    }
+
+    /// The next instant to look: the next whole second (a due item waits at most that long),
+    /// earlier for a renewal.
+    fn wake_at(&self) -> Instant {
+        let mut wake = Instant::now() + to_next_second();
+        if let Some(h) = &self.held {
+            wake = wake.min(h.next_renew.max(Instant::now()));
+        }
+        wake
+    }
+
+    async fn step(&mut self) {
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        self.keep_lock(&mut conn).await;
+        if self.held.is_none() {
+            return;
+        }
+        // A wake-up for a renewal only renews: the delayed queue is read once a second.
+        if Instant::now() + Duration::from_millis(100) < self.next_poll {
+            return;
+        }
+        self.next_poll = Instant::now() + to_next_second();
+        let keys = self.keys();
+        // A long drain stops for the next renewal (SC-8) and goes on after it.
+        let until = self
+            .held
+            .as_ref()
+            .map_or_else(Instant::now, |h| h.deadline.min(h.next_renew));
+        if let Err(e) = self.delivery.pass(&mut conn, &keys, until).await {
+            self.error("scheduler: delivering delayed items", &e);
+        }
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| Instant::now() < h.deadline)
+        {
+            self.fire_due(&mut conn).await;
+        }
+    }
+
+    /// SC-8, SC-9: take the lock when free, renew it well inside its TTL, and give it up
+    /// locally once a renewal has not succeeded for two thirds of the TTL.
+    async fn keep_lock(&mut self, conn: &mut ConnectionManager) {
+        let key = self.lock_key();
+        let ttl = self.ttl();
+        let secs = ttl.as_secs().max(1);
+        let now = Instant::now();
+        if let Some(h) = &self.held {
+            if now >= h.deadline {
+                warn!(target: "locketd::scheduler", lock = %key,
+                    "scheduler lock not renewed in time: stopped delivering and firing (SC-9)");
+                self.held = None;
+            } else if now >= h.next_renew {
+                let started = Instant::now();
+                match st::lock_renew(conn, &key, &self.value, secs).await {
+                    Ok(st::Renewed::Ours) => {
+                        self.answered();
+                        self.held = Some(Held {
+                            deadline: started + ttl * 2 / 3,
+                            next_renew: started + renew_every(ttl),
+                        })
+                    }
+                    Ok(st::Renewed::Other) => {
+                        self.answered();
+                        warn!(target: "locketd::scheduler", lock = %key,
+                            "scheduler lock lost to another holder: now a standby");
+                        self.held = None;
+                    }
+                    Ok(st::Renewed::Gone) => {
+                        self.answered();
+                        info!(target: "locketd::scheduler", lock = %key,
+                            "scheduler lock key gone (expired, or Redis restarted): taking it again");
+                        self.held = None;
+                    }
+                    Err(e) => {
+                        self.error("scheduler: renewing the lock", &e);
+                        if let Some(h) = self.held.as_mut() {
+                            h.next_renew = Instant::now() + Duration::from_millis(500);
+                        }
+                    }
+                }
+            }
+        }
+        if self.held.is_none() && now >= self.next_acquire {
+            self.next_acquire = now + Duration::from_secs(1);
+            let started = Instant::now();
+            let got = st::lock_acquire(conn, &key, &self.value, secs).await;
+            if got.is_ok() {
+                self.answered();
+            }
+            match got {
+                Ok(true) => {
+                    info!(target: "locketd::scheduler", lock = %key, value = %self.value,
+                        "scheduler lock taken: this daemon delivers and fires schedules");
+                    self.held = Some(Held {
+                        deadline: started + ttl * 2 / 3,
+                        next_renew: started + renew_every(ttl),
+                    });
+                    self.next.clear();
+                    self.on_became_master().await;
+                }
+                Ok(false) => {
+                    debug!(target: "locketd::scheduler", lock = %key, "lock held elsewhere")
+                }
+                Err(e) => self.error("scheduler: taking the lock", &e),
+            }
+        }
+    }
+
+    async fn release(&mut self) {
+        if self.held.take().is_none() {
+            return;
+        }
+        let key = self.lock_key();
+        if let Some((_, mut c)) = self.conn.clone() {
+            match tokio::time::timeout(
+                Duration::from_secs(3),
+                st::lock_release(&mut c, &key, &self.value),
+            )
+            .await
+            {
+                Ok(Ok(true)) => {
+                    info!(target: "locketd::scheduler", lock = %key, "scheduler lock released")
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    warn!(target: "locketd::scheduler", error = %e, "releasing the scheduler lock")
+                }
+                Err(_) => {
+                    warn!(target: "locketd::scheduler", "releasing the scheduler lock: timed out")
+                }
+            }
+        }
+    }
+
+    /// On taking the lock (or a reload while holding it): publish (SC-14), then fire each
+    /// schedule's latest tick if younger than `misfire_grace` (SC-13) and plan the next.
+    async fn on_became_master(&mut self) {
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        if self.config.scheduler.publish {
+            if let Err(e) = ops::publish(&mut conn, &self.keys(), &self.schedules).await {
+                self.error("scheduler: publishing schedules", &e);
+            }
+        }
+        let now = unix_now();
+        let grace = self.grace();
+        for s in self.schedules.clone() {
+            if let Some(prev) = s.prev_tick(now) {
+                if now - prev <= grace {
+                    let _ = self.fire(&mut conn, &s, prev).await;
+                } else {
+                    debug!(target: "locketd::scheduler", schedule = %s.name, tick = prev,
+                        "the latest tick is older than misfire_grace: not fired");
+                }
+            }
+            if let Some(n) = s.next_tick(now) {
+                self.next.insert(s.name.clone(), n);
+            }
+        }
+    }
+
+    fn grace(&self) -> i64 {
+        (self.config.scheduler.misfire_grace.get().as_secs() as i64).max(ON_TIME)
+    }
+
+    async fn fire_due(&mut self, conn: &mut ConnectionManager) {
+        let now = unix_now();
+        let grace = self.grace();
+        for s in self.schedules.clone() {
+            let next = match self.next.get(&s.name) {
+                Some(n) => *n,
+                None => match s.next_tick(now) {
+                    Some(n) => {
+                        self.next.insert(s.name.clone(), n);
+                        n
+                    }
+                    None => continue,
+                },
+            };
+            if next > now {
+                continue;
+            }
+            // The most recent tick that is due: one fire, never a burst (SC-13).
+            let tick = s.prev_tick(now).unwrap_or(next).max(next);
+            if tick > next {
+                info!(target: "locketd::scheduler", schedule = %s.name, from = next, to = tick,
+                    "ticks missed (the scheduler was busy or paused): firing only the latest");
+            }
+            if now - tick <= grace {
+                if !self.fire(conn, &s, tick).await {
+                    // Redis did not answer: the tick is tried again at the next look, while
+                    // it is younger than the grace.
+                    continue;
+                }
+            } else {
+                warn!(target: "locketd::scheduler", schedule = %s.name, tick,
+                    "tick older than misfire_grace: skipped");
+            }
+            match s.next_tick(now) {
+                Some(n) => self.next.insert(s.name.clone(), n),
+                None => self.next.remove(&s.name),
+            };
+        }
+    }
+
+    /// Fires `tick` of `s`; false when Redis did not answer (a refusal is logged and counts
+    /// as done: it is not retried in a loop).
+    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> bool {
+        let keys = self.keys();
+        let stamp = crate::resque::time::started_at(SystemTime::now());
+        match st::fire(
+            conn,
+            &keys,
+            &s.name,
+            Some(tick),
+            &s.queue,
+            &payload(s),
+            &stamp,
+        )
+        .await
+        {
+            Ok(true) => {
+                info!(target: "locketd::scheduler", schedule = %s.name, tick,
+                    queue = %s.queue, class = %s.class, "schedule fired");
+                true
+            }
+            Ok(false) => {
+                debug!(target: "locketd::scheduler", schedule = %s.name, tick,
+                    "tick fired already");
+                true
+            }
+            Err(e) => {
+                self.error(&format!("scheduler: firing {:?}", s.name), &e);
+                // A refusal (a key of another type, S-6) is deterministic: not retried.
+                e.kind() != redis::ErrorKind::Io && !e.is_connection_dropped()
+            }
+        }
+    }
+}
+
+/// From now to just after the next whole second of the wall clock: an item due at second T is
+/// looked for a few milliseconds after T.
+fn to_next_second() -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos())) + Duration::from_millis(5)
+}
+
+/// How often a held lock is renewed: every sixth of its TTL, at most every 5 s (the gem's
+/// loop), at least every 250 ms.
+fn renew_every(ttl: Duration) -> Duration {
+    (ttl / 6).clamp(Duration::from_millis(250), Duration::from_secs(5))
+}
