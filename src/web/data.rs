@@ -75,7 +75,7 @@ pub async fn page<C: ConnectionLike + Send>(
         "holds",
         listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
     );
-    sections.insert("schedules", schedules(conn, &k).await?);
+    sections.insert("schedules", schedules(conn, config).await?);
     sections.insert("failures", failures(conn, config).await?);
     sections.insert("chart", chart(conn, &k, minutes).await?);
     Ok(PageData { status, sections })
@@ -101,7 +101,7 @@ pub async fn section<C: ConnectionLike + Send>(
         }
         "holds" => listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
         "delayed" => delayed(conn, &k).await?,
-        "schedules" => schedules(conn, &k).await?,
+        "schedules" => schedules(conn, config).await?,
         "failures" => failures(conn, config).await?,
         "chart" => chart(conn, &k, minutes).await?,
         _ => return Ok(None),
@@ -281,21 +281,63 @@ async fn delayed<C: ConnectionLike + Send>(conn: &mut C, k: &Keys) -> RedisResul
     }))
 }
 
-/// resque-scheduler's schedules: `persistent_schedules` (dynamic schedules, name → config),
-/// `delayed:last_enqueued_at` (name → last enqueue), and the holder of its master lock
-/// (`NS:NS:resque_scheduler_master_lock`, SC-6) with its TTL.
-async fn schedules<C: ConnectionLike + Send>(conn: &mut C, k: &Keys) -> RedisResult<Value> {
+/// The schedules: this daemon's `[schedule.<name>]` tables (`locketd schedule`'s rows, with
+/// their next tick, `source: "locketd"`), then resque-scheduler's `persistent_schedules`
+/// (dynamic schedules, name → config) and `delayed:last_enqueued_at` (name → last enqueue),
+/// and the holder of the scheduler's master lock (SC-6) with its TTL.
+async fn schedules<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+) -> crate::error::Result<Value> {
+    let k = Keys::new(&config.namespace);
+    let mut v = gem_schedules(conn, &k, &config.scheduler.lock_key(&config.namespace)).await?;
+    let own = crate::scheduler::ops::listing(conn, config, crate::scheduler::unix_now()).await?;
+    let mut rows: Vec<Value> = own
+        .schedules
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "source": "locketd",
+                "config": {"class": r.class, "queue": r.queue, "when": r.when},
+                "next": r.next,
+                "last_enqueued_at": r.last_enqueued_at,
+            })
+        })
+        .collect();
+    let names: std::collections::HashSet<&str> =
+        own.schedules.iter().map(|r| r.name.as_str()).collect();
+    rows.extend(
+        v["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| !names.contains(r["name"].as_str().unwrap_or_default()))
+            .cloned(),
+    );
+    rows.truncate(MAX_ROWS);
+    let gem_total = v["total"].as_u64().unwrap_or(0);
+    v["total"] = json!(gem_total.max(rows.len() as u64));
+    v["rows"] = Value::Array(rows);
+    Ok(v)
+}
+
+/// resque-scheduler's own schedule keys and the master lock `lock_key`.
+async fn gem_schedules<C: ConnectionLike + Send>(
+    conn: &mut C,
+    k: &Keys,
+    lock_key: &str,
+) -> RedisResult<Value> {
     let ns = k.ns();
     let (defs_key, last_key) = (
         format!("{ns}:persistent_schedules"),
         format!("{ns}:delayed:last_enqueued_at"),
     );
-    let lock_key = format!("{ns}:{ns}:resque_scheduler_master_lock");
     let (n_defs, n_last, holder, ttl): (u64, u64, Option<String>, i64) = redis::pipe()
         .hlen(&defs_key)
         .hlen(&last_key)
-        .get(&lock_key)
-        .ttl(&lock_key)
+        .get(lock_key)
+        .ttl(lock_key)
         .ignore_errors()
         .query_async(conn)
         .await

@@ -8,7 +8,7 @@
 //!   [`data::SECTIONS`], and `/api/page` (all of them at once, with the status line's totals
 //!   as `summary` instead of the whole, unbounded status).
 //! - `POST /api/locks/release`, `/api/counters/reset`, `/api/failures/retry`,
-//!   `/api/failures/remove`: off unless `http_admin_token` is set, then only with
+//!   `/api/failures/remove`, `/api/schedules/run`: off unless `http_admin_token` is set, then only with
 //!   `Authorization: Bearer <token>`; each logged at warn with what it changed.
 //!
 //! Every name from Redis reaches the HTML through [`escape::html`] (the script sets only
@@ -166,6 +166,7 @@ pub const ACTIONS: &[&str] = &[
     "/api/counters/reset",
     "/api/failures/retry",
     "/api/failures/remove",
+    "/api/schedules/run",
 ];
 
 /// Equal without telling by its time where the first difference is.
@@ -235,6 +236,20 @@ async fn act<C: ConnectionLike + Send>(
                     Response::json("200 OK", &json!({"lock_id": lock_id, "released": n}))
                 }
                 Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
+            }
+        }
+        "/api/schedules/run" => {
+            let Some(name) = s("name") else {
+                return Response::error("400 Bad Request", "name missing");
+            };
+            match crate::scheduler::ops::run_now(conn, config, &name).await {
+                Ok(true) => {
+                    warn!(target: LOG_TARGET, peer = %peer, schedule = %name,
+                          "web: schedule run now by an operator (one job enqueued)");
+                    Response::json("200 OK", &json!({"schedule": name, "enqueued": 1}))
+                }
+                Ok(false) => Response::error("404 Not Found", format!("no schedule {name:?}")),
+                Err(e) => Response::error("503 Service Unavailable", format!("{e}")),
             }
         }
         "/api/counters/reset" => {

@@ -84,8 +84,10 @@
     schedules: function (v) {
       return v.rows.map(function (r) {
         var c = r.config || {};
-        var when = c.cron ? "cron " + s(c.cron) : c.every ? "every " + s(c.every) : "";
-        return [r.name, when, s(c.class), s(c.queue), s(r.last_enqueued_at)];
+        var when = c.when ? s(c.when) : c.cron ? "cron " + s(c.cron) : c.every ? "every " + s(c.every) : "";
+        var run = actions && r.source === "locketd" ? button("run now", "/api/schedules/run", {name: r.name}) : "";
+        return [r.name, when, s(c.class), s(c.queue), typeof r.next === "number" ? at(r.next) : "-",
+                s(r.last_enqueued_at), run];
       });
     },
     failures: function (v) {

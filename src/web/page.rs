@@ -77,7 +77,15 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
         ),
         "schedules" => (
             "Schedules",
-            &["schedule", "when", "class", "queue", "last enqueued"],
+            &[
+                "schedule",
+                "when",
+                "class",
+                "queue",
+                "next",
+                "last enqueued",
+                "",
+            ],
         ),
         "failures" => (
             "Failures",
@@ -300,10 +308,22 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
             .iter()
             .map(|r| {
                 let c = &r["config"];
-                let when = if !c["cron"].is_null() {
+                let when = if !c["when"].is_null() {
+                    s(&c["when"])
+                } else if !c["cron"].is_null() {
                     format!("cron {}", s(&c["cron"]))
                 } else if !c["every"].is_null() {
                     format!("every {}", s(&c["every"]))
+                } else {
+                    String::new()
+                };
+                let next = r["next"].as_u64().map_or_else(|| "-".to_string(), at);
+                let run = if actions && r["source"] == "locketd" {
+                    button(
+                        "run now",
+                        "/api/schedules/run",
+                        &serde_json::json!({"name": r["name"]}),
+                    )
                 } else {
                     String::new()
                 };
@@ -312,7 +332,9 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                     html(&when),
                     t(&c["class"]),
                     t(&c["queue"]),
+                    html(&next),
                     t(&r["last_enqueued_at"]),
+                    run,
                 ]
             })
             .collect(),

@@ -465,7 +465,8 @@ fn the_api_and_the_page_show_a_known_state() {
 #[test]
 fn sections_appear_only_with_their_data() {
     let redis = RedisServer::start();
-    let (_d, addr) = daemon(&redis, "");
+    // Without its scheduler: the scheduler lock it would hold is data of the schedules section.
+    let (_d, addr) = daemon(&redis, "[scheduler]\nenabled = false");
     let (_, _, page) = http(&addr, "GET", "/", &[], "");
     for s in ["locks", "holds", "delayed", "schedules", "failures"] {
         assert!(
@@ -647,4 +648,54 @@ fn the_listener_binds_loopback_unless_told_otherwise() {
     let (code, _, page) = http(&addr, "GET", "/", &[], "");
     assert_eq!(code, 200);
     assert!(page.contains("<h1>locketd</h1>"));
+}
+
+/// The daemon's own `[schedule.<name>]` tables are listed with their next tick, and an
+/// operator with the token runs one now: one job enqueued, logged at warn; an unknown name is
+/// 404 and enqueues nothing.
+#[test]
+fn schedules_show_their_next_tick_and_run_now_with_the_token() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let tables = format!(
+        "http_admin_token = \"{TOKEN}\"\n[schedule.nightly]\ncron = \"0 3 * * *\"\nclass = \"Report\"\nqueue = \"low\"\nargs = [\"x\"]\n"
+    );
+    let (d, addr) = daemon(&redis, &tables);
+    let v = get_json(&addr, "/api/schedules");
+    let row = v["rows"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|x| x["name"] == "nightly"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no nightly row: {v}"));
+    assert_eq!(row["source"], "locketd", "{row}");
+    assert_eq!(row["config"]["class"], "Report", "{row}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let next = row["next"].as_u64().expect("a next tick");
+    assert!(next > now && next <= now + 86_400, "{row}");
+    let (_, _, page) = http(&addr, "GET", "/", &[], "");
+    assert!(page.contains("run now"), "the page offers the action");
+
+    let auth = format!("Bearer {TOKEN}");
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/schedules/run",
+        &[("Authorization", &auth)],
+        r#"{"name":"nope"}"#,
+    );
+    assert_eq!(code, 404, "{body}");
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/schedules/run",
+        &[("Authorization", &auth)],
+        r#"{"name":"nightly"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let jobs: Vec<String> = r.cmd(&["LRANGE", "resque:queue:low", "0", "-1"]);
+    assert_eq!(jobs, [r#"{"class":"Report","args":["x"]}"#]);
+    d.wait_for_log("web: schedule run now by an operator", SHORT);
 }
