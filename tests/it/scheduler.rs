@@ -378,7 +378,16 @@ fn every_ticks_fire_once_across_the_fleet_with_kills() {
         "a tick fired twice: {seen:?}"
     );
     let items = queue(&mut r, "ticks");
-    assert_eq!(items.len(), ticks.len());
+    // Every logged tick is in the queue. A holder SIGKILLed right after a tick's script ran
+    // may lose that tick's log line (its log queue dies with it), so the queue may hold up to
+    // one item per kill more than the logs show; a tick fired twice would show in the logs
+    // above, and fire.lua refuses any tick not later than the recorded one.
+    assert!(
+        items.len() >= ticks.len() && items.len() <= ticks.len() + kills,
+        "{} items, {} logged ticks, {kills} kills",
+        items.len(),
+        ticks.len()
+    );
     // Ticks due while the killed holder's key had not expired yet are lost, as the gem loses
     // them in a failover (SC-13): at most the latest one is fired on takeover.
     assert!(items.len() >= 4, "{} ticks", items.len());
