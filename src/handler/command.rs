@@ -29,11 +29,7 @@ impl CommandHandler {
         CommandHandler {
             argv: class.command.clone().unwrap_or_default(),
             dir: class.dir.clone(),
-            env: class
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: env_pairs(&class.env),
         }
     }
 
@@ -42,11 +38,7 @@ impl CommandHandler {
         CommandHandler {
             argv: table.command.clone(),
             dir: table.dir.clone(),
-            env: table
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: env_pairs(&table.env),
         }
     }
 
@@ -163,6 +155,11 @@ impl CommandHandler {
         }
         cmd
     }
+}
+
+/// A table's `env`, as the pairs a command sets.
+pub(super) fn env_pairs(env: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// A handler process's command: its argv, directory and environment without the daemon's own

@@ -161,11 +161,7 @@ impl PersistentHandler {
             name: name.to_string(),
             argv: table.command.clone(),
             dir: table.dir.clone(),
-            env: table
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: crate::handler::command::env_pairs(&table.env),
             boot_timeout: table.boot_timeout.get(),
             start_timeout: table.start_timeout.get(),
             max_jobs: table.max_jobs,
