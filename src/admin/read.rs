@@ -39,6 +39,31 @@ pub async fn now_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> 
 /// Lock ids read per pipeline.
 const CHUNK: usize = 200;
 
+/// The next page of at most [`CHUNK`] members of the index ZSET `key` from `*start` (moved past
+/// them), those starting with `prefix` kept; `None` past the index's end.
+async fn index_page<C: ConnectionLike + Send>(
+    conn: &mut C,
+    key: &str,
+    start: &mut usize,
+    prefix: Option<&str>,
+) -> RedisResult<Option<Vec<String>>> {
+    let page: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(*start)
+        .arg(*start + CHUNK - 1)
+        .query_async(conn)
+        .await?;
+    if page.is_empty() {
+        return Ok(None);
+    }
+    *start += page.len();
+    Ok(Some(
+        page.into_iter()
+            .filter(|m| prefix.is_none_or(|p| m.starts_with(p)))
+            .collect(),
+    ))
+}
+
 /// The locks with a live holder, in `locket:locks` order (earliest deadline first): per lock
 /// its holders (`locketd locks --json`) and the queues it made skip jobs (`blocked_queues`).
 /// At most `limit` locks; `prefix` keeps ids starting with it. One pipeline per 200 locks.
@@ -64,20 +89,9 @@ pub async fn read_locks<C: ConnectionLike + Send>(
     let mut matching = 0u64;
     let mut start = 0usize;
     while (start as u64) < indexed && (out.rows.len() < limit || prefix.is_some()) {
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys.locks())
-            .arg(start)
-            .arg(start + CHUNK - 1)
-            .query_async(conn)
-            .await?;
-        if ids.is_empty() {
+        let Some(ids) = index_page(conn, &keys.locks(), &mut start, prefix).await? else {
             break;
-        }
-        start += ids.len();
-        let ids: Vec<String> = ids
-            .into_iter()
-            .filter(|id| prefix.is_none_or(|p| id.starts_with(p)))
-            .collect();
+        };
         if ids.is_empty() {
             continue;
         }
@@ -196,20 +210,9 @@ pub async fn read_holds<C: ConnectionLike + Send>(
     };
     let mut start = 0usize;
     while (start as u64) < indexed && out.rows.len() < limit {
-        let names: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys.deps())
-            .arg(start)
-            .arg(start + CHUNK - 1)
-            .query_async(conn)
-            .await?;
-        if names.is_empty() {
+        let Some(names) = index_page(conn, &keys.deps(), &mut start, prefix).await? else {
             break;
-        }
-        start += names.len();
-        let names: Vec<String> = names
-            .into_iter()
-            .filter(|n| prefix.is_none_or(|p| n.starts_with(p)))
-            .collect();
+        };
         if names.is_empty() {
             continue;
         }

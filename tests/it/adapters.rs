@@ -23,6 +23,15 @@ fn have(program: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `program` runs; says the test is skipped when it does not.
+fn have_or_skip(program: &str) -> bool {
+    let there = have(program);
+    if !there {
+        eprintln!("{program} is not installed: skipped (.ci/run installs it)");
+    }
+    there
+}
+
 /// A daemon running every class through `command` (paths relative to the repository root,
 /// the daemon's working directory), with `HOOK_LOG` set.
 struct App {
@@ -142,8 +151,7 @@ fn check_ruby_hook_order(app: &mut App) {
 /// H-15: the Ruby adapter runs Resque's hook order exactly, in one preloaded process.
 #[test]
 fn h15_ruby_adapter_runs_resques_hook_order() {
-    if !have("ruby") {
-        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+    if !have_or_skip("ruby") {
         return;
     }
     let mut app = App::start(
@@ -169,8 +177,7 @@ fn h15_ruby_adapter_runs_resques_hook_order() {
 /// H-15 `--fork`: the same order with each job in a child forked from the loaded parent.
 #[test]
 fn h15_ruby_adapter_with_fork_runs_resques_hook_order() {
-    if !have("ruby") {
-        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+    if !have_or_skip("ruby") {
         return;
     }
     let mut app = App::start(
@@ -216,8 +223,7 @@ fn adapter_and_child(worker: i32) -> (i32, Option<i32>) {
 /// parent ran the job's `on_failure` hooks; the loaded parent serves the next job.
 #[test]
 fn h15_a_killed_fork_child_is_a_dirty_exit_with_on_failure_in_the_parent() {
-    if !have("ruby") {
-        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+    if !have_or_skip("ruby") {
         return;
     }
     let (mut app, worker) = slow_job_running(true);
@@ -253,8 +259,7 @@ fn h15_a_killed_fork_child_is_a_dirty_exit_with_on_failure_in_the_parent() {
 /// subreaper); the job is recovered as Resque's DirtyExit and a new worker goes on.
 #[test]
 fn a_worker_sigkilled_in_fork_mode_takes_its_handler_and_forked_child_with_it() {
-    if !have("ruby") {
-        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+    if !have_or_skip("ruby") {
         return;
     }
     let (mut app, worker) = slow_job_running(true);
@@ -280,8 +285,7 @@ fn a_worker_sigkilled_in_fork_mode_takes_its_handler_and_forked_child_with_it() 
 /// the fresh handler, with the exception the failure record names.
 #[test]
 fn h14_ruby_on_failure_hooks_run_after_a_kill() {
-    if !have("ruby") {
-        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+    if !have_or_skip("ruby") {
         return;
     }
     let (mut app, worker) = slow_job_running(false);
