@@ -297,7 +297,10 @@ impl Drain {
                 None => String::new(),
             }
         );
-        println!("  commands: {}", self.delta.breakdown(self.jobs, 12));
+        println!(
+            "  commands: {}",
+            self.delta.breakdown(self.jobs, usize::MAX)
+        );
     }
 }
 

@@ -44,7 +44,7 @@ impl PeerDrain {
             self.window_cpu_us_per_job,
             self.processed
         );
-        println!("  commands: {}", self.delta.breakdown(self.n, 8));
+        println!("  commands: {}", self.delta.breakdown(self.n, usize::MAX));
     }
 }
 
