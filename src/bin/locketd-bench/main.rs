@@ -9,6 +9,7 @@
 //! ```
 
 mod delayed;
+mod peers;
 mod persistent;
 mod procs;
 mod scenarios;
@@ -17,10 +18,11 @@ mod stats;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use peers::scenario_peers;
 use procs::{check_interrupt, sleep, Daemon, RedisServer, RssPeaks, ScratchDir};
 use scenarios::{
-    attempt, probe_latencies, scenario_command, scenario_idle, scenario_noop, scenario_peers,
-    scenario_queues, scenario_starvation,
+    attempt, probe_latencies, scenario_command, scenario_idle, scenario_noop, scenario_queues,
+    scenario_starvation,
 };
 use stats::{Delta, Snapshot};
 use std::path::{Path, PathBuf};
@@ -39,7 +41,8 @@ enum Scenario {
     Queues,
     /// Pickup latency and Redis load of an idle worker.
     Idle,
-    /// The same noop queue drained by node-resque (Worker + JobLock, MultiWorker).
+    /// The same noop queue drained by locketd, node-resque (Worker + JobLock, MultiWorker(10))
+    /// and Sidekiq 6.4 (-c 10), with the ratios.
     Peers,
     /// Ruby `Noop` through the persistent Ruby adapter, beside Sidekiq 6.4 and exec-per-job Ruby.
     Ruby,
@@ -69,7 +72,7 @@ struct Opts {
     #[arg(long)]
     jobs: Option<usize>,
     /// Passed to locketd as `--workers N` when above 1 (multi-process mode, issue 3; default 1,
-    /// 2 for ruby, python and handler-latency).
+    /// 2 for peers, ruby, python and handler-latency).
     #[arg(long)]
     workers: Option<usize>,
     /// Passed to locketd as `--slots K` (multi-slot mode).
@@ -557,15 +560,26 @@ fn run(opts: Opts) -> Result<()> {
                 slots,
                 ..opts.clone()
             };
-            attempt("noop --workers 1", &mut rows, |r| {
-                scenario_noop(&with(Some(1), None), &exe, r).map(|_| ())
+            // The issue's two noop configurations, then their peers on the same machine, then
+            // the ratios (issue 15: the `--workers 8` target is withdrawn).
+            let mut prefork = None;
+            attempt("noop --workers 2", &mut rows, |r| {
+                prefork = Some(scenario_noop(&with(Some(2), None), &exe, r)?);
+                Ok(())
             })?;
-            attempt("noop --workers 8", &mut rows, |r| {
-                scenario_noop(&with(Some(8), None), &exe, r).map(|_| ())
-            })?;
+            let mut slots = None;
             attempt("noop --workers 2 --slots 32", &mut rows, |r| {
-                scenario_noop(&with(Some(2), Some(32)), &exe, r).map(|_| ())
+                slots = Some(scenario_noop(&with(Some(2), Some(32)), &exe, r)?);
+                Ok(())
             })?;
+            let mut peer_rates = None;
+            attempt("peers", &mut rows, |r| {
+                peer_rates = Some(peers::run_peers(&opts, &exe, r)?);
+                Ok(())
+            })?;
+            let peer_rates = peer_rates.unwrap_or_else(|| peers::Peers::none("the peers failed"));
+            peers::ratio_rows(&mut rows, 2, None, prefork, &peer_rates);
+            peers::ratio_rows(&mut rows, 2, Some(32), slots, &peer_rates);
             attempt("command --workers 4", &mut rows, |r| {
                 scenario_command(&with(Some(4), None), &exe, r)
             })?;
@@ -582,9 +596,6 @@ fn run(opts: Opts) -> Result<()> {
             })?;
             attempt("idle", &mut rows, |r| {
                 scenario_idle(&with(Some(1), None), &exe, r)
-            })?;
-            attempt("peers", &mut rows, |r| {
-                scenario_peers(&with(Some(1), None), &exe, r)
             })?;
             attempt("delayed", &mut rows, |r| {
                 delayed::scenario_delayed(&with(Some(1), None), &exe, r)

@@ -221,7 +221,7 @@ fn exec_rows(
     }
 }
 
-fn first_line(e: &anyhow::Error) -> String {
+pub(crate) fn first_line(e: &anyhow::Error) -> String {
     format!("{e:#}").lines().next().unwrap_or("").to_string()
 }
 
