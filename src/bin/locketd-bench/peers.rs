@@ -289,3 +289,69 @@ pub(crate) fn scenario_peers(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Re
     ratio_rows(rows, workers, opts.slots, Some(d.rate), &peers);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers() -> Peers {
+        Peers {
+            multi: Ok(2_000.0),
+            joblock: Ok(1_000.0),
+            sidekiq: Err("not installed: apt-get install ruby ruby-sidekiq".into()),
+        }
+    }
+
+    #[test]
+    fn each_configuration_of_the_issue_is_held_to_its_ratios() {
+        let mut rows = Vec::new();
+        ratio_rows(&mut rows, 2, None, Some(2_500.0), &peers());
+        ratio_rows(&mut rows, 2, Some(32), Some(12_000.0), &peers());
+        let got: Vec<_> = rows
+            .iter()
+            .map(|r| (r.what.as_str(), r.target.as_str(), r.ok))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("noop --workers 2 / Sidekiq 6.4 -c 10", "≥ 2×", None),
+                (
+                    "noop --workers 2 / node-resque Worker+JobLock",
+                    "≥ 2×",
+                    Some(true)
+                ),
+                (
+                    "noop --workers 2 --slots 32 / Sidekiq 6.4 -c 10",
+                    "≥ 5×",
+                    None
+                ),
+                (
+                    "noop --workers 2 --slots 32 / node-resque MultiWorker(10)",
+                    "≥ 5×",
+                    Some(true)
+                ),
+            ]
+        );
+        assert_eq!(rows[1].value, "2.50× (2,500 vs 1,000 jobs/s)");
+        assert!(
+            rows[0].value.starts_with("n/a: not installed"),
+            "{}",
+            rows[0].value
+        );
+    }
+
+    #[test]
+    fn a_failed_drain_or_another_configuration_has_no_mark() {
+        let mut rows = Vec::new();
+        ratio_rows(&mut rows, 2, None, None, &peers());
+        ratio_rows(&mut rows, 1, None, Some(1_500.0), &peers());
+        assert_eq!(rows[1].value, "n/a: the locketd drain failed");
+        assert_eq!(rows[1].target, "≥ 2×");
+        assert_eq!(
+            rows[3].what,
+            "noop --workers 1 / node-resque Worker+JobLock"
+        );
+        assert_eq!((rows[3].target.as_str(), rows[3].ok), ("", None));
+        assert!(rows.iter().all(|r| r.ok.is_none()));
+    }
+}
