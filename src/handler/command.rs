@@ -1,5 +1,7 @@
 //! The command handler: one process per job, in a process group of its own, fed the payload
-//! on stdin and described in `LOCKETD_*` variables; its exit status is the job's outcome.
+//! on stdin and described in `LOCKETD_*` variables; its exit status is the job's outcome. The
+//! process is started by [`super::spawn`], which does not fork the worker and still gives it
+//! `PR_SET_PDEATHSIG`, so it dies with the worker.
 
 use super::{Handler, HandlerResult, JobContext, ARGS_ENV_LIMIT, EX_TEMPFAIL, RESCHEDULE};
 use crate::config::ClassConfig;
