@@ -1,5 +1,7 @@
 //! The command handler: one process per job, in a process group of its own, fed the payload
-//! on stdin and described in `LOCKETD_*` variables; its exit status is the job's outcome.
+//! on stdin and described in `LOCKETD_*` variables; its exit status is the job's outcome. The
+//! process is started by [`super::spawn`], which does not fork the worker and still gives it
+//! `PR_SET_PDEATHSIG`, so it dies with the worker.
 
 use super::{Handler, HandlerResult, JobContext, ARGS_ENV_LIMIT, EX_TEMPFAIL, RESCHEDULE};
 use crate::config::ClassConfig;
@@ -14,40 +16,77 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::lines::{for_each_line, STDERR_TAIL_LINES};
+use super::spawn::{env_entry, Child, Program};
 
 /// Runs a configured command per job.
+///
+/// Its program, directory and environment are prepared once, when the handler is built (the
+/// daemon's environment is read then), and each job's process is started by
+/// [`Program::spawn`](super::spawn): no fork of the worker.
 #[derive(Debug, Clone)]
 pub struct CommandHandler {
-    argv: Vec<String>,
-    dir: Option<PathBuf>,
-    env: Vec<(String, String)>,
+    program_name: Arc<str>,
+    program: Arc<std::io::Result<Program>>,
 }
+
+/// The daemon's own variables, which a handler does not inherit: the service manager's, the
+/// metrics pipe's and the master's. A handler that runs locketd itself must not start as a
+/// worker.
+pub(super) fn daemon_env() -> [&'static str; 8] {
+    [
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+        crate::metrics::METRICS_FD_ENV,
+        crate::process::ROLE_ENV,
+        crate::process::PAUSED_ENV,
+        crate::process::WORKER_INDEX_ENV,
+        crate::process::INCARNATION_ENV,
+    ]
+}
+
+/// The variables that describe a job, set per job over any inherited or configured value.
+const JOB_ENV: [&str; 8] = [
+    "LOCKETD_CLASS",
+    "LOCKETD_QUEUE",
+    "LOCKETD_WORKER",
+    "LOCKETD_LOCK_KEYS",
+    "LOCKETD_LOCK_TOKEN",
+    "LOCKETD_LOCK_FENCES",
+    "LOCKETD_ARGS",
+    "LOCKETD_ARGS_OMITTED",
+];
 
 impl CommandHandler {
     /// From a class table (`command` must be set and non-empty; `Config::check` ensures it).
     pub fn new(class: &ClassConfig) -> CommandHandler {
-        CommandHandler {
-            argv: class.command.clone().unwrap_or_default(),
-            dir: class.dir.clone(),
-            env: env_pairs(&class.env),
-        }
+        let argv = class.command.clone().unwrap_or_default();
+        CommandHandler::build(argv, class.dir.clone(), env_pairs(&class.env))
     }
 
     /// From a `[handlers.<name>]` table of mode `exec`.
     pub fn from_table(table: &crate::config::HandlerConfig) -> CommandHandler {
-        CommandHandler {
-            argv: table.command.clone(),
-            dir: table.dir.clone(),
-            env: env_pairs(&table.env),
-        }
+        CommandHandler::build(
+            table.command.clone(),
+            table.dir.clone(),
+            env_pairs(&table.env),
+        )
     }
 
     /// A handler running `argv`.
     pub fn from_argv(argv: Vec<String>) -> CommandHandler {
+        CommandHandler::build(argv, None, Vec::new())
+    }
+
+    fn build(
+        argv: Vec<String>,
+        dir: Option<PathBuf>,
+        env: Vec<(String, String)>,
+    ) -> CommandHandler {
+        let program = Program::new(&argv, dir.as_deref(), &env, &daemon_env(), &JOB_ENV);
         CommandHandler {
-            argv,
-            dir: None,
-            env: Vec::new(),
+            program_name: argv.first().map(String::as_str).unwrap_or_default().into(),
+            program: Arc::new(program),
         }
     }
 }
@@ -88,8 +127,8 @@ impl Handler for CommandHandler {
 
 impl CommandHandler {
     async fn run(&self, job: JobContext, stop: CancellationToken) -> HandlerResult {
-        let program = &self.argv[0];
-        let mut child = match self.command(&job).spawn() {
+        let program = &*self.program_name;
+        let mut child = match self.spawn(&job) {
             Ok(c) => c,
             Err(e) => {
                 return Err(JobFailure::new(
@@ -101,7 +140,7 @@ impl CommandHandler {
                 ))
             }
         };
-        let pid = child.id().unwrap_or(0);
+        let pid = child.id();
         let guard = GroupGuard {
             pgid: i32::try_from(pid).ok().filter(|p| *p > 0),
         };
@@ -128,32 +167,41 @@ impl CommandHandler {
         }
     }
 
-    /// The handler's command: its argv, directory and environment, the job described in
-    /// `LOCKETD_*` variables, pipes, a process group of its own, and death with its parent.
-    fn command(&self, job: &JobContext) -> tokio::process::Command {
-        let mut cmd = base_command(&self.argv, self.dir.as_deref(), &self.env);
-        cmd.env("LOCKETD_CLASS", &job.class)
-            .env("LOCKETD_QUEUE", &job.queue)
-            .env("LOCKETD_WORKER", &job.worker)
-            .env(
+    /// Starts the job's process: the handler's argv, directory and environment, the job
+    /// described in `LOCKETD_*` variables, the payload on stdin, stdout and stderr piped, a
+    /// process group of its own, and death with its parent.
+    fn spawn(&self, job: &JobContext) -> std::io::Result<Child> {
+        let program = match &*self.program {
+            Ok(p) => p,
+            Err(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        let json = |v: &serde_json::Result<String>| {
+            v.as_ref()
+                .map_or(b"[]".as_slice(), |s| s.as_bytes())
+                .to_vec()
+        };
+        let mut env = vec![
+            env_entry("LOCKETD_CLASS", job.class.as_bytes())?,
+            env_entry("LOCKETD_QUEUE", job.queue.as_bytes())?,
+            env_entry("LOCKETD_WORKER", job.worker.as_bytes())?,
+            env_entry(
                 "LOCKETD_LOCK_KEYS",
-                serde_json::to_string(&job.lock_keys).unwrap_or_else(|_| "[]".into()),
-            )
-            .env("LOCKETD_LOCK_TOKEN", &job.lock_token)
-            .env(
+                &json(&serde_json::to_string(&job.lock_keys)),
+            )?,
+            env_entry("LOCKETD_LOCK_TOKEN", job.lock_token.as_bytes())?,
+            env_entry(
                 "LOCKETD_LOCK_FENCES",
-                serde_json::to_string(&job.lock_fences).unwrap_or_else(|_| "[]".into()),
-            )
-            .stdin(Stdio::piped());
+                &json(&serde_json::to_string(&job.lock_fences)),
+            )?,
+        ];
         // Linux refuses to exec with one environment string over 128 KiB (E2BIG): the job
         // could never run. Large args are read from the payload on stdin instead.
         if job.args_raw.len() <= ARGS_ENV_LIMIT {
-            cmd.env("LOCKETD_ARGS", &job.args_raw);
+            env.push(env_entry("LOCKETD_ARGS", job.args_raw.as_bytes())?);
         } else {
-            cmd.env_remove("LOCKETD_ARGS")
-                .env("LOCKETD_ARGS_OMITTED", "1");
+            env.push(env_entry("LOCKETD_ARGS_OMITTED", b"1")?);
         }
-        cmd
+        program.spawn(&env, job.payload.as_bytes())
     }
 }
 
@@ -162,27 +210,21 @@ pub(super) fn env_pairs(env: &std::collections::BTreeMap<String, String>) -> Vec
     env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-/// A handler process's command: its argv, directory and environment without the daemon's own
+/// A persistent handler's command: its argv, directory and environment without the daemon's own
 /// variables, stdout and stderr piped, a process group of its own, and death with its parent
-/// (H-3 for persistent handlers; the same for one process per job).
+/// (H-3). It is started once per slot, so the fork that `pre_exec` costs does not matter here;
+/// one process per job goes through [`Program::spawn`] instead.
 pub(super) fn base_command(
     argv: &[String],
     dir: Option<&std::path::Path>,
     env: &[(String, String)],
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        // The service manager's, the metrics pipe's and the master's variables are the
-        // daemon's own: a handler that runs locketd itself must not start as a worker.
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("WATCHDOG_PID")
-        .env_remove(crate::metrics::METRICS_FD_ENV)
-        .env_remove(crate::process::ROLE_ENV)
-        .env_remove(crate::process::PAUSED_ENV)
-        .env_remove(crate::process::WORKER_INDEX_ENV)
-        .env_remove(crate::process::INCARNATION_ENV)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    cmd.args(&argv[1..]);
+    for name in daemon_env() {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -212,12 +254,13 @@ struct Pipes {
 }
 
 impl Pipes {
-    fn start(child: &mut tokio::process::Child, job: &JobContext) -> Pipes {
-        let stdin = child.stdin.take().map(|mut stdin| {
-            let payload = job.payload.clone().into_bytes();
+    fn start(child: &mut Child, job: &JobContext) -> Pipes {
+        // Only a payload too large for the pipe needs a writer; a smaller one is in it already.
+        let stdin = child.stdin.take().map(|(mut stdin, written)| {
+            let rest = job.payload.as_bytes()[written..].to_vec();
             tokio::spawn(async move {
                 // A handler that does not read stdin closes the pipe: that is not an error.
-                let _ = stdin.write_all(&payload).await;
+                let _ = stdin.write_all(&rest).await;
                 let _ = stdin.shutdown().await;
             })
         });

@@ -10,6 +10,7 @@ pub mod builtin;
 mod command;
 mod lines;
 pub mod persistent;
+mod spawn;
 
 pub use command::CommandHandler;
 pub use persistent::PersistentHandler;

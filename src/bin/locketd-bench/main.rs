@@ -14,6 +14,7 @@ mod persistent;
 mod procs;
 mod scenarios;
 mod sidekiq;
+mod spawn;
 mod stats;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -35,6 +36,8 @@ enum Scenario {
     Noop,
     /// `/bin/true` command handler.
     Command,
+    /// `/bin/true` spawned and reaped in a loop by N threads, no Redis: the command's ceiling.
+    SpawnCeiling,
     /// A high queue whose jobs all wait on one held lock, above a low queue.
     Starvation,
     /// 100 configured queues, jobs only in the last.
@@ -546,6 +549,7 @@ fn run(opts: Opts) -> Result<()> {
             scenario_noop(&opts, &exe, &mut rows)?;
         }
         Scenario::Command => scenario_command(&opts, &exe, &mut rows)?,
+        Scenario::SpawnCeiling => spawn::scenario_spawn_ceiling(&opts, &mut rows)?,
         Scenario::Starvation => scenario_starvation(&opts, &exe, &mut rows)?,
         Scenario::Queues => scenario_queues(&opts, &exe, &mut rows)?,
         Scenario::Idle => scenario_idle(&opts, &exe, &mut rows)?,
@@ -580,6 +584,9 @@ fn run(opts: Opts) -> Result<()> {
             let peer_rates = peer_rates.unwrap_or_else(|| peers::Peers::none("the peers failed"));
             peers::ratio_rows(&mut rows, 2, None, prefork, &peer_rates);
             peers::ratio_rows(&mut rows, 2, Some(32), slots, &peer_rates);
+            attempt("spawn-ceiling --workers 4", &mut rows, |r| {
+                spawn::scenario_spawn_ceiling(&with(Some(4), None), r)
+            })?;
             attempt("command --workers 4", &mut rows, |r| {
                 scenario_command(&with(Some(4), None), &exe, r)
             })?;
