@@ -213,6 +213,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         .arg("+inf")
         .query_async(conn)
         .await?;
+    let locks_held = locks_held + crate::store::held_lock1(conn, &k, 10_000).await?.len() as u64;
 
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await

@@ -139,7 +139,8 @@ impl Keys {
     pub fn locket_prefix(&self) -> &str {
         &self.locket
     }
-    fn locket(&self, key: &str) -> String {
+    /// `<ns>:locket:<key>`.
+    pub fn locket(&self, key: &str) -> String {
         format!("{}{key}", self.locket)
     }
     /// `<ns>:locket:inflight:<slot key>`.

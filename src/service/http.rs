@@ -100,6 +100,7 @@ async fn read_redis_inner(
             .scard(k.workers())
             .query_async(conn)
             .await?;
+    let locks_held = locks_held + crate::store::held_lock1(conn, &k, 10_000).await?.len() as u64;
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await
         .unwrap_or_default();

@@ -34,6 +34,9 @@ pub struct AcquireRequest<'a> {
     pub working_on: &'a str,
     /// Holder metadata JSON object for `lockinfo`.
     pub lockinfo: &'a str,
+    /// This ACQUIRE is sent again after an attempt whose reply never came: the script then
+    /// reads the reservation to tell "already started" from a first start.
+    pub resent: bool,
 }
 
 /// ACQUIRE with START: take all locks or none; start the job or handle the conflict.
@@ -205,7 +208,7 @@ pub async fn acquire_with<C: ConnectionLike + Send>(
     opts: Option<&AcquireOptions<'_>>,
 ) -> RedisResult<AcquireOutcome> {
     let keys = slot.keys;
-    let mut inv = scripts().acquire.prepare_invoke();
+    let mut inv = scripts().direct.acquire.prepare_invoke();
     inv.key(keys.inflight(slot.slot_key))
         .key(keys.queue(req.queue))
         .key(keys.queues())
@@ -230,12 +233,17 @@ pub async fn acquire_with<C: ConnectionLike + Send>(
         .arg(req.queue)
         .arg(req.class)
         .arg(req.digest)
-        .arg(extras);
+        .arg(extras)
+        .arg(super::wall_ms())
+        .arg(if req.resent { "1" } else { "" });
     for l in req.locks {
         inv.arg(&l.id).arg(l.limit.max(1));
     }
-    let reply: Vec<Value> = inv.invoke_async(conn).await?;
-    parse_acquired(reply)
+    let reply: Value = inv.invoke_async(conn).await?;
+    match reply {
+        Value::Array(reply) => parse_acquired(reply),
+        other => unexpected("acquire", &other),
+    }
 }
 
 /// ACQUIRE's options as the JSON object the script reads (only what differs from the plain

@@ -4,16 +4,21 @@
 //! through to the shared multiplexed connection.
 //!
 //! Why: most of a job's Redis CPU is spent per script call and per `redis.call`, not on the
-//! data (docs/performance.md). A batch pays the call, the lib prefix, one `TIME`, one read of
-//! `pause-all-workers` and one write per distinct O-3 counter for all its jobs. It changes no
-//! rule: each call of a batch runs the same script body in the same order as it would alone,
-//! and the batch is one atomic step, which is stronger, not weaker.
+//! data (docs/performance.md). A batch pays the call, the lib prefix and one `MGET` of what its
+//! calls read (the pause flag, the leases, the counters, the limit-1 locks) for all its jobs.
+//! It changes no rule: each call of a batch runs the same script body in the same order as it
+//! would alone, and the batch is one atomic step, which is stronger, not weaker.
+//!
+//! Every job-path call on this connection, batched or alone, runs the script's tallied
+//! variant: its O-3 counts come back with the reply and go to the connection's [`Tally`],
+//! which the worker writes at most once per second (src/store/tally.rs).
 //!
 //! Batching is group commit without a timer: a call waits only while an earlier batch is on
 //! the wire (at most [`IN_FLIGHT`] at once); whatever arrived meanwhile leaves in the next
 //! batch. A lone call therefore goes out at once.
 
 use super::scripts::scripts;
+use super::tally::Tally;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
@@ -32,6 +37,7 @@ const CALL_ERROR: &[u8] = b"__locket_batch_error__";
 pub struct Conn {
     inner: ConnectionManager,
     batcher: Option<mpsc::UnboundedSender<Call>>,
+    tally: Arc<Tally>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -76,6 +82,7 @@ impl Conn {
         Conn {
             inner,
             batcher: None,
+            tally: Arc::default(),
         }
     }
 
@@ -83,11 +90,19 @@ impl Conn {
     /// last clone of the returned connection is dropped.
     pub fn batched(inner: ConnectionManager) -> Conn {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(inner.clone(), rx));
+        let tally = Arc::<Tally>::default();
+        tokio::spawn(run(inner.clone(), rx, tally.clone()));
         Conn {
             inner,
             batcher: Some(tx),
+            tally,
         }
+    }
+
+    /// The O-3 counts of the job-path scripts sent on this connection, to be flushed
+    /// (src/store/tally.rs).
+    pub fn tally(&self) -> &Arc<Tally> {
+        &self.tally
     }
 
     /// The underlying connection, for what is never batched.
@@ -98,7 +113,7 @@ impl Conn {
 
 /// The batch.lua name of a job-path script, by its SHA1.
 fn op_of(sha: &[u8]) -> Option<&'static str> {
-    let s = scripts();
+    let s = &scripts().direct;
     [
         (&s.reserve, "reserve"),
         (&s.acquire, "acquire"),
@@ -155,6 +170,29 @@ impl ConnectionLike for Conn {
                 }
             }
         }
+        if let Some((op, _)) = split(cmd) {
+            // Alone: the same call with the script's tallied variant, its counts kept here.
+            let tallied = tallied_cmd(cmd, op);
+            let (mut inner, tally) = (self.inner.clone(), self.tally.clone());
+            return Box::pin(async move {
+                // A refusal arrives as a value here (`query_async` would turn it into an error).
+                let sent = inner.req_packed_command(&tallied).await;
+                let v = match sent.and_then(Value::extract_error) {
+                    Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        tallied_script(op)
+                            .prepare_invoke()
+                            .load_async(&mut inner)
+                            .await?;
+                        inner
+                            .req_packed_command(&tallied)
+                            .await
+                            .and_then(Value::extract_error)?
+                    }
+                    other => other?,
+                };
+                tally.split_reply(v)
+            });
+        }
         self.inner.req_packed_command(cmd)
     }
 
@@ -172,8 +210,31 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// The tallied variant of job-path script `op` (src/store/tally.rs).
+fn tallied_script(op: &str) -> &'static redis::Script {
+    let s = &scripts().tallied;
+    match op {
+        "reserve" => &s.reserve,
+        "acquire" => &s.acquire,
+        "finish" => &s.finish,
+        _ => &s.finish_reserve,
+    }
+}
+
+/// `cmd` (an `EVALSHA` of job-path script `op`) with the tallied variant's SHA1.
+fn tallied_cmd(cmd: &Cmd, op: &str) -> Cmd {
+    let mut out = redis::cmd("EVALSHA");
+    out.arg(tallied_script(op).get_hash());
+    for a in cmd.args_iter().skip(2) {
+        if let Arg::Simple(b) = a {
+            out.arg(b);
+        }
+    }
+    out
+}
+
 /// Gathers calls into batches until every sender is gone.
-async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>) {
+async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>, tally: Arc<Tally>) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         // Waiting for a free permit is what lets calls gather.
@@ -188,17 +249,18 @@ async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>) {
             }
         }
         let mut c = conn.clone();
+        let tally = tally.clone();
         tokio::spawn(async move {
-            send(&mut c, calls).await;
+            send(&mut c, calls, &tally).await;
             drop(permit);
         });
     }
 }
 
 /// One batch.lua call; every call gets its own reply, or the batch's error.
-async fn send(conn: &mut ConnectionManager, calls: Vec<Call>) {
+async fn send(conn: &mut ConnectionManager, calls: Vec<Call>, tally: &Tally) {
     let numkeys: usize = calls.iter().map(|c| c.numkeys).sum();
-    let result = crate::conn::evalsha::<_, Value>(conn, &scripts().batch, numkeys, |cmd| {
+    let result = crate::conn::evalsha::<_, Value>(conn, &scripts().tallied.batch, numkeys, |cmd| {
         for c in &calls {
             for k in c.part(true) {
                 cmd.arg(k);
@@ -216,6 +278,10 @@ async fn send(conn: &mut ConnectionManager, calls: Vec<Call>) {
         }
     })
     .await;
+    // The batch's counts go to the process's sums (tally.rs); each call gets its reply with
+    // no counts, in the shape a lone call's has.
+    // The batch's counts go to the connection's sums (tally.rs).
+    let result = result.and_then(|v| tally.split_reply(v));
     match result {
         Ok(Value::Array(replies)) if replies.len() == calls.len() => {
             for (c, v) in calls.into_iter().zip(replies) {
@@ -278,7 +344,11 @@ mod tests {
     #[test]
     fn job_path_scripts_are_taken_apart_and_others_pass_through() {
         let s = scripts();
-        let cmd = evalsha(s.acquire.get_hash(), &["k1", "k2"], &["a1", "a2", "a3"]);
+        let cmd = evalsha(
+            s.direct.acquire.get_hash(),
+            &["k1", "k2"],
+            &["a1", "a2", "a3"],
+        );
         let (op, numkeys) = split(&cmd).expect("acquire is batched");
         assert_eq!((op, numkeys), ("acquire", 2));
         let call = Call {
@@ -293,9 +363,12 @@ mod tests {
         // Not on the job path: the janitor's scripts, plain commands, bad key counts.
         assert!(split(&evalsha(s.purge.get_hash(), &["k"], &[])).is_none());
         assert!(split(redis::cmd("GET").arg("k")).is_none());
-        assert!(split(&evalsha(s.finish.get_hash(), &["k"], &[])).is_some());
+        assert!(split(&evalsha(s.direct.finish.get_hash(), &["k"], &[])).is_some());
         let mut short = redis::cmd("EVALSHA");
-        short.arg(s.finish.get_hash()).arg(3).arg("only-one-key");
+        short
+            .arg(s.direct.finish.get_hash())
+            .arg(3)
+            .arg("only-one-key");
         assert!(split(&short).is_none());
     }
 

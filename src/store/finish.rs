@@ -55,15 +55,15 @@ pub async fn finish_with<C: ConnectionLike + Send>(
     holds: &FinishHolds<'_>,
 ) -> RedisResult<bool> {
     let (keys, args) = finish_parts(slot, req, holds);
-    let mut inv = scripts().finish.prepare_invoke();
+    let mut inv = scripts().direct.finish.prepare_invoke();
     for k in &keys {
         inv.key(k);
     }
     for a in &args {
         inv.arg(a);
     }
-    let reply: String = inv.invoke_async(conn).await?;
-    Ok(reply == "ok")
+    let reply: redis::Value = inv.invoke_async(conn).await?;
+    Ok(super::text(&reply) == "ok")
 }
 
 /// FINISH's keys and arguments.
@@ -122,7 +122,10 @@ pub(super) fn finish_parts(
         },
         if holds.resent { "1" } else { "" }.to_string(),
     ];
-    a.extend(req.locks.iter().map(|l| l.id.clone()));
+    for l in req.locks {
+        a.push(l.id.clone());
+        a.push(l.limit.max(1).to_string());
+    }
     (k, a)
 }
 

@@ -11,6 +11,7 @@ pub mod registry;
 mod reserve;
 pub mod schedule;
 pub mod scripts;
+pub mod tally;
 mod upkeep;
 
 // The typed API, one module per group of steps; callers name it `store::<fn>`.
@@ -107,6 +108,15 @@ pub struct SlotRef<'a> {
     pub slot_key: &'a str,
     /// The slot's Resque worker id.
     pub worker_id: &'a str,
+}
+
+/// This machine's clock in ms since the epoch: written as `reserved_at`, `started_at` and a
+/// limit-1 lock's `acquired_at`, which are shown, never compared with a deadline (S-2).
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 fn ms(d: Duration) -> u64 {

@@ -25,7 +25,8 @@ fn reserve_args(
         .arg(slot.worker_id)
         .arg(if clear_counters_when_idle { "1" } else { "0" })
         .arg(slot.keys.locket_prefix())
-        .arg(slot.keys.queue(""));
+        .arg(slot.keys.queue(""))
+        .arg(super::wall_ms());
     for q in queues {
         cmd.arg(q.as_str());
     }
@@ -69,12 +70,15 @@ pub async fn reserve<C: ConnectionLike + Send>(
     queues: &[String],
     clear_counters_when_idle: bool,
 ) -> RedisResult<Reserved> {
-    let reply: Vec<Value> = evalsha(conn, &scripts().reserve, 2, |cmd| {
+    let reply: Value = evalsha(conn, &scripts().direct.reserve, 2, |cmd| {
         reserve_keys(cmd, slot);
         reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
     })
     .await?;
-    parse_reserved(reply)
+    match reply {
+        Value::Array(reply) => parse_reserved(reply),
+        other => unexpected("reserve", &other),
+    }
 }
 
 /// FINISH of the slot's job and RESERVE of its next one in one round trip. Returns whether the
@@ -93,7 +97,7 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
 ) -> RedisResult<(bool, RedisResult<Reserved>)> {
     let (fkeys, fargs) = finish_parts(slot, req, holds);
     let numkeys = fkeys.len() + 2;
-    let reply: Vec<Value> = evalsha(conn, &scripts().finish_reserve, numkeys, |cmd| {
+    let reply: Value = evalsha(conn, &scripts().direct.finish_reserve, numkeys, |cmd| {
         for k in &fkeys {
             cmd.arg(k.as_str());
         }
@@ -105,6 +109,9 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
         reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
     })
     .await?;
+    let Value::Array(reply) = reply else {
+        return unexpected("finish_reserve", &Value::Nil);
+    };
     match <[Value; 2]>::try_from(reply) {
         Ok([finished, Value::Array(reserved)]) => {
             let reserved = match reserved.as_slice() {

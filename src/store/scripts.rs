@@ -22,6 +22,29 @@ macro_rules! run_and_flush {
     };
 }
 
+/// The end of every job-path script (RESERVE, ACQUIRE, FINISH, their pair and their batch):
+/// run `$entry` with the O-3 counts kept for the reply, write Resque's own counters, and
+/// return `{reply, {field, n, ...}}` (src/store/tally.rs sums the counts in memory). A body
+/// that raises writes its counts itself, as the other scripts do, and returns its error.
+macro_rules! run_and_reply {
+    ($entry:expr) => {
+        concat!(
+            "counts_reply = true\n",
+            "local ok, reply = pcall(",
+            $entry,
+            ", KEYS, ARGV)\n",
+            "if not ok then\n",
+            "  counts_reply = false\n",
+            "  flush_counts()\n",
+            "  if type(reply) == 'table' and reply.err then reply = reply.err end\n",
+            "  return redis.error_reply(tostring(reply))\n",
+            "end\n",
+            "if reply == nil then reply = false end\n",
+            "return {reply, flush_counts()}\n"
+        )
+    };
+}
+
 /// `lib.lua`, then the script's body as a function of KEYS and ARGV, run as
 /// [`run_and_flush`] says.
 macro_rules! script {
@@ -38,8 +61,15 @@ macro_rules! script {
 
 /// `lib.lua`, the job-path bodies as functions of their own KEYS and ARGV (`finish_part`,
 /// `reserve_part`, `acquire_part`, and the dispatchers `finish_reserve_part` and `batch_part`
-/// over them), then `ENTRY` run as [`run_and_flush`] says, as `script!` ends every script.
-fn combined(entry: &str) -> String {
+/// over them), then `ENTRY` run as [`run_and_reply`] says (`tallied`: a worker's job path) or as
+/// [`run_and_flush`] says (the counts written in the step: any other caller, e.g. the tests of
+/// the store).
+fn combined(entry: &str, tallied: bool) -> String {
+    let end = if tallied {
+        run_and_reply!("ENTRY")
+    } else {
+        run_and_flush!("ENTRY")
+    };
     format!(
         "{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
@@ -54,7 +84,7 @@ fn combined(entry: &str) -> String {
         include_str!("lua/acquire.lua"),
         include_str!("lua/finish_reserve.lua"),
         include_str!("lua/batch.lua"),
-        run_and_flush!("ENTRY"),
+        end,
     )
 }
 
@@ -65,14 +95,8 @@ pub const ENQUEUE_SOURCE: &str = script!("enqueue.lua");
 /// Every locket script, built once per process.
 #[derive(Debug)]
 pub struct Scripts {
-    /// RESERVE (A-1).
-    pub reserve: Script,
-    /// ACQUIRE and START (A-6, A-8).
-    pub acquire: Script,
     /// EXTEND (A-10).
     pub extend: Script,
-    /// FINISH (A-13).
-    pub finish: Script,
     /// Return a reservation to the head of its queue (R-8).
     pub return_job: Script,
     /// Resque registration and process liveness (R-1).
@@ -85,6 +109,8 @@ pub struct Scripts {
     pub recover: Script,
     /// Purge expired lock holders (R-3 step 2).
     pub purge: Script,
+    /// Reset the counters blocked by lapsed limit-1 locks (A-14).
+    pub unblock: Script,
     /// Promote due delayed jobs (R-3 step 1, P-4).
     pub promote: Script,
     /// Purge expired dependency holds (R-3 step 3).
@@ -95,10 +121,11 @@ pub struct Scripts {
     pub admin: Script,
     /// Mark an inflight record whose FINISH Redis refused (E-3).
     pub park: Script,
-    /// FINISH of one job and RESERVE of the next, in one call.
-    pub finish_reserve: Script,
-    /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
-    pub batch: Script,
+    /// The job-path scripts that write their O-3 counts themselves.
+    pub direct: JobScripts,
+    /// The same, handing their O-3 counts back with the reply: what a worker's connection
+    /// sends instead (src/store/batch.rs, src/store/tally.rs).
+    pub tallied: JobScripts,
     /// Deliver one batch of a due resque-scheduler timestamp (SC-4, SC-5).
     pub deliver: Script,
     /// Fire one tick of a recurring schedule (SC-12).
@@ -107,27 +134,53 @@ pub struct Scripts {
     pub sched_lock: Script,
 }
 
+/// The job-path scripts (RESERVE, ACQUIRE+START, FINISH, FINISH+RESERVE, batch) of one counting
+/// mode.
+#[derive(Debug)]
+pub struct JobScripts {
+    /// RESERVE (A-1).
+    pub reserve: Script,
+    /// ACQUIRE and START (A-6, A-8).
+    pub acquire: Script,
+    /// FINISH (A-13).
+    pub finish: Script,
+    /// FINISH of one job and RESERVE of the next, in one call.
+    pub finish_reserve: Script,
+    /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
+    pub batch: Script,
+}
+
+impl JobScripts {
+    fn new(tallied: bool) -> JobScripts {
+        JobScripts {
+            reserve: Script::new(&combined("reserve_part", tallied)),
+            acquire: Script::new(&combined("acquire_part", tallied)),
+            finish: Script::new(&combined("finish_part", tallied)),
+            finish_reserve: Script::new(&combined("finish_reserve_part", tallied)),
+            batch: Script::new(&combined("batch_part", tallied)),
+        }
+    }
+}
+
 /// The scripts, compiled (hashed) on first use.
 pub fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        reserve: Script::new(script!("reserve.lua")),
-        acquire: Script::new(script!("acquire.lua")),
         extend: Script::new(script!("extend.lua")),
-        finish: Script::new(script!("finish.lua")),
         return_job: Script::new(script!("return.lua")),
         register: Script::new(script!("register.lua")),
         heartbeat: Script::new(script!("heartbeat.lua")),
         unregister: Script::new(script!("unregister.lua")),
         recover: Script::new(script!("recover.lua")),
         purge: Script::new(script!("purge.lua")),
+        unblock: Script::new(script!("unblock.lua")),
         promote: Script::new(script!("promote.lua")),
         purge_deps: Script::new(script!("purge_deps.lua")),
         enqueue: Script::new(ENQUEUE_SOURCE),
         admin: Script::new(script!("admin.lua")),
         park: Script::new(script!("park.lua")),
-        finish_reserve: Script::new(&combined("finish_reserve_part")),
-        batch: Script::new(&combined("batch_part")),
+        direct: JobScripts::new(false),
+        tallied: JobScripts::new(true),
         deliver: Script::new(script!("deliver.lua")),
         fire: Script::new(script!("fire.lua")),
         sched_lock: Script::new(script!("sched_lock.lua")),
@@ -135,7 +188,7 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 20] {
+pub fn sources() -> [(&'static str, &'static str); 21] {
     [
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),
@@ -147,6 +200,7 @@ pub fn sources() -> [(&'static str, &'static str); 20] {
         ("unregister.lua", script!("unregister.lua")),
         ("recover.lua", script!("recover.lua")),
         ("purge.lua", script!("purge.lua")),
+        ("unblock.lua", script!("unblock.lua")),
         ("promote.lua", script!("promote.lua")),
         ("purge_deps.lua", script!("purge_deps.lua")),
         ("enqueue.lua", script!("enqueue.lua")),

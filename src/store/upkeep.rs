@@ -25,6 +25,43 @@ pub async fn purge_expired<C: ConnectionLike + Send>(
         .await
 }
 
+/// Where the last [`unblock_lapsed`] of this process stopped in its SCAN, so that a large
+/// keyspace is covered over several janitor passes instead of its start only.
+static UNBLOCK_CURSOR: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A-14 for limit-1 locks that lapsed: the `blocked:lock:` sets whose lock key is gone have
+/// their queues' counters reset (`unblock.lua`). The sets are found with SCAN (they have no
+/// index), at most `max_scans` calls of 1,000 keys per call of this, going on where the last
+/// call stopped. Returns the number of counters reset.
+pub async fn unblock_lapsed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    max_scans: usize,
+) -> RedisResult<u64> {
+    use std::sync::atomic::Ordering;
+    let prefix = keys.blocked_lock("");
+    let mut cursor: u64 = UNBLOCK_CURSOR.load(Ordering::Relaxed);
+    let mut reset = 0;
+    for _ in 0..max_scans.max(1) {
+        let (next, batch) = scan_page(conn, &prefix, cursor, None).await?;
+        if !batch.is_empty() {
+            let mut inv = scripts().unblock.prepare_invoke();
+            inv.arg(keys.locket_prefix());
+            for name in &batch {
+                inv.arg(&name[prefix.len()..]);
+            }
+            let n: u64 = inv.invoke_async(conn).await?;
+            reset += n;
+        }
+        cursor = next;
+        UNBLOCK_CURSOR.store(cursor, Ordering::Relaxed);
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(reset)
+}
+
 /// A live holder of a lock, as `lockinfo` and the lock's ZSET describe it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Holder {
@@ -36,14 +73,31 @@ pub struct Holder {
     pub info: Option<serde_json::Value>,
 }
 
-/// Lists a lock's members (live or not yet purged) with their metadata.
+/// Lists a lock's members (live or not yet purged) with their metadata: the one holder of a
+/// limit-1 lock (a STRING whose value is its info, lib.lua), or the members of a larger one.
 pub async fn holders<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     lock_id: &str,
 ) -> RedisResult<Vec<Holder>> {
+    let key = keys.lock(lock_id);
+    let kind: String = redis::cmd("TYPE").arg(&key).query_async(conn).await?;
+    if kind == "string" {
+        let (value, left, (s, us)): (Option<String>, i64, (u64, u64)) = redis::pipe()
+            .get(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .cmd("TIME")
+            .query_async(conn)
+            .await?;
+        let now = s * 1000 + us / 1000;
+        return Ok(value
+            .and_then(|v| lock1_holder(&v, now, left))
+            .into_iter()
+            .collect());
+    }
     let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(keys.lock(lock_id))
+        .arg(&key)
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
@@ -63,6 +117,106 @@ pub async fn holders<C: ConnectionLike + Send>(
         });
     }
     Ok(out)
+}
+
+/// The holder a limit-1 lock's value names, its deadline `now + left` (the key's PTTL).
+pub fn lock1_holder(value: &str, now_ms: u64, left_ms: i64) -> Option<Holder> {
+    let info: serde_json::Value = serde_json::from_str(value).ok()?;
+    let token = info["token"].as_str()?.to_string();
+    Some(Holder {
+        token,
+        deadline_ms: now_ms + u64::try_from(left_ms.max(0)).unwrap_or(0),
+        info: Some(info),
+    })
+}
+
+/// A held limit-1 lock, as [`held_lock1`] finds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLock1 {
+    /// The lock id.
+    pub id: String,
+    /// Its holder.
+    pub holder: Holder,
+}
+
+/// Every held limit-1 lock, found with `SCAN ... TYPE string` over `<ns>:locket:lock:*`
+/// (decision 2 of issue 15: these locks have no index, so that taking and releasing one costs
+/// one command each; listing them is the operator's cost, outside every script). Stops after
+/// `max_scans` SCAN calls of 1,000 keys each.
+pub async fn held_lock1<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    max_scans: usize,
+) -> RedisResult<Vec<HeldLock1>> {
+    let prefix = keys.lock("");
+    let mut cursor: u64 = 0;
+    let mut names = Vec::new();
+    for _ in 0..max_scans.max(1) {
+        let (next, batch) = scan_page(conn, &prefix, cursor, Some("string")).await?;
+        names.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for chunk in names.chunks(200) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for n in chunk {
+            pipe.get(n).cmd("PTTL").arg(n);
+        }
+        let replies: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        let Some((time, rest)) = replies.split_first() else {
+            continue;
+        };
+        let (s, us): (u64, u64) = redis::from_redis_value(time.clone()).unwrap_or((0, 0));
+        let now = s * 1000 + us / 1000;
+        for (name, r) in chunk.iter().zip(rest.chunks(2)) {
+            let value: Option<String> = redis::from_redis_value(r[0].clone()).unwrap_or(None);
+            let left: i64 = redis::from_redis_value(r[1].clone()).unwrap_or(-2);
+            if let Some(holder) = value.and_then(|v| lock1_holder(&v, now, left)) {
+                if left > 0 {
+                    out.push(HeldLock1 {
+                        id: name[prefix.len()..].to_string(),
+                        holder,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One `SCAN <cursor> MATCH <prefix>* COUNT 1000 [TYPE <kind>]`: the next cursor and the names.
+async fn scan_page<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    cursor: u64,
+    kind: Option<&str>,
+) -> RedisResult<(u64, Vec<String>)> {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(format!("{}*", glob_escape(prefix)))
+        .arg("COUNT")
+        .arg(1000);
+    if let Some(k) = kind {
+        cmd.arg("TYPE").arg(k);
+    }
+    cmd.query_async(conn).await
+}
+
+/// `s` with the glob characters of a SCAN MATCH pattern escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Promotes due delayed jobs to the tail of their queues (R-3 step 1, P-4); with `member`,

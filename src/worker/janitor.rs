@@ -73,6 +73,10 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         keep_first(&mut first_error, store::purge_holds(conn, keys, 100).await).unwrap_or(0);
     keep_first(
         &mut first_error,
+        store::unblock_lapsed(conn, keys, 10).await,
+    );
+    keep_first(
+        &mut first_error,
         recover_dead(conn, keys, config, &mut report).await,
     );
     let _: RedisResult<i64> = redis::Script::new(RELEASE_MUTEX)

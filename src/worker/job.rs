@@ -352,10 +352,18 @@ impl Worker {
             requeue_on_conflict: true,
             working_on: &working_on,
             lockinfo,
+            resent: false,
         };
         let slot = self.slot();
+        // Every attempt after the first is a resend: the one before may have landed.
+        let mut resent = false;
         let acquired = retry(&mut self.conn.clone(), "acquire", control, |mut c| {
-            let (slot, req, o) = (slot.clone(), req.clone(), opts.cloned());
+            let (slot, o) = (slot.clone(), opts.cloned());
+            let req = AcquireRequest {
+                resent,
+                ..req.clone()
+            };
+            resent = true;
             async move { store::acquire_with(&mut c, &slot, &req, o.as_ref()).await }
         })
         .await;

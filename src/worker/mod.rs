@@ -465,6 +465,13 @@ impl Worker {
                 background.clone(),
             ))
         });
+        // O-3 counts of the job path: written once per second and at stop (store::tally).
+        let counts = tokio::spawn(crate::store::tally::flush_loop(
+            self.conn.manager().clone(),
+            self.conn.tally().clone(),
+            self.keys.clone(),
+            background.clone(),
+        ));
         let jan = tokio::spawn(janitor::janitor_loop(
             self.conn.clone(),
             self.keys.clone(),
@@ -489,6 +496,7 @@ impl Worker {
         background.cancel();
         let _ = beat.await;
         let _ = jan.await;
+        let _ = counts.await;
         if let Some(t) = handlers_task {
             let _ = t.await;
         }

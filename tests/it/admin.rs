@@ -230,7 +230,13 @@ fn locks_lists_holders_and_force_release_makes_the_job_lose_its_lock() {
         r.failures().len() == 1
     });
     assert_eq!(r.failures()[0]["exception"], "Locket::LockLost");
-    let stats = json_out(&cli(&redis, &config, &["stats", "--json"]));
+    // The job path's counts (`started`) reach Redis with the worker's next flush, at most a
+    // second later (O-3); the admin step wrote its own (`force_released`) at once.
+    let mut stats = Value::Null;
+    wait_until(LONG, "the worker's counts to be flushed", || {
+        stats = json_out(&cli(&redis, &config, &["stats", "--json"]));
+        stats["events"]["started"]["recent_by_class"]["Long::Job"] != Value::Null
+    });
     assert_eq!(stats["events"]["force_released"]["total"], 1);
     assert!(stats["events"]["lock_lost"]["total"].as_i64().unwrap() >= 1);
     assert_eq!(

@@ -205,7 +205,7 @@ fn a_master_recovers_only_its_own_worker_when_pids_collide_across_namespaces() {
         inflight,
         "x's record was recovered"
     );
-    let holders: Vec<String> = r.cmd(&["ZRANGE", &format!("{NS}:locket:lock:L"), "0", "-1"]);
+    let holders = r.lock_holders(&format!("{NS}:locket:lock:L"));
     assert_eq!(holders.len(), 1, "x's lock was released while its job runs");
     std::fs::write(&go, "").unwrap();
     wait_until(LONG, "x's job finished", || r.processed() == 1);

@@ -9,6 +9,7 @@ mod admin;
 mod bench;
 mod builtin;
 mod compat;
+mod counts;
 mod daemon;
 mod harness;
 mod holds;

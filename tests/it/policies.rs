@@ -91,6 +91,18 @@ impl Job {
         locks: &[LockSpec],
         opts: &AcquireOptions<'_>,
     ) -> AcquireOutcome {
+        self.acquire_as(c, locks, opts, false).await
+    }
+
+    /// [`acquire`](Self::acquire), sent again after an attempt whose reply was lost when
+    /// `resent` (its rid is then checked even while the process lease is held, A-6 step 1).
+    pub async fn acquire_as(
+        &mut self,
+        c: &mut Conn,
+        locks: &[LockSpec],
+        opts: &AcquireOptions<'_>,
+        resent: bool,
+    ) -> AcquireOutcome {
         self.token = random_hex(16);
         let working = working_on(&self.payload, &self.queue, SystemTime::now());
         let info = json!({"process": self.slot_key, "slot": 0, "resque_worker": self.worker_id,
@@ -108,6 +120,7 @@ impl Job {
             requeue_on_conflict: true,
             working_on: &working,
             lockinfo: &info,
+            resent,
         };
         store::acquire_with(c, &self.slot(), &req, Some(opts))
             .await
@@ -626,21 +639,27 @@ async fn p5_fail_records_a_lock_conflict_naming_resource_holders_and_limit() {
     assert!(!exists(c, &k.counter("q")).await);
 }
 
-// locking-semantics.md P-6, R-6: no policy acts on a reservation that is no longer the slot's.
+// locking-semantics.md P-6, R-6, A-6 step 1: no policy acts on a reservation that is no longer
+// the slot's. The rid is read when the process lease is gone (as recovery requires, R-4) or the
+// ACQUIRE is sent again after a lost reply; both are tried.
 #[tokio::test]
 async fn p6_every_policy_acts_only_if_the_rid_still_matches() {
     let server = RedisServer::start();
     let c = &mut server.conn().await;
     let k = keys();
     let _h = started(c, "h", "hq", "L", 1).await;
-    for policy in [
+    let policies = [
         Policy::Requeue,
         Policy::Discard,
         Policy::Delay,
         Policy::Fail,
         Policy::Wait,
-    ] {
+    ];
+    for (policy, resent) in policies.into_iter().flat_map(|p| [(p, false), (p, true)]) {
         let mut j = reserved(c, "s1", "q", "J", json!([1])).await;
+        if !resent {
+            let _: i64 = cmd(c, &["DEL", &k.alive("s1")]).await;
+        }
         let real = j.rid.clone();
         j.rid = random_hex(8);
         let rec = failure_record(&j);
@@ -656,9 +675,9 @@ async fn p6_every_policy_acts_only_if_the_rid_still_matches() {
             0.0,
         ));
         assert_eq!(
-            j.acquire(c, &[spec("L", 1)], &o).await,
+            j.acquire_as(c, &[spec("L", 1)], &o, resent).await,
             AcquireOutcome::Missing,
-            "{policy:?}"
+            "{policy:?}, resent: {resent}"
         );
         let rid: String = cmd(c, &["HGET", &j.inflight(), "rid"]).await;
         assert_eq!(rid, real);
@@ -690,7 +709,18 @@ async fn l10_fencing_numbers_grow_per_lock_id_and_lockinfo_keeps_the_source() {
         let AcquireOutcome::Started { fences, .. } = j.acquire(c, &locks, &o).await else {
             panic!("not started")
         };
-        let info: String = cmd(c, &["HGET", &k.lockinfo(&long), &j.token]).await;
+        let info: String = cmd(
+            c,
+            &[
+                "EVAL",
+                crate::support::LOCK_INFO_LUA,
+                "2",
+                &k.lock(&long),
+                &k.lockinfo(&long),
+                &j.token,
+            ],
+        )
+        .await;
         let info: Value = serde_json::from_str(&info).unwrap();
         assert_eq!(info["fence"], fences[1]);
         assert_eq!(info["lock_id_source"], sources[1].as_str());

@@ -172,6 +172,7 @@ async fn acquire(
         requeue_on_conflict: requeue,
         working_on: &working,
         lockinfo: "{}",
+        resent: false,
     };
     store::acquire(c, &slot(k), &req).await
 }

@@ -15,6 +15,7 @@ use crate::daemon::{cfg, workdir, NS, R};
 use crate::support::{read_lossy, wait_until, write_script, Daemon, RedisServer};
 
 const LONG: Duration = Duration::from_secs(30);
+const SHORT_WAIT: Duration = Duration::from_secs(10);
 
 /// A handler that logs `start <ns> <args> <lock keys> <token> <fences>` and `end <ns> <args>`
 /// around `body` (shell), to `log`.
@@ -213,7 +214,7 @@ fn story_lock_around_an_id_with_a_limit_runs_at_most_n_at_once() {
     }
     let mut max_holders = 0;
     wait_until(LONG, "two runs and one discard", || {
-        let n: usize = r.cmd(&["ZCARD", &format!("{NS}:locket:lock:user:1")]);
+        let n = r.lock_holders(&format!("{NS}:locket:lock:user:1")).len();
         max_holders = max_holders.max(n);
         ended(&log) == 2 && stat(&mut r, "discarded") == 1
     });
@@ -634,7 +635,8 @@ fn limit_holds_under_several_processes_and_kills(limit: usize) {
     let mut sample = |_: &mut R| {
         for k in 0..3 {
             let live: usize = redis::Script::new(
-                "local t = redis.call('TIME')
+                "if redis.call('TYPE', KEYS[1])['ok'] == 'string' then return 1 end
+                 local t = redis.call('TIME')
                  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
                  return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')",
             )
@@ -805,11 +807,28 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
     ds[0].kill();
     ds.push(Daemon::start(&redis, &config, &[]));
     let tally = |r: &mut R| ends_by_job(&log, &r.failures(), &killed_worker);
+    // Discards are counted from the daemons' logs, the killed one's included: the O-3 counts
+    // of a SIGKILLed process may miss its last second (locking-semantics.md O-3).
+    let discards = |ds: &[Daemon]| {
+        let mut digests = BTreeSet::new();
+        for d in ds {
+            for line in d.log().lines() {
+                if let Some(p) = line
+                    .contains("lock conflict: job discarded")
+                    .then(|| line.find("digest="))
+                    .flatten()
+                {
+                    digests.insert(line[p..].split(' ').next().unwrap_or("").to_string());
+                }
+            }
+        }
+        digests.len()
+    };
     let delayed = format!("{NS}:locket:delayed");
     wait_until(Duration::from_secs(60), "quiescence", || {
         let d: i64 = r.cmd(&["ZCARD", &delayed]);
-        let done = tally(&mut r).values().sum::<usize>() as i64 + stat(&mut r, "discarded");
-        done >= total as i64 && d == 0 && r.llen(&format!("{NS}:queue:q")) == 0
+        let done = tally(&mut r).values().sum::<usize>() + discards(&ds);
+        done >= total && d == 0 && r.llen(&format!("{NS}:queue:q")) == 0
     });
     std::thread::sleep(Duration::from_millis(500));
     let seen = tally(&mut r);
@@ -817,11 +836,14 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
         seen.values().all(|n| *n == 1),
         "a job ran or failed twice: {seen:?}"
     );
-    // The test only means something if the policies were exercised.
+    // The test only means something if the policies were exercised (the survivors' counts
+    // are written within a second).
     for ev in ["requeued", "discarded", "delayed", "promoted", "waited"] {
-        assert!(stat(&mut r, ev) > 0, "no {ev} event happened");
+        wait_until(SHORT_WAIT, &format!("a {ev} event"), || {
+            stat(&mut r, ev) > 0
+        });
     }
-    let discarded = stat(&mut r, "discarded") as usize;
+    let discarded = discards(&ds);
     assert_eq!(
         seen.len() + discarded,
         total,

@@ -20,7 +20,6 @@ pub(crate) fn probe_latencies(log: &str) -> Vec<u64> {
 pub(crate) const NOOP_CLASSES: &str =
     "[classes.Noop]\nbuiltin = \"noop\"\n\n[classes.Probe]\nbuiltin = \"probe\"\n";
 
-
 /// Issue 15's targets for Redis commands per job (commands run inside scripts counted):
 /// 12 with one job per process, 8 in slots mode.
 const CMDS_PREFORK: f64 = 12.0;

@@ -12,8 +12,8 @@
 -- KEYS[4]      <ns>:locket:counter:<q>
 -- KEYS[5]      <ns>:worker:<resque worker id>        (Resque "working on" record)
 -- KEYS[6]      <ns>:locket:locks                     (index, L-7)
--- KEYS[4+3i]   <ns>:locket:lock:<id_i>               for i = 1..n
--- KEYS[5+3i]   <ns>:locket:lockinfo:<id_i>
+-- KEYS[4+3i]   <ns>:locket:lock:<id_i>               for i = 1..n (a STRING for limit 1, else
+-- KEYS[5+3i]   <ns>:locket:lockinfo:<id_i>            a ZSET with its lockinfo; lib.lua)
 -- KEYS[6+3i]   <ns>:locket:blocked:lock:<id_i>
 -- ARGV[1]      rid
 -- ARGV[2]      token (32 hex chars, new for this attempt)
@@ -40,13 +40,17 @@
 --                wait           true when a policy is wait: a kept job is marked "waiting"
 --                last_wait      true on the last try of a wait (counts wait_timeout)
 --                attempts       true: HDEL attempts <digest> on start (A-8)
--- ARGV[11+2i]  lock id i       for i = 1..n
--- ARGV[12+2i]  limit i
+-- ARGV[13]     the worker's clock in ms (acquired_at, started_at: shown, never a deadline)
+-- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
+-- ARGV[13+2i]  lock id i       for i = 1..n
+-- ARGV[14+2i]  limit i
 -- Holds and the delayed set are named from the locket prefix (S-1: no Cluster).
 --
 -- Returns one of
 --   {"ok", deadline_ms, fence_1, ..., fence_n}   (fences only with fencing; also when this
---        rid and token already started: a retried call)
+--        rid and token already started: a retried call). deadline_ms is the Redis server's
+--        when a lock of a larger limit was taken, else the worker's clock + lock_ttl (a
+--        limit-1 lock's lease is its key's PX, and no server time is read).
 --   {"conflict", action, due_ms, attempt, kind_1, id_1, holders_1, limit_1, earliest_1, ...}
 --        action: "requeued", "delayed", "discarded", "failed" or "none" (still reserved);
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
@@ -57,34 +61,38 @@
 -- to a queue, `queues`, a failure list or `failed_queues` that holds another type (S-6).
 
 local inflight = KEYS[1]
-local rec = redis.call('HMGET', inflight, 'rid', 'token', 'state')
-if rec[1] ~= ARGV[1] then
-  return {'missing'}
-end
-local n = (#ARGV - 12) / 2
--- A retry after a lost reply: this attempt already started; answer as the first call did.
-if rec[2] == ARGV[2] and rec[3] == 'running' then
-  local deadline = 0
-  if n > 0 then
-    deadline = tonumber(redis.call('ZSCORE', KEYS[7], ARGV[2]) or '0')
-  end
-  local out = {'ok', deadline}
-  local fences = redis.call('HGET', inflight, 'fences')
-  if fences then
-    for _, f in ipairs(cjson.decode(fences)) do out[#out + 1] = f end
-  end
-  return out
-end
-
-local now = now_ms()
+local n = (#ARGV - 14) / 2
 local ttl = tonumber(ARGV[3])
 local counter_prefix = ARGV[8]
 local prefix = locket_prefix(counter_prefix)
--- R-2: a process whose lease is gone starts nothing; the reservation stays in its record,
--- where recovery finds it (R-4).
-if not lease_held(prefix, inflight) then
-  return {'dead'}
+local wnow = tonumber(ARGV[13]) or 0
+-- One read for the lease (R-2) and the queue's counter (A-8).
+local lease = lease_key(prefix, inflight)
+prefetch({lease or KEYS[4], KEYS[4]})
+local alive = lease == nil or sget(lease) ~= false
+-- While the lease is held only this process writes its slot record, so a first call needs no
+-- rid check (lib.lua, lease_trusted). A call sent again, or one whose lease is gone, reads it.
+if ARGV[14] == '1' or not lease_trusted(prefix, inflight) then
+  local rec = redis.call('HMGET', inflight, 'rid', 'token', 'state')
+  if rec[1] ~= ARGV[1] then
+    return {'missing'}
+  end
+  -- A retry after a lost reply: this attempt already started; answer as the first call did.
+  if rec[2] == ARGV[2] and rec[3] == 'running' then
+    local out = {'ok', wnow + ttl}
+    local fences = redis.call('HGET', inflight, 'fences')
+    if fences then
+      for _, f in ipairs(cjson.decode(fences)) do out[#out + 1] = f end
+    end
+    return out
+  end
+  -- R-2: a process whose lease is gone starts nothing; the reservation stays in its record,
+  -- where recovery finds it (R-4).
+  if not alive then
+    return {'dead'}
+  end
 end
+
 local queue = ARGV[9]
 local class = ARGV[10]
 local digest = ARGV[11]
@@ -93,26 +101,52 @@ if ARGV[12] ~= '' then opt = cjson.decode(ARGV[12]) end
 local locked_by = opt['locked_by'] or {}
 local enqueue_holds = opt['enqueue_holds'] or {}
 local start_holds = opt['start_holds'] or {}
+local function lock_at(i)
+  return KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i], ARGV[13 + 2 * i],
+    tonumber(ARGV[14 + 2 * i])
+end
 
--- Purge and count every lock first: all or nothing (L-4). Report every conflicting one.
+-- A limit-1 lock's holder as a conflict: one holder, its deadline from the key's PTTL. A ZSET
+-- there (holders of a larger limit) counts as full too.
+local function lock1_conflict(lk, id)
+  local holders = 1
+  if not sget(lk) then
+    holders = tonumber(redis.pcall('ZCARD', lk)) or 1
+  end
+  local left = redis.call('PTTL', lk)
+  return {'lock', id, holders, 1, int(now_ms() + math.max(left, 0))}
+end
+
+-- Purge and count every lock of a larger limit first: all or nothing (L-4). Report every
+-- conflicting one.
 local conflicts = {}
 local lock_conflict, dep_conflict = false, false
 local was_empty = {}
+local wide = false
 for i = 1, n do
-  local lk, ik, bk = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
-  local id, limit = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
-  local purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
-  if purged > 0 then
-    fix_lock(lk, ik, KEYS[6], id)
-    count(prefix, now, 'expired', '', purged)
-  end
-  local holders = 0
-  if not empty then holders = redis.call('ZCARD', lk) end
-  was_empty[i] = (holders == 0)
-  if holders >= limit then
-    local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
-    conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
-    lock_conflict = true
+  local lk, ik, bk, id, limit = lock_at(i)
+  if limit > 1 then
+    wide = true
+    local now = now_ms()
+    if sget(lk) then
+      -- held by a limit-1 holder
+      conflicts[#conflicts + 1] = {'lock', id, 1, limit, int(now + math.max(redis.call('PTTL', lk), 0))}
+      lock_conflict = true
+    else
+      local purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
+      if purged > 0 then
+        fix_lock(lk, ik, KEYS[6], id)
+        count(prefix, now, 'expired', '', purged)
+      end
+      local holders = 0
+      if not empty then holders = redis.call('ZCARD', lk) end
+      was_empty[i] = (holders == 0)
+      if holders >= limit then
+        local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
+        conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
+        lock_conflict = true
+      end
+    end
   end
 end
 
@@ -125,6 +159,7 @@ local function is_enqueue_hold(name)
   return false
 end
 for _, name in ipairs(locked_by) do
+  local now = now_ms()
   local total, counts, dropped = dep_state(prefix, name, now)
   if dropped > 0 then count(prefix, now, 'holds_expired', '', dropped) end
   local live = total
@@ -138,7 +173,65 @@ for _, name in ipairs(locked_by) do
   end
 end
 
+-- The lockinfo object gets its times and per-lock fields appended as text (the object from
+-- the worker holds none of them), which spares a cjson decode and encode per lock.
+local info_body = string.sub(ARGV[7], 2, -2)
+if info_body ~= '' then info_body = ',' .. info_body end
+local function info_tail(i, id_json, limit)
+  local sources = opt['sources'] or {}
+  return ',"limit":' .. int(limit) .. ',"lock_id":' .. id_json ..
+    ',"lock_id_source":' .. (sources[i] and cjson.encode(sources[i]) or id_json)
+end
+
+-- Limit-1 locks: SET NX PX takes each (nothing else is read); if one is held, the ones just
+-- taken are deleted again in this step, so nobody saw them (L-4).
+local taken = {}
+local fences = {}
+-- Lock conflicts are reported before dependency ones, in lock order.
+local nlock = 0
+for _, c in ipairs(conflicts) do
+  if c[1] == 'lock' then nlock = nlock + 1 end
+end
+for i = 1, n do
+  local lk, _, _, id, limit = lock_at(i)
+  if limit <= 1 then
+    if #conflicts > 0 then
+      if redis.call('EXISTS', lk) == 1 then
+        nlock = nlock + 1
+        table.insert(conflicts, nlock, lock1_conflict(lk, id))
+        lock_conflict = true
+      end
+    else
+      local id_json = cjson.encode(id)
+      local info = info_body .. ',"acquired_at":' .. int(wnow) .. info_tail(i, id_json, 1)
+      local fence = nil
+      if opt['fencing'] then
+        -- A number is handed out only to a holder that got the lock: taken back below.
+        fence = redis.call('HINCRBY', prefix .. 'fence', id, 1)
+        info = info .. ',"fence":' .. int(fence)
+      end
+      local v = lock1_value(ARGV[2], info .. '}')
+      if redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
+        known[lk] = v
+        taken[#taken + 1] = lk
+        fences[i] = fence
+      else
+        if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
+        nlock = nlock + 1
+        table.insert(conflicts, nlock, lock1_conflict(lk, id))
+        lock_conflict = true
+      end
+    end
+  end
+end
+if #conflicts > 0 and #taken > 0 then
+  redis.call('DEL', unpack(taken))
+  for _, lk in ipairs(taken) do known[lk] = false end
+  for i, f in pairs(fences) do redis.call('HINCRBY', prefix .. 'fence', ARGV[13 + 2 * i], -1) end
+end
+
 if #conflicts > 0 then
+  local now = now_ms()
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
   -- S-6: the keys this fallback may push to are checked before its first write.
@@ -186,11 +279,12 @@ if #conflicts > 0 then
     redis.call('RPUSH', KEYS[2], payload)
     redis.call('DEL', inflight)
     redis.call('SADD', KEYS[3], queue)
-    counter_absent[KEYS[4]] = nil
+    known[KEYS[4]] = nil
     if redis.call('INCR', KEYS[4]) == 1 then
       redis.call('PEXPIRE', KEYS[4], ARGV[4])
     end
     for _, c in ipairs(conflicts) do
+      if c[1] == 'lock' then lock1_flag(prefix .. 'lock:' .. c[2]) end
       local bk = prefix .. 'blocked:' .. c[1] .. ':' .. c[2]
       redis.call('SADD', bk, queue)
       redis.call('PEXPIRE', bk, ARGV[4])
@@ -238,42 +332,47 @@ if #conflicts > 0 then
   return out
 end
 
-local deadline = now + ttl
-local deadline_s, now_s = int(deadline), int(now)
--- The lockinfo object gets its times and per-lock fields appended as text (the object from
--- the worker holds none of them), which spares a cjson decode and encode per lock.
-local info_head = string.sub(ARGV[7], 1, -2)
-if info_head ~= '{' then info_head = info_head .. ',' end
-info_head = info_head .. '"acquired_at":' .. now_s .. ',"extended_at":' .. now_s
+-- Success: the locks of a larger limit get their holder, lockinfo, expiries and index entry.
+local deadline = wnow + ttl
 local ids = {}
-local out = {'ok', deadline}
-local fences = {}
-local sources = opt['sources'] or {}
+local out = {'ok', 0}
 for i = 1, n do
-  local lk, ik = KEYS[4 + 3 * i], KEYS[5 + 3 * i]
-  local id = ARGV[11 + 2 * i]
+  local lk, ik, _, id, limit = lock_at(i)
   local id_json = cjson.encode(id)
   ids[#ids + 1] = id_json
-  redis.call('ZADD', lk, deadline_s, ARGV[2])
-  local info = info_head .. ',"limit":' .. int(tonumber(ARGV[12 + 2 * i])) .. ',"lock_id":' .. id_json
-    .. ',"lock_id_source":' .. (sources[i] and cjson.encode(sources[i]) or id_json)
-  if opt['fencing'] then
-    local f = redis.call('HINCRBY', prefix .. 'fence', id, 1)
-    info = info .. ',"fence":' .. int(f)
-    fences[#fences + 1] = f
-    out[#out + 1] = f
+  if limit > 1 then
+    local now = now_ms()
+    deadline = now + ttl
+    local info = info_body .. ',"acquired_at":' .. int(now) .. ',"extended_at":' .. int(now) ..
+      info_tail(i, id_json, limit)
+    redis.call('ZADD', lk, int(deadline), ARGV[2])
+    if opt['fencing'] then
+      local f = redis.call('HINCRBY', prefix .. 'fence', id, 1)
+      info = info .. ',"fence":' .. int(f)
+      fences[i] = f
+    end
+    redis.call('HSET', ik, ARGV[2], '{' .. string.sub(info, 2) .. '}')
+    if was_empty[i] then
+      fix_sole_holder(lk, ik, KEYS[6], id, deadline)
+    else
+      fix_lock(lk, ik, KEYS[6], id)
+    end
   end
-  redis.call('HSET', ik, ARGV[2], info .. '}')
-  if was_empty[i] then
-    fix_sole_holder(lk, ik, KEYS[6], id, deadline)
-  else
-    fix_lock(lk, ik, KEYS[6], id)
+end
+out[2] = deadline
+local fence_list = {}
+for i = 1, n do
+  if fences[i] then
+    fence_list[#fence_list + 1] = fences[i]
+    out[#out + 1] = fences[i]
   end
 end
 
 -- D-9 start-time holds, after the locked_by check; D-4 enqueue-time holds ensured.
 local holds = {}
 local hold_ttl = tonumber(opt['hold_ttl'] or 86400000)
+local now = nil
+if #start_holds > 0 or #enqueue_holds > 0 then now = now_ms() end
 for _, name in ipairs(start_holds) do
   hold_add(prefix, name, digest, hold_ttl, now)
   holds[#holds + 1] = name
@@ -291,13 +390,13 @@ count(prefix, now, 'holds_added', class, #start_holds)
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,
   'state', 'running',
-  'started_at', now_s,
+  'started_at', int(wnow),
   'token', ARGV[2],
   'locks', '[' .. table.concat(ids, ',') .. ']',
   'class', class,
   'digest', digest)
 if #holds > 0 then redis.call('HSET', inflight, 'holds', cjson.encode(holds)) end
-if #fences > 0 then redis.call('HSET', inflight, 'fences', cjson.encode(fences)) end
+if #fence_list > 0 then redis.call('HSET', inflight, 'fences', cjson.encode(fence_list)) end
 redis.call('SET', KEYS[5], ARGV[6])
 clear_counter(KEYS[4])
 if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end

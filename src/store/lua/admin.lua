@@ -19,10 +19,18 @@ local now = now_ms()
 local counter_prefix = prefix .. 'counter:'
 local lk, ik, bk = prefix .. 'lock:' .. id, prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
 if op == 'lock_token' then
-  local n = release_token(lk, ik, bk, KEYS[1], id, ARGV[4], counter_prefix)
+  local n = release_any(lk, ik, bk, KEYS[1], id, ARGV[4], counter_prefix)
   count(prefix, now, 'released', '', n)
   return n
 elseif op == 'lock_force' then
+  if sget(lk) then
+    -- a limit-1 lock (lib.lua): its one holder
+    redis.call('DEL', lk)
+    known[lk] = false
+    reset_blocked(bk, counter_prefix)
+    count(prefix, now, 'force_released', '', 1)
+    return 1
+  end
   local members = redis.call('ZRANGE', lk, 0, -1)
   for _, t in ipairs(members) do
     release_token(lk, ik, bk, KEYS[1], id, t, counter_prefix)

@@ -1,4 +1,5 @@
--- EXTEND (locking-semantics.md A-10, L-8, NEVER-5): compare-and-extend of one job's locks.
+-- EXTEND (locking-semantics.md A-10, L-8, NEVER-5): compare-and-extend of one job's locks
+-- (a limit-1 lock's key gets its PX again; a larger one's member its deadline).
 -- Only an existing, unexpired member with the caller's token moves forward; a lapsed or
 -- removed member is reported lost and never re-added.
 --
@@ -24,24 +25,35 @@ local extended, lost, expired = 0, 0, 0
 for i = 1, #ARGV - 3 do
   local lk, ik, bk = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local id = ARGV[3 + i]
-  expired = expired + purge_expired(lk, ik, bk, now, ARGV[3])
-  if redis.call('ZSCORE', lk, token) then
-    redis.call('ZADD', lk, 'XX', deadline, token)
-    local raw = redis.call('HGET', ik, token)
-    if raw then
-      local ok, info = pcall(cjson.decode, raw)
-      if ok and type(info) == 'table' then
-        info['extended_at'] = now
-        redis.call('HSET', ik, token, cjson.encode(info))
+  local v = sget(lk)
+  local held = false
+  if v then
+    -- A limit-1 lock (lib.lua): the holder's key lives as long as its PX.
+    held = lock1_holds(v, token)
+    if held then redis.call('PEXPIRE', lk, ARGV[2]) end
+  else
+    expired = expired + purge_expired(lk, ik, bk, now, ARGV[3])
+    held = redis.call('ZSCORE', lk, token) ~= false
+    if held then
+      redis.call('ZADD', lk, 'XX', deadline, token)
+      local raw = redis.call('HGET', ik, token)
+      if raw then
+        local ok, info = pcall(cjson.decode, raw)
+        if ok and type(info) == 'table' then
+          info['extended_at'] = now
+          redis.call('HSET', ik, token, cjson.encode(info))
+        end
       end
     end
+    fix_lock(lk, ik, KEYS[1], id)
+  end
+  if held then
     out[#out + 1] = 0
     extended = extended + 1
   else
     out[#out + 1] = 1
     lost = lost + 1
   end
-  fix_lock(lk, ik, KEYS[1], id)
 end
 count(prefix, now, 'extended', '', extended)
 count(prefix, now, 'lock_lost', '', lost)

@@ -13,7 +13,7 @@
 -- KEYS[9]      <ns>:queue:<q>
 -- KEYS[10]     <ns>:queues
 -- KEYS[11]     <ns>:locket:locks
--- KEYS[9+3i]   <ns>:locket:lock:<id_i>               for i = 1..n
+-- KEYS[9+3i]   <ns>:locket:lock:<id_i>               for i = 1..n (read once with the lease: lib.lua)
 -- KEYS[10+3i]  <ns>:locket:lockinfo:<id_i>
 -- KEYS[11+3i]  <ns>:locket:blocked:lock:<id_i>
 -- ARGV[1]      rid
@@ -35,7 +35,8 @@
 --              the outcome and each hold's release_on), or ""
 -- ARGV[11]     "1" when this FINISH is sent again after an attempt whose reply never came
 --              (that attempt may have landed), else ""
--- ARGV[11+i]   lock id i
+-- ARGV[10+2i]  lock id i
+-- ARGV[11+2i]  its limit (1: a STRING lock, lib.lua; more: a ZSET)
 --
 -- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
 -- token is released (and holds are released as the outcome says) and nothing is recorded a
@@ -50,13 +51,29 @@
 
 local inflight = KEYS[1]
 local outcome = ARGV[3]
-local rec = redis.call('HMGET', inflight, 'rid', 'payload')
-local mine = rec[1] == ARGV[1]
-local payload = rec[2]
+local prefix = locket_prefix(ARGV[6])
+local n = (#ARGV - 11) / 2
+prefetch(finish_reads(KEYS, ARGV))
+-- While the lease is held only this process writes its slot record (lib.lua, lease_held): a
+-- first FINISH needs no rid check. One sent again, or one whose lease is gone, reads it.
+local mine, payload = true, nil
+if ARGV[11] == '1' or not lease_trusted(prefix, inflight) then
+  local rec = redis.call('HMGET', inflight, 'rid', 'payload')
+  mine = rec[1] == ARGV[1]
+  payload = rec[2]
+elseif outcome == 'requeue' or outcome == 'return' then
+  payload = redis.call('HGET', inflight, 'payload')
+  mine = payload ~= false
+end
+-- Keys deleted together at the end: the released limit-1 locks, then the reservation.
+local dels = {}
 -- The reservation and Resque's "working on" record end together (done_working), once the
 -- payload is where the outcome puts it (S-6: a push that raises leaves the record in place).
 local function end_reservation()
-  redis.call('DEL', inflight, KEYS[2])
+  dels[#dels + 1] = inflight
+  dels[#dels + 1] = KEYS[2]
+  redis.call('DEL', unpack(dels))
+  dels = {}
   inflight_freed[inflight] = true
 end
 
@@ -71,19 +88,22 @@ if mine then
   end
 end
 
-local prefix = locket_prefix(ARGV[6])
 local class = ARGV[8]
-local now = now_ms()
 if ARGV[2] ~= '' then
   local released = 0
-  for i = 1, #ARGV - 11 do
-    released = released + release_token(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i],
-      KEYS[11], ARGV[11 + i], ARGV[2], ARGV[6])
+  for i = 1, n do
+    local lk, ik, bk = KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i]
+    if tonumber(ARGV[11 + 2 * i]) <= 1 then
+      released = released + lock1_release(lk, bk, ARGV[2], ARGV[6], dels)
+    else
+      released = released + release_any(lk, ik, bk, KEYS[11], ARGV[10 + 2 * i], ARGV[2], ARGV[6])
+    end
   end
-  count(prefix, now, 'released', class, released)
+  count(prefix, nil, 'released', class, released)
 end
 if ARGV[10] ~= '' and (mine or ARGV[11] ~= '1') then
   local released = 0
+  local now = now_ms()
   for _, name in ipairs(cjson.decode(ARGV[10])) do
     released = released + hold_release(prefix, name, ARGV[9], now)
   end
@@ -91,7 +111,8 @@ if ARGV[10] ~= '' and (mine or ARGV[11] ~= '1') then
 end
 
 if not mine then
-  count(prefix, now, 'finished_after_recovery', class)
+  if #dels > 0 then redis.call('DEL', unpack(dels)) end
+  count(prefix, nil, 'finished_after_recovery', class)
   return 'missing'
 end
 

@@ -13,14 +13,9 @@
 -- {"__locket_reserve_error__", message}: the FINISH has landed either way, and the worker must
 -- not send it again (a second FINISH would find "missing" and release the job's holds twice).
 
-local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
-local fk, fa, rk, ra = {}, {}, {}, {}
-for i = 1, #KEYS do
-  if i <= nk then fk[#fk + 1] = KEYS[i] else rk[#rk + 1] = KEYS[i] end
-end
-for i = 3, #ARGV do
-  if i - 2 <= na then fa[#fa + 1] = ARGV[i] else ra[#ra + 1] = ARGV[i] end
-end
+local fk, fa, rk, ra = split_finish_reserve(KEYS, ARGV)
+-- One MGET for what both parts read (lib.lua, prefetch).
+prefetch(finish_reserve_reads(KEYS, ARGV))
 local finished = finish_part(fk, fa)
 local ok, reserved = pcall(reserve_part, rk, ra)
 if not ok then

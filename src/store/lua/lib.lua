@@ -37,37 +37,74 @@ local function now_ms()
   return cached_now
 end
 
--- R-2, A-1, A-6: whether the process owning the slot record `inflight`
--- ("<prefix>inflight:<process id>:<n>") still holds its lease "<prefix>alive:<process id>".
--- A process whose lease is gone may have been recovered already: it must not reserve or
--- start anything, since nothing would recover what it took. Asked once per run and process.
-local lease_seen = {}
-local function lease_held(prefix, inflight)
-  local process = string.match(string.sub(inflight, #prefix + 10), '^(.*):%d+$')
-  if process == nil then return true end
-  local held = lease_seen[process]
-  if held == nil then
-    held = redis.call('EXISTS', prefix .. 'alive:' .. process) == 1
-    lease_seen[process] = held
+-- String values this run has read or written (key -> value, or false for absent / not a
+-- string), so that a step reads each at most once and a batch of steps reads them together:
+-- prefetch() gets every key a step will read in one MGET before it starts (the pause flag,
+-- the process lease, the queues' lock counters, the job's limit-1 locks). MGET answers nil
+-- for a key of another type, so a value another tool wrote cannot make a step raise. Every
+-- write of such a key here updates the entry (a batch is one atomic step: nothing else writes
+-- meanwhile).
+local known = {}
+local function prefetch(keys)
+  local want = {}
+  for _, k in ipairs(keys) do
+    if known[k] == nil then
+      want[#want + 1] = k
+      known[k] = false
+    end
   end
-  return held
+  for i = 1, #want, 1000 do
+    local last = math.min(i + 999, #want)
+    local vals = redis.call('MGET', unpack(want, i, last))
+    for j = i, last do known[want[j]] = vals[j - i + 1] or false end
+  end
+end
+-- The string value of `key`, or false.
+local function sget(key)
+  local v = known[key]
+  if v == nil then
+    v = redis.call('MGET', key)[1] or false
+    known[key] = v
+  end
+  return v
 end
 
--- pause-all-workers as RESERVE read it in this run (1 paused, 0 not), nil before the first read.
-local pause_seen = nil
+-- "<prefix>alive:<process id>" of the slot record `inflight` ("<prefix>inflight:<process
+-- id>:<n>"), or nil for a record name without a process.
+local function lease_key(prefix, inflight)
+  local process = string.match(string.sub(inflight, #prefix + 10), '^(.*):%d+$')
+  if process == nil then return nil end
+  return prefix .. 'alive:' .. process
+end
 
--- What this run knows without asking again (a batch of calls is one atomic step, and nothing
--- else writes meanwhile): lock counter keys known to be absent (read as absent, or deleted
--- here; an INCR here forgets it), and inflight records deleted here by FINISH (a RESERVE of
--- the same slot in the same run needs no K-2 check; its HSET forgets it).
-local counter_absent = {}
+-- R-2, A-1, A-6: whether the process owning the slot record `inflight` still holds its lease.
+-- A process whose lease is gone may have been recovered already: it must not reserve or
+-- start anything, since nothing would recover what it took. While the lease is held, nothing
+-- but the process itself writes its slot records (recovery needs the lease gone, R-4, and
+-- HEARTBEAT only extends a lease that exists, never recreates it).
+-- Whether the slot record `inflight` can be trusted to be this process's own without reading
+-- it: the lease is held (lease_held). A record name without a process (no lease to check)
+-- is read.
+local function lease_trusted(prefix, inflight)
+  local k = lease_key(prefix, inflight)
+  return k ~= nil and sget(k) ~= false
+end
+
+local function lease_held(prefix, inflight)
+  local k = lease_key(prefix, inflight)
+  if k == nil then return true end
+  return sget(k) ~= false
+end
+
+-- Inflight records deleted by FINISH in this run (a RESERVE of the same slot in the same run
+-- needs no K-2 check; its HSET forgets it).
 local inflight_freed = {}
 
 -- Deletes a lock counter unless this run knows it is absent.
 local function clear_counter(key)
-  if not counter_absent[key] then
+  if known[key] ~= false then
     redis.call('DEL', key)
-    counter_absent[key] = true
+    known[key] = false
   end
 end
 
@@ -164,6 +201,51 @@ local function release_token(lock_key, info_key, blocked_key, locks_index, lock_
   return removed
 end
 
+-- L-1 with limit 1, the common lock: a STRING key lock:<id>, taken with `SET NX PX` (the
+-- check, the take and the lease's expiry in one call) and released by compare-and-delete. Its
+-- value is the holder's info, a JSON object that starts with a flag and the token:
+-- {"blocked":0,"token":"<token>",...}. The flag turns 1 when a conflict requeue named a
+-- queue in blocked:lock:<id> while this holder held it, so that the release knows from the
+-- value it read whether A-14 has anything to reset. A lock of a larger limit is a ZSET with
+-- `lockinfo` and the `locks` index (fix_lock above). A key of the other kind counts as full
+-- (a class whose limit changed while its old holders run never gets more holders).
+local LOCK1_HEAD = '{"blocked":0,"token":"'
+local function lock1_value(token, rest)
+  return LOCK1_HEAD .. token .. '"' .. rest
+end
+local function lock1_holds(v, token)
+  return v and string.sub(v, 23, 22 + #token) == token and
+    string.sub(v, 23 + #token, 23 + #token) == '"'
+end
+local function lock1_flagged(v)
+  return v and string.sub(v, 12, 12) == '1'
+end
+-- A-14 for a conflict on a limit-1 lock: flag its holder (the expiry is kept).
+local function lock1_flag(lk)
+  local v = sget(lk)
+  if v and not lock1_flagged(v) then
+    local nv = '{"blocked":1' .. string.sub(v, 13)
+    redis.call('SET', lk, nv, 'KEEPTTL')
+    known[lk] = nv
+  end
+end
+-- L-5 for a limit-1 lock: compare-and-delete, and A-14 when the holder was flagged. The key is
+-- appended to `dels` when given (the caller deletes it with its own keys, in one DEL, before
+-- anything else in the run touches it), else deleted here. Returns 1 when released.
+local function lock1_release(lk, bk, token, counter_prefix, dels)
+  local v = sget(lk)
+  if not lock1_holds(v, token) then return 0 end
+  if dels then dels[#dels + 1] = lk else redis.call('DEL', lk) end
+  known[lk] = false
+  if lock1_flagged(v) then reset_blocked(bk, counter_prefix) end
+  return 1
+end
+-- L-5 for a lock of either kind (recovery and admin releases do not know the limit).
+local function release_any(lk, ik, bk, index, id, token, counter_prefix)
+  if sget(lk) then return lock1_release(lk, bk, token, counter_prefix, nil) end
+  return release_token(lk, ik, bk, index, id, token, counter_prefix)
+end
+
 local function is_true(v)
   return v and string.lower((string.gsub(v, '^%s*(.-)%s*$', '%1'))) == 'true'
 end
@@ -189,18 +271,22 @@ local function iso8601(secs)
     math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60)
 end
 
--- O-3: count an event in stat:<event> and in the current metrics:<epoch minute> bucket
--- (`<event>` and `<event>|<class>`), inside the script that caused it. `prefix` is
--- "<ns>:locket:". Counts are summed in Lua and written once per run by flush_counts(), which
--- src/store/scripts.rs calls at the end of every script (and of every batch of them): a job's
--- four events, or a batch's hundreds, cost one INCRBY and one HINCRBY per distinct field.
+-- O-3: count an event (`<event>`, and `<event>|<class>` when a class is given). Counts are
+-- summed in Lua. The job-path steps (RESERVE, ACQUIRE, FINISH and their batches) hand them to
+-- the worker with their reply (`counts_reply`, set by src/store/scripts.rs): the worker adds
+-- them up in memory and writes stat:<event> and the metrics:<epoch minute> bucket at most once
+-- per second (src/store/tally.rs), so they cost the job path nothing. The other steps (janitor,
+-- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
 local counts, counts_prefix, counts_bucket = {}, nil, nil
+local counts_reply = false
 local function count(prefix, now, event, class, n)
   n = n or 1
   if n == 0 then return end
   if counts_prefix == nil then
     counts_prefix = prefix
-    counts_bucket = prefix .. 'metrics:' .. int(math.floor(now / 60000))
+    if not counts_reply then
+      counts_bucket = prefix .. 'metrics:' .. int(math.floor((now or now_ms()) / 60000))
+    end
   end
   counts[event] = (counts[event] or 0) + n
   if class and class ~= '' then
@@ -209,15 +295,17 @@ local function count(prefix, now, event, class, n)
   end
 end
 
--- Resque's own counters (stat:processed and the like) are summed the same way: a batch of
--- FINISHes writes stat:processed once.
+-- Resque's own counters (stat:processed and the like) are summed the same way and always
+-- written in the step (they stay exact, per job): a batch of FINISHes writes stat:processed once.
 local incrs = {}
 local function incr_later(key, n)
   incrs[key] = (incrs[key] or 0) + (n or 1)
 end
 
--- Writes the counts summed by count() and incr_later(). The bucket gets its 8 h expiry when one of its event
--- fields is created (event names hold no '|'; the class fields do).
+-- Writes the Resque counters summed by incr_later() and, unless counts_reply is set, the
+-- counts summed by count(); returns the counts as a flat list {field, n, ...} when it is set.
+-- The bucket gets its 8 h expiry when one of its event fields is created (event names hold no
+-- '|'; the class fields do).
 local function flush_counts()
   -- Counts are observability: a counter key another tool made a non-integer or another type
   -- is passed over (redis.pcall), so it never fails the step whose writes are already made.
@@ -225,6 +313,15 @@ local function flush_counts()
     redis.pcall('INCRBY', key, int(n))
   end
   incrs = {}
+  if counts_reply then
+    local flat = {}
+    for field, n in pairs(counts) do
+      flat[#flat + 1] = field
+      flat[#flat + 1] = n
+    end
+    counts, counts_prefix = {}, nil
+    return flat
+  end
   if counts_prefix == nil then return end
   local m = counts_bucket
   local fresh = false
@@ -244,6 +341,53 @@ end
 -- "<ns>:locket:" from the counter prefix "<ns>:locket:counter:" the scripts already receive.
 local function locket_prefix(counter_prefix)
   return string.sub(counter_prefix, 1, #counter_prefix - 8)
+end
+
+-- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
+-- of steps, reads all of them in one MGET (prefetch). The layouts are the scripts' own.
+-- RESERVE: the pause flag, the lease, the counters of the first 16 queues.
+local function reserve_reads(K, A)
+  local out = {K[2]}
+  out[#out + 1] = lease_key(A[4], K[1])
+  for i = 1, math.min(#A - 6, 16) do
+    out[#out + 1] = A[4] .. 'counter:' .. A[6 + i]
+  end
+  return out
+end
+-- FINISH: the lease and the job's limit-1 locks.
+local function finish_reads(K, A)
+  local out = {}
+  out[#out + 1] = lease_key(locket_prefix(A[6]), K[1])
+  for i = 1, (#A - 11) / 2 do
+    if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[9 + 3 * i] end
+  end
+  return out
+end
+-- ACQUIRE: the lease and the queue's counter.
+local function acquire_reads(K, A)
+  local out = {}
+  out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
+  out[#out + 1] = K[4]
+  return out
+end
+
+-- FINISH+RESERVE's KEYS and ARGV cut into each part's (finish_reserve.lua gives the layout).
+local function split_finish_reserve(K, A)
+  local nk, na = tonumber(A[1]), tonumber(A[2])
+  local fk, fa, rk, ra = {}, {}, {}, {}
+  for i = 1, #K do
+    if i <= nk then fk[#fk + 1] = K[i] else rk[#rk + 1] = K[i] end
+  end
+  for i = 3, #A do
+    if i - 2 <= na then fa[#fa + 1] = A[i] else ra[#ra + 1] = A[i] end
+  end
+  return fk, fa, rk, ra
+end
+local function finish_reserve_reads(K, A)
+  local fk, fa, rk, ra = split_finish_reserve(K, A)
+  local reads = finish_reads(fk, fa)
+  for _, k in ipairs(reserve_reads(rk, ra)) do reads[#reads + 1] = k end
+  return reads
 end
 
 -- D-1: a hold field is "<count>:<deadline ms>".

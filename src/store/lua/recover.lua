@@ -78,7 +78,7 @@ if rid then
   end
   if token ~= '' then
     for i = 1, #ARGV - 8 do
-      release_token(KEYS[13 + 3 * i], KEYS[14 + 3 * i], KEYS[15 + 3 * i], KEYS[15],
+      release_any(KEYS[13 + 3 * i], KEYS[14 + 3 * i], KEYS[15 + 3 * i], KEYS[15],
         ARGV[8 + i], token, ARGV[8])
     end
   end

@@ -9,7 +9,8 @@
 -- ARGV[3]       "1" to clear the counters of skipped queues when nothing was reserved
 -- ARGV[4]       locket key prefix "<ns>:locket:" (O-3 stats)
 -- ARGV[5]       queue key prefix "<ns>:queue:"
--- ARGV[5+i]     queue name q_i                for i = 1..n, in priority order
+-- ARGV[6]       the worker's clock in ms (reserved_at: shown, never a deadline)
+-- ARGV[6+i]     queue name q_i                for i = 1..n, in priority order
 -- The queue keys <ns>:queue:<q_i> and counters <ns>:locket:counter:<q_i> are built here from
 -- the names (S-1 allows it: no Cluster), so a RESERVE over 100 queues carries 100 names, not
 -- 300 strings.
@@ -28,11 +29,10 @@
 -- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local inflight = KEYS[1]
--- pause-all-workers is read once per run: a batch of RESERVEs sees one answer.
-if pause_seen == nil then
-  pause_seen = is_true(redis.call('GET', KEYS[2])) and 1 or 0
-end
-if pause_seen == 1 then
+-- One MGET reads the pause flag, the lease and the first queues' counters (lib.lua); a batch
+-- of RESERVEs reads them once.
+prefetch(reserve_reads(KEYS, ARGV))
+if is_true(sget(KEYS[2])) then
   return {'paused'}
 end
 if not inflight_freed[inflight] and redis.call('EXISTS', inflight) == 1 then
@@ -42,7 +42,7 @@ if not lease_held(ARGV[4], inflight) then
   return {'dead'}
 end
 
-local n = #ARGV - 5
+local n = #ARGV - 6
 local prefix = ARGV[4]
 local queue_prefix = ARGV[5]
 local counter_prefix = prefix .. 'counter:'
@@ -50,7 +50,7 @@ local qkeys = {}
 local function qkey(i)
   local k = qkeys[i]
   if k == nil then
-    k = queue_prefix .. ARGV[5 + i]
+    k = queue_prefix .. ARGV[6 + i]
     qkeys[i] = k
   end
   return k
@@ -61,7 +61,7 @@ local unreadable = {}
 local function read(cmd, i)
   local r = redis.pcall(cmd, qkey(i))
   if type(r) == 'table' and r.err then
-    unreadable[#unreadable + 1] = ARGV[5 + i]
+    unreadable[#unreadable + 1] = ARGV[6 + i]
     return false
   end
   return r
@@ -84,19 +84,15 @@ for i = 1, n do
   if i > empty_until then
     -- A-2: skip q when its counter has reached its length. With no counter (the common
     -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
-    local ck = counter_prefix .. ARGV[5 + i]
-    local c = 0
-    if not counter_absent[ck] then
-      local v = redis.call('GET', ck)
-      if v then c = tonumber(v) or 0 else counter_absent[ck] = true end
-    end
+    local ck = counter_prefix .. ARGV[6 + i]
+    local c = tonumber(sget(ck) or 0) or 0
     if c <= 0 then
       payload = read('LPOP', i)
     else
       local len = read('LLEN', i)
       if len and len > 0 then
         if c >= len then
-          skipped[#skipped + 1] = ARGV[5 + i]
+          skipped[#skipped + 1] = ARGV[6 + i]
         else
           payload = read('LPOP', i)
         end
@@ -104,10 +100,10 @@ for i = 1, n do
     end
   end
   if payload then
-    local now = now_ms()
+    local now = tonumber(ARGV[6]) or 0
     redis.call('HSET', inflight,
       'rid', ARGV[1],
-      'queue', ARGV[5 + i],
+      'queue', ARGV[6 + i],
       'payload', payload,
       'reserved_at', int(now),
       'state', 'reserved',
@@ -115,7 +111,7 @@ for i = 1, n do
     inflight_freed[inflight] = nil
     count(prefix, now, 'reserved', '')
     if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
-    return {'job', ARGV[5 + i], payload, ARGV[1]}
+    return {'job', ARGV[6 + i], payload, ARGV[1]}
   end
 end
 
@@ -124,5 +120,5 @@ if ARGV[3] == '1' then
     clear_counter(counter_prefix .. q)
   end
 end
-if #skipped > 0 then count(prefix, now_ms(), 'queue_skipped', '', #skipped) end
+if #skipped > 0 then count(prefix, nil, 'queue_skipped', '', #skipped) end
 return {'nothing', skipped, unreadable}

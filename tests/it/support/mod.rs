@@ -194,3 +194,22 @@ pub fn evalsha_calls(info: &str) -> i64 {
         .and_then(|v| v.parse().ok())
         .expect("evalsha calls in INFO commandstats")
 }
+
+/// A lock's holders as a flat list token, deadline (ms), whatever its kind
+/// (locking-semantics.md L-1, L-1a): the one holder of a limit-1 lock, a STRING holding its
+/// info (deadline = server now + PTTL), or a larger lock's ZSET members. Run with
+/// `EVAL LOCK_HOLDERS_LUA 1 <lock key>`.
+pub const LOCK_HOLDERS_LUA: &str = r"if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  local info = cjson.decode(redis.call('GET', KEYS[1]))
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return {info['token'], tostring(now + redis.call('PTTL', KEYS[1]))}
+end
+return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')";
+
+/// A holder's info JSON: a limit-1 lock's own value, or its `lockinfo` field. Run with
+/// `EVAL LOCK_INFO_LUA 2 <lock key> <lockinfo key> <token>`.
+pub const LOCK_INFO_LUA: &str = r"if redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+  return redis.call('GET', KEYS[1])
+end
+return redis.call('HGET', KEYS[2], ARGV[1])";

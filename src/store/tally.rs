@@ -1,0 +1,177 @@
+//! The O-3 counts of the job path (locking-semantics.md O-3), summed in memory and written at
+//! most once per second.
+//!
+//! On a worker's connection (src/store/batch.rs), RESERVE, ACQUIRE, FINISH and their batches
+//! do not write `stat:<event>` or the `metrics:<epoch minute>` bucket themselves: the
+//! connection sends their tallied variant, which returns what it counted beside its reply
+//! (`{reply, {field, n, ...}}`, lib.lua `counts_reply`); [`Tally::split_reply`] adds that to the
+//! connection's [`Tally`], and [`flush_loop`] writes the sums once per second and once more
+//! when the process stops. A process killed with SIGKILL loses at most the last second of
+//! these counts; they are observability, not state. Resque's own `stat:processed` and
+//! `stat:failed` stay exact, per job, inside FINISH. Any other caller of the store (its tests,
+//! say) runs the plain variants, which write their counts in the step, as the steps off the job
+//! path (janitor, admin, scheduler) always do.
+
+use crate::resque::keys::Keys;
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// How often the sums are written.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// Life of a per-minute bucket, as the scripts give it.
+const BUCKET_TTL_MS: u64 = 8 * 3600 * 1000;
+
+/// Counts not yet written: `<event>` and `<event>|<class>` fields. One per worker connection
+/// (src/store/batch.rs), shared by its slots.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pending: Mutex<HashMap<String, i64>>,
+}
+
+impl Tally {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds counts to the pending sums.
+    pub fn add<'a>(&self, counts: impl IntoIterator<Item = (&'a str, i64)>) {
+        let mut map = self.lock();
+        for (field, n) in counts {
+            if n != 0 {
+                *map.entry(field.to_string()).or_insert(0) += n;
+            }
+        }
+    }
+
+    /// A tallied job-path script's reply `{reply, {field, n, ...}}`: the counts go to the
+    /// pending sums, the reply is returned.
+    pub fn split_reply(&self, v: Value) -> RedisResult<Value> {
+        match v {
+            Value::Array(mut items) if items.len() == 2 => {
+                let counts = items.pop().unwrap_or(Value::Nil);
+                let reply = items.pop().unwrap_or(Value::Nil);
+                if let Value::Array(flat) = counts {
+                    let mut pairs = Vec::with_capacity(flat.len() / 2);
+                    for pair in flat.chunks(2) {
+                        if let [Value::BulkString(f), n] = pair {
+                            let n = match n {
+                                Value::Int(i) => *i,
+                                other => super::text(other).parse().unwrap_or(0),
+                            };
+                            pairs.push((String::from_utf8_lossy(f).into_owned(), n));
+                        }
+                    }
+                    self.add(pairs.iter().map(|(f, n)| (f.as_str(), *n)));
+                }
+                Ok(reply)
+            }
+            other => super::unexpected("tallied job-path script", &other),
+        }
+    }
+
+    /// The pending sums, taken (empty when nothing was counted since the last flush).
+    fn take(&self) -> HashMap<String, i64> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Writes the pending sums: `stat:<event>` and the current minute's bucket. On an error
+    /// the sums go back, to be written with the next flush.
+    pub async fn flush<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+    ) -> RedisResult<usize> {
+        let sums = self.take();
+        if sums.is_empty() {
+            return Ok(0);
+        }
+        let minute = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() / 60)
+            .unwrap_or(0);
+        let bucket = keys.locket(&format!("metrics:{minute}"));
+        let mut pipe = redis::pipe();
+        for (field, n) in &sums {
+            if !field.contains('|') {
+                pipe.cmd("INCRBY")
+                    .arg(keys.locket(&format!("stat:{field}")))
+                    .arg(*n)
+                    .ignore();
+            }
+            pipe.cmd("HINCRBY").arg(&bucket).arg(field).arg(*n).ignore();
+        }
+        pipe.cmd("PEXPIRE").arg(&bucket).arg(BUCKET_TTL_MS).ignore();
+        // A counter key another tool spoiled (another type, not an integer) is passed over,
+        // as the scripts do: only a failed round trip keeps the sums for the next flush.
+        match pipe.ignore_errors().query_async::<Value>(conn).await {
+            Ok(_) => Ok(sums.len()),
+            Err(e) => {
+                self.add(sums.iter().map(|(f, n)| (f.as_str(), *n)));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Flushes `tally` every [`FLUSH_EVERY`] while there is something to write, and once more
+/// when `stop` is cancelled (then a few tries, for a Redis that is briefly away).
+pub async fn flush_loop<C: ConnectionLike + Send>(
+    mut conn: C,
+    tally: Arc<Tally>,
+    keys: Keys,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = tally.flush(&mut conn, &keys).await {
+                    tracing::debug!(error = %e, "locket counts not written; kept for the next flush");
+                }
+            }
+            _ = stop.cancelled() => break,
+        }
+    }
+    for _ in 0..5 {
+        match tokio::time::timeout(Duration::from_secs(2), tally.flush(&mut conn, &keys)).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "locket counts not written at stop; trying again");
+            }
+            Err(_) => tracing::warn!("locket counts not written at stop: Redis did not answer"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_reply_adds_the_counts_and_returns_the_reply() {
+        let t = Tally::default();
+        let v = Value::Array(vec![
+            Value::BulkString(b"ok".to_vec()),
+            Value::Array(vec![
+                Value::BulkString(b"started".to_vec()),
+                Value::Int(2),
+                Value::BulkString(b"started|Hello".to_vec()),
+                Value::Int(1),
+            ]),
+        ]);
+        let reply = t.split_reply(v).expect("a reply");
+        assert_eq!(reply, Value::BulkString(b"ok".to_vec()));
+        t.add([("started", 3)]);
+        let sums = t.take();
+        assert_eq!(sums.get("started"), Some(&5));
+        assert_eq!(sums.get("started|Hello"), Some(&1));
+        assert!(t.take().is_empty());
+    }
+}
