@@ -182,6 +182,7 @@ pub(super) fn base_command(
         .env_remove(crate::process::PAUSED_ENV)
         .env_remove(crate::process::WORKER_INDEX_ENV)
         .env_remove(crate::process::INCARNATION_ENV)
+        .env_remove(crate::process::PICKUP_FD_ENV)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
