@@ -9,6 +9,7 @@
 //! ```
 
 mod delayed;
+mod idle;
 mod persistent;
 mod procs;
 mod scenarios;
@@ -37,7 +38,8 @@ enum Scenario {
     Starvation,
     /// 100 configured queues, jobs only in the last.
     Queues,
-    /// Pickup latency and Redis load of an idle worker.
+    /// Pickup latency on the first and last of 16 queues, Redis load and connections of an
+    /// idle `--workers 2` daemon.
     Idle,
     /// The same noop queue drained by node-resque (Worker + JobLock, MultiWorker).
     Peers,
@@ -578,7 +580,7 @@ fn run(opts: Opts) -> Result<()> {
                 scenario_queues(&with(Some(1), None), &exe, r)
             })?;
             attempt("idle", &mut rows, |r| {
-                scenario_idle(&with(Some(1), None), &exe, r)
+                scenario_idle(&with(Some(2), None), &exe, r)
             })?;
             attempt("peers", &mut rows, |r| {
                 scenario_peers(&with(Some(1), None), &exe, r)
