@@ -66,9 +66,11 @@ pub(crate) fn scenario_idle(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Res
     let ms = |v: &[u64], p: f64| percentile(v, p) as f64 / 1e3;
     for (name, v) in [("first", &first), ("last", &last)] {
         println!(
-            "idle: pickup on the {name} of {QUEUES} queues over {} pushes: median {:.1} ms, p99 {:.1} ms, max {:.1} ms (interval {})",
+            "idle: pickup on the {name} of {QUEUES} queues over {} pushes: median {:.1} ms, p90 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms (interval {})",
             v.len(),
             ms(v, 0.5),
+            ms(v, 0.9),
+            ms(v, 0.95),
             ms(v, 0.99),
             ms(v, 1.0),
             opts.interval.map(|i| format!("{i} s")).unwrap_or_else(|| "default".into())
