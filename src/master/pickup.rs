@@ -50,8 +50,10 @@ pub(super) const MAX_WATCHED: usize = 64;
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 /// A watcher no worker has wanted for this long closes its connection.
 const UNWANTED_FOR: Duration = Duration::from_secs(60);
-/// Wake-ups for a change of the queue set: at most one per this (leading and trailing edge).
-const CHANGES_EVERY: Duration = Duration::from_millis(100);
+/// Wake-ups for changes of the queue set: at most this many a second; a change past them is
+/// answered at the second's end (so a churning set never wakes workers in a loop).
+const CHANGES_PER_SECOND: u32 = 10;
+const SECOND: Duration = Duration::from_secs(1);
 /// The backoff of a failing connection.
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -181,8 +183,9 @@ struct State {
     /// Some worker with patterns waits (the tracker's SMEMBERS fallback polls only then).
     glob_wanted: watch::Sender<bool>,
     tracker: Option<Task>,
-    /// The last wake-up for a change of the queue set, and whether another one is due.
-    changed_at: Option<Instant>,
+    /// Wake-ups for changes of the queue set in the current second (its start, how many),
+    /// and whether one more is due at its end.
+    changes: Option<(Instant, u32)>,
     changed_due: bool,
     /// Shared by the watchers: one log line per outage, not one per queue.
     failing: Arc<AtomicBool>,
@@ -200,7 +203,7 @@ impl State {
             pending: HashMap::new(),
             glob_wanted: watch::Sender::new(false),
             tracker: None,
-            changed_at: None,
+            changes: None,
             changed_due: false,
             failing: Arc::default(),
             refused: Arc::default(),
@@ -290,8 +293,10 @@ impl State {
             }
             Ev::QueuesChanged => {
                 let now = Instant::now();
-                match self.changed_at {
-                    Some(at) if now < at + CHANGES_EVERY => self.changed_due = true,
+                match self.changes {
+                    Some((start, n)) if now < start + SECOND && n >= CHANGES_PER_SECOND => {
+                        self.changed_due = true
+                    }
                     _ => self.wake_globs(now),
                 }
             }
@@ -328,7 +333,10 @@ impl State {
     }
 
     fn wake_globs(&mut self, now: Instant) {
-        self.changed_at = Some(now);
+        self.changes = match self.changes {
+            Some((start, n)) if now < start + SECOND => Some((start, n + 1)),
+            _ => Some((now, 1)),
+        };
         self.changed_due = false;
         let pids: Vec<u32> = self
             .procs
@@ -349,8 +357,8 @@ impl State {
         for (_, at) in self.pending.values() {
             next = next.min(*at);
         }
-        if let (true, Some(at)) = (self.changed_due, self.changed_at) {
-            next = next.min(at + CHANGES_EVERY);
+        if let (true, Some((start, _))) = (self.changed_due, self.changes) {
+            next = next.min(start + SECOND);
         }
         for w in self.watchers.values() {
             if let Some(since) = w.unwanted_since {
@@ -363,8 +371,8 @@ impl State {
     fn on_time(&mut self) {
         let now = Instant::now();
         self.pending.retain(|_, (_, at)| *at > now);
-        if let (true, Some(at)) = (self.changed_due, self.changed_at) {
-            if now >= at + CHANGES_EVERY {
+        if let (true, Some((start, _))) = (self.changed_due, self.changes) {
+            if now >= start + SECOND {
                 self.wake_globs(now);
             }
         }
