@@ -26,8 +26,9 @@
 //!
 //! Cost while idle: a BLMOVE per watched queue every 30 s, and a worker's own pass every
 //! `interval`; connections: one per watched queue (at most [`MAX_WATCHED`]) and one for the
-//! tracking. Errors (Redis away, OOM, NOPERM) back off from 1 s to 30 s per connection and are
-//! logged once; the workers' `interval` is the fallback meanwhile.
+//! tracking. Errors (Redis away, OOM, a failover) back off from 1 s to 30 s per connection; a
+//! BLMOVE the server refuses for good (NOPERM, Redis < 6.2) is tried again after 5 minutes.
+//! Each is logged once, not once per queue; the workers' `interval` is the fallback meanwhile.
 
 use crate::worker::pickup::{wake_line, Report, MAX_LINE};
 use std::collections::{BTreeMap, HashMap, HashSet};
