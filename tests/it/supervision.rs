@@ -1040,20 +1040,23 @@ fn an_idle_worker_does_not_hammer_a_redis_that_refuses_commands() {
             .and_then(|v| v.trim().parse().ok())
             .expect("total_connections_received")
     };
+    // A BLMOVE that blocked before Redis filled up is not refused: once the master's queue
+    // watcher blocks, fill Redis and cut the watcher off, so that it comes back to a full Redis.
+    let blocked = |r: &mut R| -> Vec<String> {
+        let list: String = r.cmd(&["CLIENT", "LIST"]);
+        list.lines()
+            .filter(|l| l.contains(" cmd=blmove "))
+            .filter_map(|l| l.strip_prefix("id="))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_string)
+            .collect()
+    };
+    wait_until(SHORT, "the idle wait blocks on BLMOVE", || {
+        !blocked(&mut r).is_empty()
+    });
     let _: () = r.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
-    // A BLMOVE that blocked before Redis filled up is not refused: cut the master's queue
-    // watcher off, so that it comes back to a full Redis.
-    let list: String = r.cmd(&["CLIENT", "LIST"]);
-    let blocked: Vec<String> = list
-        .lines()
-        .filter(|l| l.contains(" cmd=blmove "))
-        .filter_map(|l| l.strip_prefix("id="))
-        .filter_map(|l| l.split(' ').next())
-        .map(str::to_string)
-        .collect();
-    assert!(!blocked.is_empty(), "no idle wait blocked on BLMOVE:\n{list}");
-    for id in &blocked {
-        let _: i64 = r.cmd(&["CLIENT", "KILL", "ID", id]);
+    for id in blocked(&mut r) {
+        let _: i64 = r.cmd(&["CLIENT", "KILL", "ID", &id]);
     }
     let before = connections(&mut r);
     std::thread::sleep(Duration::from_secs(3));
