@@ -14,6 +14,9 @@ pub const WORKER_INDEX_ENV: &str = "LOCKETD_WORKER_INDEX";
 /// never another daemon's worker whose pid merely matches (pid reuse, or another pid
 /// namespace on the same host name).
 pub const INCARNATION_ENV: &str = "LOCKETD_INCARNATION";
+/// The descriptor of a worker's pickup link to its master (`worker/pickup.rs`): an idle
+/// worker asks there to be woken when a job is pushed to one of its queues.
+pub const PICKUP_FD_ENV: &str = "LOCKETD_PICKUP_FD";
 /// The name a log line gives a signal (`signal` field): `QUIT`, `TERM`, `USR2`, ... in the
 /// master's lines and the workers' alike.
 pub fn signal_name(sig: i32) -> &'static str {

@@ -27,6 +27,20 @@ pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
     redis::Client::open(info)
 }
 
+/// A client like [`client`]'s that speaks RESP3 (for push messages: client tracking).
+pub fn client_resp3(url: &str) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    let info = info
+        .set_redis_settings(settings)
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info)
+}
+
 /// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
 pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
     let client = client(url)?;
@@ -141,5 +155,21 @@ pub fn is_refusal(e: &redis::RedisError) -> bool {
             .detail()
             .is_some_and(|d| d.contains("max number of clients")),
         Some(_) => true,
+    }
+}
+
+/// Whether a command is refused by this server for good, so that it is not worth sending
+/// again before a restart or a reload: an unknown command (BLMOVE before Redis 6.2, CLIENT
+/// TRACKING before 6.0), wrong arguments, or an ACL that denies it (`NOPERM`).
+pub fn unavailable_command(e: &redis::RedisError) -> bool {
+    let detail = e.detail().unwrap_or("").to_ascii_lowercase();
+    match e.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => {
+            detail.contains("unknown command")
+                || detail.contains("unknown subcommand")
+                || detail.contains("wrong number of arguments")
+        }
+        _ => false,
     }
 }

@@ -32,7 +32,7 @@ pub struct CommandHandler {
 /// The daemon's own variables, which a handler does not inherit: the service manager's, the
 /// metrics pipe's and the master's. A handler that runs locketd itself must not start as a
 /// worker.
-pub(super) fn daemon_env() -> [&'static str; 8] {
+pub(super) fn daemon_env() -> [&'static str; 9] {
     [
         "NOTIFY_SOCKET",
         "WATCHDOG_USEC",
@@ -42,6 +42,7 @@ pub(super) fn daemon_env() -> [&'static str; 8] {
         crate::process::PAUSED_ENV,
         crate::process::WORKER_INDEX_ENV,
         crate::process::INCARNATION_ENV,
+        crate::process::PICKUP_FD_ENV,
     ]
 }
 

@@ -29,14 +29,24 @@ impl Master {
         if child_fd.is_some() {
             cmd.env(metrics::METRICS_FD_ENV, "3");
         }
-        // SAFETY: prctl and dup2 only, between fork and exec; both async-signal-safe. If the
-        // master dies (even SIGKILL), each worker gets TERM and stops its job, releasing its
-        // locks, instead of running on unsupervised. dup2 leaves fd 3 without FD_CLOEXEC.
+        // The pickup link is fd 4 (`pickup.rs`).
+        let link = self.pickup.as_ref().and_then(|_| pickup_pair());
+        let link_fd = link.as_ref().map(|(_, w)| w.as_raw_fd());
+        if link_fd.is_some() {
+            cmd.env(crate::process::PICKUP_FD_ENV, "4");
+        }
+        // SAFETY: prctl, fcntl and dup2 only, between fork and exec; all async-signal-safe. If
+        // the master dies (even SIGKILL), each worker gets TERM and stops its job, releasing
+        // its locks, instead of running on unsupervised. Both descriptors are first copied
+        // above 4, so that placing one cannot overwrite the other; dup2 leaves fds 3 and 4
+        // without FD_CLOEXEC.
         unsafe {
             cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                if let Some(fd) = child_fd {
-                    if libc::dup2(fd, 3) < 0 {
+                for (fd, to) in [(child_fd, 3), (link_fd, 4)] {
+                    let Some(fd) = fd else { continue };
+                    let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 5);
+                    if high < 0 || libc::dup2(high, to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
@@ -59,6 +69,20 @@ impl Master {
                     tokio::spawn(metrics::read_reports(rx, pid, self.aggregate.clone()));
                 }
                 Err(e) => warn!(target: LOG_TARGET, error = %e, "cannot read the worker's metrics"),
+            }
+        }
+        if let Some((mine, theirs)) = link {
+            drop(theirs);
+            let stream = std::os::unix::net::UnixStream::from(mine);
+            let attached = stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixStream::from_std(stream));
+            match (attached, self.pickup.as_ref()) {
+                (Ok(s), Some(p)) => p.attach(pid, s),
+                (Err(e), _) => {
+                    warn!(target: LOG_TARGET, error = %e, "cannot watch the worker's queues; it polls every interval")
+                }
+                _ => {}
             }
         }
         if let Some(mut stdin) = child.stdin.take() {
@@ -258,6 +282,27 @@ pub(super) fn metrics_pipe() -> Option<(OwnedFd, OwnedFd)> {
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         warn!(target: LOG_TARGET, error = %std::io::Error::last_os_error(), "cannot create a metrics pipe");
+        return None;
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    unsafe { Some((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+/// A close-on-exec stream socket pair (master's end, worker's end) for a worker's pickup
+/// link, or `None` (logged: the worker then waits on its own BLMOVE).
+fn pickup_pair() -> Option<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: socketpair fills two descriptors we then own.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        warn!(target: LOG_TARGET, error = %std::io::Error::last_os_error(), "cannot create a pickup link");
         return None;
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.

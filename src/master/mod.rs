@@ -13,6 +13,7 @@
 
 mod children;
 mod orphans;
+mod pickup;
 
 use orphans::{become_subreaper, kill_orphans, reap_adopted, signal};
 
@@ -129,6 +130,8 @@ pub struct Master {
     recoveries: Vec<tokio::task::JoinHandle<()>>,
     /// The scheduler task (SC-8: only the master runs it), once started.
     scheduler: Option<crate::scheduler::Handle>,
+    /// Watches the idle workers' queues and wakes them on a push (`pickup.rs`).
+    pickup: Option<pickup::Pickup>,
 }
 
 impl Master {
@@ -159,6 +162,7 @@ impl Master {
             sidecars: None,
             recoveries: Vec::new(),
             scheduler: None,
+            pickup: None,
         })
     }
 
@@ -170,6 +174,9 @@ impl Master {
         self.conn = crate::conn::connect(&self.current.config.redis, Duration::from_secs(5))
             .await
             .ok();
+        self.pickup = Some(pickup::Pickup::start(pickup::Settings::of(
+            &self.current.config,
+        )));
         for index in 0..self.current.config.workers {
             self.spawn(index).await;
         }
@@ -438,6 +445,9 @@ impl Master {
                 );
                 if let Some(s) = &self.scheduler {
                     s.reload(&loaded.config);
+                }
+                if let Some(p) = &self.pickup {
+                    p.reload(pickup::Settings::of(&loaded.config));
                 }
                 self.current = loaded;
                 self.generation += 1;

@@ -1,27 +1,46 @@
-//! Waiting for work without polling: when a pass reserved nothing, one slot per process blocks
-//! on `BLMOVE q q RIGHT RIGHT <interval>` for the highest-priority queue that was empty. It
-//! returns as soon as a job is pushed there and moves the tail element onto the tail of the same
-//! list, so the queue is left exactly as it was: nothing is taken, nothing lives only in memory,
-//! and the real reservation is still the RESERVE script. An idle worker then costs Redis one
-//! command per `interval` instead of a poll loop, and picks a new job up within milliseconds.
+//! Waiting for work without polling, when a RESERVE pass found nothing.
 //!
-//! Jobs pushed to other (lower) queues are found at the next pass, at most `interval` later,
-//! as Resque's polling would. The other slots of the process wait on the waiter's wake-up.
-//! A server without BLMOVE (Redis < 6.2) or one whose ACL denies it falls back to sleeping.
-//! Any other error (OOM on a full Redis, MISCONF, LOADING, READONLY after a failover, a dropped
-//! connection) waits out the interval and tries again on a new connection: never a tight loop.
+//! **With a master** (every daemon: `--workers N` runs N worker processes under one), the slot
+//! that waits for the process sends the master a `wait` over the pickup link (`pickup.rs`)
+//! naming every queue key that was empty (not merely skipped by the counter rule, not a key of
+//! another type), and whether the queue list has patterns. The master blocks on those queues
+//! for all its workers (`master/pickup.rs`) and writes a wake-up as soon as a job is pushed to
+//! any of them, or, for a list with patterns, as soon as a new queue appears. The wait is bounded
+//! by `interval` all the same: when the master cannot watch (Redis away, BLMOVE refused), the
+//! worker's own pass every `interval` finds the job, as Resque's polling would.
+//!
+//! **Without a master** (a worker process started by hand, or a link that broke), the slot
+//! blocks on `BLMOVE q q RIGHT RIGHT <interval>` itself, for the highest-priority queue that was
+//! empty. It returns as soon as a job is pushed there and moves the tail element onto the tail
+//! of the same list, so the queue is left exactly as it was: nothing is taken, nothing lives
+//! only in memory, and the real reservation is still the RESERVE script. Jobs pushed to other
+//! queues are then found at the next pass, at most `interval` later. A server without BLMOVE
+//! (Redis < 6.2) or one whose ACL denies it falls back to sleeping. Any other error (OOM on a
+//! full Redis, MISCONF, LOADING, READONLY after a failover, a dropped connection) waits out the
+//! interval and tries again on a new connection: never a tight loop.
+//!
+//! Either way the other slots of a multi-slot process wait on the waiting slot's wake-up, and
+//! a wake-up whose pass found nothing is counted: past [`MAX_FRUITLESS`] in a second (a queue
+//! that holds a job no pass can take, or other consumers always first), the next `wait` is held
+//! back to the end of that second, so no wake-up can turn into a loop.
 
+use super::pickup::{self, Report};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+/// Wake-ups a second whose pass reserved nothing, before the next wait is held back.
+pub(super) const MAX_FRUITLESS: u32 = 10;
+
 /// Shared by the slots of one worker process.
 #[derive(Debug, Default)]
 pub(super) struct Idle {
-    /// The blocking connection (blocking commands must not share the multiplexed one).
-    blocker: Mutex<Option<redis::aio::MultiplexedConnection>>,
+    /// What the waiting slot holds: its BLMOVE connection, or the link's reading end.
+    blocker: Mutex<Blocker>,
+    /// The link's writing end (a `busy` is sent by whichever slot reserved the job).
+    writer: Option<Mutex<pickup::Writer>>,
     /// Wakes the slots waiting beside the blocker.
     wake: Notify,
     /// BLMOVE is refused for good (an unknown command before Redis 6.2, or an ACL that denies
@@ -29,14 +48,59 @@ pub(super) struct Idle {
     unsupported: AtomicBool,
     /// The last BLMOVE failed (logged once until one succeeds).
     failing: AtomicBool,
+    /// The last wait ended with a wake-up and no job has been reserved since.
+    awaiting: AtomicBool,
+    /// Fruitless wake-ups in the current second: (the second's start, how many).
+    fruitless: std::sync::Mutex<Option<(Instant, u32)>>,
+}
+
+#[derive(Debug, Default)]
+struct Blocker {
+    /// The blocking connection (blocking commands must not share the multiplexed one).
+    conn: Option<redis::aio::MultiplexedConnection>,
+    /// The pickup link's reading end; `None` without a master, or once the link broke.
+    reader: Option<pickup::Reader>,
+    /// The last `wait`'s sequence number.
+    seq: u64,
 }
 
 impl Idle {
-    /// Waits up to `interval` for a push to `queue_key` (or the interval, or `stop`).
+    /// The idle waiter of a process, linked to its master when `LOCKETD_PICKUP_FD` names a
+    /// link.
+    pub(super) fn new() -> Idle {
+        let (reader, writer) = match pickup::from_env() {
+            Some((r, w)) => (Some(r), Some(Mutex::new(w))),
+            None => (None, None),
+        };
+        Idle {
+            blocker: Mutex::new(Blocker {
+                reader,
+                ..Blocker::default()
+            }),
+            writer,
+            ..Idle::default()
+        }
+    }
+
+    /// A pass reserved a job: the wake-up that led to it was not fruitless, and the master
+    /// hears it at once (it watches the queue for the other idle workers again).
+    pub(super) async fn took_job(&self) {
+        if !self.awaiting.load(Ordering::Relaxed) || !self.awaiting.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        if let Some(w) = &self.writer {
+            // A broken link is noticed (and logged) by the next wait.
+            let _ = w.lock().await.send(&Report::Busy).await;
+        }
+    }
+
+    /// Waits up to `interval` for a push to one of `keys` (the queue keys that were empty, in
+    /// priority order), for a new queue when `glob`, or for `stop`.
     pub(super) async fn wait<F>(
         &self,
         url: &str,
-        queue_key: Option<&str>,
+        keys: &[String],
+        glob: bool,
         interval: Duration,
         stop: F,
     ) where
@@ -44,17 +108,21 @@ impl Idle {
     {
         tokio::pin!(stop);
         let until = Instant::now() + interval;
-        let Some(key) = queue_key.filter(|_| !self.unsupported.load(Ordering::Relaxed)) else {
-            sleep_until_or(until, &mut stop).await;
-            return;
-        };
+        if self.awaiting.swap(false, Ordering::Relaxed) {
+            if let Some(end) = self.fruitless_wake() {
+                debug!(
+                    "more than {MAX_FRUITLESS} wake-ups in a second found nothing; waiting out the second"
+                );
+                sleep_until_or(end.min(until), &mut stop).await;
+            }
+        }
         // Registered before the lock is tried, so a wake-up sent between a failed try_lock
         // and the wait below is not missed.
         let woken = self.wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let Ok(mut guard) = self.blocker.try_lock() else {
-            // Another slot blocks for the process: wait for its wake-up.
+            // Another slot waits for the process: wait for its wake-up.
             tokio::select! {
                 _ = woken => {}
                 _ = tokio::time::sleep_until(until) => {}
@@ -62,14 +130,98 @@ impl Idle {
             }
             return;
         };
-        if guard.is_none() {
-            tokio::select! {
-                c = connect(url, interval) => *guard = c,
-                _ = &mut stop => return,
+        if keys.is_empty() && !glob {
+            // Every queue was skipped or unreadable: nothing a push could change.
+            sleep_until_or(until, &mut stop).await;
+            return;
+        }
+        if guard.reader.is_some() {
+            self.wait_linked(&mut guard, keys, glob, until, &mut stop)
+                .await;
+        } else {
+            self.wait_blmove(&mut guard, url, keys.first(), interval, until, &mut stop)
+                .await;
+        }
+    }
+
+    /// The wait with a master: `wait` over the link, then its wake-up, the interval or a stop.
+    async fn wait_linked<F>(
+        &self,
+        guard: &mut Blocker,
+        keys: &[String],
+        glob: bool,
+        until: Instant,
+        stop: &mut std::pin::Pin<&mut F>,
+    ) where
+        F: std::future::Future<Output = ()>,
+    {
+        guard.seq += 1;
+        let seq = guard.seq;
+        let report = Report::Wait {
+            seq,
+            keys: keys.to_vec(),
+            glob,
+        };
+        let sent = match &self.writer {
+            Some(w) => w.lock().await.send(&report).await,
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        };
+        if let Err(e) = sent {
+            warn!(error = %e, "the master's pickup link is gone; idle slots wait on their own BLMOVE");
+            guard.reader = None;
+            sleep_until_or(until, stop).await;
+            return;
+        }
+        let Some(reader) = guard.reader.as_mut() else {
+            return;
+        };
+        let ended = tokio::select! {
+            r = reader.woken(seq) => Some(r),
+            _ = tokio::time::sleep_until(until) => None,
+            _ = stop.as_mut() => None,
+        };
+        match ended {
+            Some(Ok(())) => {
+                self.awaiting.store(true, Ordering::Relaxed);
+                self.wake.notify_waiters();
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "the master's pickup link is gone; idle slots wait on their own BLMOVE");
+                guard.reader = None;
+                sleep_until_or(until, stop).await;
+            }
+            None => {
+                if let Some(w) = &self.writer {
+                    let _ = w.lock().await.send(&Report::Leave).await;
+                }
             }
         }
-        let Some(conn) = guard.as_mut() else {
-            sleep_until_or(until, &mut stop).await;
+    }
+
+    /// The wait without a master: BLMOVE on the first empty queue.
+    async fn wait_blmove<F>(
+        &self,
+        guard: &mut Blocker,
+        url: &str,
+        key: Option<&String>,
+        interval: Duration,
+        until: Instant,
+        stop: &mut std::pin::Pin<&mut F>,
+    ) where
+        F: std::future::Future<Output = ()>,
+    {
+        let Some(key) = key.filter(|_| !self.unsupported.load(Ordering::Relaxed)) else {
+            sleep_until_or(until, stop).await;
+            return;
+        };
+        if guard.conn.is_none() {
+            tokio::select! {
+                c = connect(url, interval) => guard.conn = c,
+                _ = stop.as_mut() => return,
+            }
+        }
+        let Some(conn) = guard.conn.as_mut() else {
+            sleep_until_or(until, stop).await;
             return;
         };
         // BLMOVE's timeout is in seconds (a double since Redis 6.0); 0 would block forever.
@@ -84,11 +236,12 @@ impl Idle {
                         info!("BLMOVE answers again; idle slots wake on pushes");
                     }
                     if found.is_some() {
+                        self.awaiting.store(true, Ordering::Relaxed);
                         self.wake.notify_waiters();
                     }
                 }
                 Err(e) => {
-                    if refused_for_good(&e) {
+                    if crate::conn::unavailable_command(&e) {
                         warn!(error = %e, "BLMOVE refused; idle slots poll every interval");
                         self.unsupported.store(true, Ordering::Relaxed);
                     } else if !self.failing.swap(true, Ordering::Relaxed) {
@@ -97,18 +250,32 @@ impl Idle {
                         // connection, after this one's interval has run out.
                         warn!(error = %e, "BLMOVE failed; idle slots poll every interval until it answers");
                     }
-                    *guard = None;
+                    guard.conn = None;
                     // Never straight back: a Redis that fails every command at once (a full
                     // one) would otherwise get a new connection and a BLMOVE per RESERVE, in a
                     // loop. The lock is kept meanwhile, so the other slots wait too.
-                    sleep_until_or(until, &mut stop).await;
+                    sleep_until_or(until, stop).await;
                 }
             },
-            _ = &mut stop => {
+            _ = stop.as_mut() => {
                 // The blocked command cannot be taken back: drop its connection.
-                *guard = None;
+                guard.conn = None;
             }
         }
+    }
+
+    /// Counts a wake-up whose pass found nothing; past [`MAX_FRUITLESS`] in the current
+    /// second, returns the second's end, until which the next wait is held back.
+    fn fruitless_wake(&self) -> Option<Instant> {
+        let mut w = self.fruitless.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let second = Duration::from_secs(1);
+        let (start, n) = match *w {
+            Some((start, n)) if now < start + second => (start, n + 1),
+            _ => (now, 1),
+        };
+        *w = Some((start, n));
+        (n > MAX_FRUITLESS).then_some(start + second)
     }
 }
 
@@ -120,19 +287,6 @@ where
     tokio::select! {
         _ = tokio::time::sleep_until(until) => {}
         _ = stop.as_mut() => {}
-    }
-}
-
-/// An error BLMOVE will keep giving on this server: an unknown command (Redis < 6.2), wrong
-/// arguments, or an ACL that denies it.
-fn refused_for_good(e: &redis::RedisError) -> bool {
-    let detail = e.detail().unwrap_or("").to_ascii_lowercase();
-    match e.code() {
-        Some("NOPERM") => true,
-        Some("ERR") => {
-            detail.contains("unknown command") || detail.contains("wrong number of arguments")
-        }
-        _ => false,
     }
 }
 
@@ -150,5 +304,24 @@ async fn connect(url: &str, interval: Duration) -> Option<redis::aio::Multiplexe
             debug!(error = %e, "no blocking connection; sleeping instead");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fruitless_wake_ups_are_held_back_past_the_limit() {
+        let idle = Idle::default();
+        for _ in 0..MAX_FRUITLESS {
+            assert_eq!(idle.fruitless_wake(), None);
+        }
+        let end = idle.fruitless_wake().expect("held back past the limit");
+        assert!(end > Instant::now());
+        // A second later the count starts afresh.
+        let past = Instant::now() - Duration::from_secs(2);
+        *idle.fruitless.lock().unwrap() = Some((past, 50));
+        assert_eq!(idle.fruitless_wake(), None);
     }
 }

@@ -8,6 +8,7 @@ mod finish;
 mod idle;
 mod janitor;
 mod job;
+pub mod pickup;
 mod prepare;
 mod reserve;
 mod retry;
@@ -246,7 +247,7 @@ impl Worker {
             peers: Vec::new(),
             multi,
             metrics: crate::metrics::Metrics::default(),
-            idle: Arc::default(),
+            idle: Arc::new(idle::Idle::new()),
             pending: None,
         };
         for k in 2..=slots {

@@ -57,6 +57,7 @@ impl Worker {
                 }) => {
                     self.redis_ok();
                     backoff = Duration::from_millis(100);
+                    self.idle.took_job().await;
                     if let Some(reason) = self.process(queue, payload, rid, control, dead).await {
                         return reason;
                     }
@@ -214,8 +215,9 @@ impl Worker {
         }
     }
 
-    /// Nothing reserved: waits up to `interval` for a push to the highest-priority queue that
-    /// was empty (not merely skipped), or for a stop or a pause.
+    /// Nothing reserved: waits up to `interval` for a push to a queue that was empty (not
+    /// merely skipped, not a key of another type), for a new queue when the list has patterns,
+    /// or for a stop or a pause.
     async fn idle_wait(
         &mut self,
         queues: &[String],
@@ -225,10 +227,11 @@ impl Worker {
         dead: &CancellationToken,
     ) {
         self.nothing_reserved(skipped, unreadable);
-        let empty = queues
+        let keys: Vec<String> = queues
             .iter()
-            .find(|q| !skipped.contains(q) && !unreadable.contains(q));
-        let key = empty.map(|q| self.keys.queue(q));
+            .filter(|q| !skipped.contains(q) && !unreadable.contains(q))
+            .map(|q| self.keys.queue(q))
+            .collect();
         let mut paused = control.paused.subscribe();
         let stop = async {
             tokio::select! {
@@ -240,7 +243,13 @@ impl Worker {
         };
         let interval = self.config.interval.get();
         self.idle
-            .wait(&self.config.redis, key.as_deref(), interval, stop)
+            .wait(
+                &self.config.redis,
+                &keys,
+                self.spec.is_dynamic(),
+                interval,
+                stop,
+            )
             .await;
     }
 

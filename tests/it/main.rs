@@ -19,6 +19,7 @@ mod logs;
 mod node_interop;
 mod ops;
 mod persistent;
+mod pickup;
 mod policies;
 mod redis_url;
 mod refusals;

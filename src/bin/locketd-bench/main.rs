@@ -9,6 +9,7 @@
 //! ```
 
 mod delayed;
+mod idle;
 mod peers;
 mod persistent;
 mod procs;
@@ -42,7 +43,8 @@ enum Scenario {
     Starvation,
     /// 100 configured queues, jobs only in the last.
     Queues,
-    /// Pickup latency and Redis load of an idle worker.
+    /// Pickup latency on the first and last of 16 queues, Redis load and connections of an
+    /// idle `--workers 2` daemon.
     Idle,
     /// The same noop queue drained by locketd, node-resque (Worker + JobLock, MultiWorker(10))
     /// and Sidekiq 6.4 (-c 10), with the ratios.
@@ -602,7 +604,7 @@ fn run(opts: Opts) -> Result<()> {
                 scenario_queues(&with(Some(1), None), &exe, r)
             })?;
             attempt("idle", &mut rows, |r| {
-                scenario_idle(&with(Some(1), None), &exe, r)
+                scenario_idle(&with(Some(2), None), &exe, r)
             })?;
             attempt("delayed", &mut rows, |r| {
                 delayed::scenario_delayed(&with(Some(1), None), &exe, r)

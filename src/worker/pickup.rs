@@ -1,0 +1,190 @@
+//! The worker's end of the pickup link: a Unix stream socket the master hands every worker at
+//! spawn (`LOCKETD_PICKUP_FD`), over which an idle worker asks to be woken when a job is pushed
+//! to one of its queues (`master/pickup.rs` does the watching).
+//!
+//! One JSON line per message from the worker ([`Report`]), one `wake <seq>` line per wake-up
+//! from the master. Each `wait` carries a new sequence number and a wake-up names the `wait` it
+//! answers, so a wake-up that crossed a `leave` on the socket is recognised as stale and
+//! ignored. The link carries no job: the worker still reserves with RESERVE.
+
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+/// The longest line either side accepts (a `wait` naming its queue keys).
+pub const MAX_LINE: usize = 1 << 20;
+
+/// What a worker process tells the master.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "m", rename_all = "lowercase")]
+pub enum Report {
+    /// A RESERVE pass found nothing: wake me (`wake <seq>`) when a job is pushed to one of
+    /// `keys` (the queue keys that were empty, in priority order) or, with `glob`, when the set
+    /// of known queues changes (a queue a pattern may match appeared).
+    Wait {
+        /// Names this wait; the wake-up repeats it.
+        seq: u64,
+        /// The queue keys to watch.
+        keys: Vec<String>,
+        /// The queue list has patterns (`*`, `foo*`, `!skip`).
+        glob: bool,
+    },
+    /// The first pass after a wake-up reserved a job.
+    Busy,
+    /// The wait ended without a wake-up (its interval ran out, or a stop).
+    Leave,
+}
+
+/// The worker's writing end (shared by the slots of a process).
+#[derive(Debug)]
+pub(super) struct Writer(OwnedWriteHalf);
+
+/// The worker's reading end (held by the slot that waits for the process).
+#[derive(Debug)]
+pub(super) struct Reader {
+    half: OwnedReadHalf,
+    /// Bytes received that do not make a whole line yet.
+    buf: Vec<u8>,
+}
+
+/// The link named by `LOCKETD_PICKUP_FD`, if the master gave one (a worker started by hand
+/// has none and waits on its own BLMOVE).
+pub(super) fn from_env() -> Option<(Reader, Writer)> {
+    let fd: i32 = std::env::var(crate::process::PICKUP_FD_ENV)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if fd < 0 {
+        return None;
+    }
+    // Handlers must not inherit it.
+    // SAFETY: fcntl on a descriptor number; an invalid one just fails.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: the master passed this descriptor for this purpose alone; we own it from here.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let std = std::os::unix::net::UnixStream::from(owned);
+    std.set_nonblocking(true).ok()?;
+    let stream = tokio::net::UnixStream::from_std(std).ok()?;
+    let (half, write) = stream.into_split();
+    Some((
+        Reader {
+            half,
+            buf: Vec::new(),
+        },
+        Writer(write),
+    ))
+}
+
+impl Writer {
+    /// Sends one report (bounded: a master that reads nothing for a second breaks the link).
+    pub(super) async fn send(&mut self, report: &Report) -> io::Result<()> {
+        let mut line = serde_json::to_vec(report).map_err(io::Error::other)?;
+        line.push(b'\n');
+        match tokio::time::timeout(Duration::from_secs(1), self.0.write_all(&line)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the master reads nothing",
+            )),
+        }
+    }
+}
+
+impl Reader {
+    /// Returns once `wake <seq>` arrives; wake-ups for other sequence numbers are stale and
+    /// passed over. Cancel-safe: bytes read stay in the buffer. An error means the link is
+    /// gone (the master exited).
+    pub(super) async fn woken(&mut self, seq: u64) -> io::Result<()> {
+        loop {
+            while let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                if parse_wake(&line[..end]) == Some(seq) {
+                    return Ok(());
+                }
+            }
+            if self.buf.len() > MAX_LINE {
+                return Err(io::Error::other("an overlong line from the master"));
+            }
+            let mut chunk = [0u8; 512];
+            let n = self.half.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The master's wake-up line for `seq`.
+pub fn wake_line(seq: u64) -> String {
+    format!("wake {seq}\n")
+}
+
+fn parse_wake(line: &[u8]) -> Option<u64> {
+    std::str::from_utf8(line)
+        .ok()?
+        .strip_prefix("wake ")?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_are_one_json_line_each() {
+        let r = Report::Wait {
+            seq: 7,
+            keys: vec!["resque:queue:a b".into()],
+            glob: true,
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            text,
+            r#"{"m":"wait","seq":7,"keys":["resque:queue:a b"],"glob":true}"#
+        );
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), r);
+        assert_eq!(
+            serde_json::from_str::<Report>(r#"{"m":"busy"}"#).unwrap(),
+            Report::Busy
+        );
+    }
+
+    #[test]
+    fn wake_lines_round_trip() {
+        let line = wake_line(42);
+        assert_eq!(parse_wake(line.trim_end().as_bytes()), Some(42));
+        assert_eq!(parse_wake(b"wake x"), None);
+        assert_eq!(parse_wake(b"nope 1"), None);
+    }
+
+    #[tokio::test]
+    async fn a_stale_wake_is_passed_over() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (half, _w) = a.into_split();
+        let mut reader = Reader {
+            half,
+            buf: Vec::new(),
+        };
+        let (_r, mut master) = b.into_split();
+        master
+            .write_all(format!("{}{}", wake_line(1), wake_line(2)).as_bytes())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), reader.woken(2))
+            .await
+            .expect("woken by its own seq")
+            .unwrap();
+        drop(master);
+        let r = tokio::time::timeout(Duration::from_secs(5), reader.woken(3)).await;
+        assert!(r.expect("EOF ends the wait").is_err());
+    }
+}
