@@ -345,12 +345,16 @@ end
 
 -- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
 -- of steps, reads all of them in one MGET (prefetch). The layouts are the scripts' own.
--- RESERVE: the pause flag, the lease, the counters of the first 16 queues.
+-- RESERVE: the pause flag, the lease, and the queues' counters when there are at most 16
+-- queues (with more, most are empty, and RESERVE reads the counter of a queue only once an
+-- EXISTS over its run of queues found a job).
 local function reserve_reads(K, A)
   local out = {K[2]}
   out[#out + 1] = lease_key(A[4], K[1])
-  for i = 1, math.min(#A - 6, 16) do
-    out[#out + 1] = A[4] .. 'counter:' .. A[6 + i]
+  if #A - 6 <= 16 then
+    for i = 1, #A - 6 do
+      out[#out + 1] = A[4] .. 'counter:' .. A[6 + i]
+    end
   end
   return out
 end
