@@ -66,10 +66,10 @@ local ttl = tonumber(ARGV[3])
 local counter_prefix = ARGV[8]
 local prefix = locket_prefix(counter_prefix)
 local wnow = tonumber(ARGV[13]) or 0
--- One read for the lease (R-2) and the queue's counter (A-8).
-local lease = lease_key(prefix, inflight)
-prefetch({lease or KEYS[4], KEYS[4]})
-local alive = lease == nil or sget(lease) ~= false
+-- One read for the lease (R-2) and the queue's counter (A-8), unless a FINISH+RESERVE or a
+-- batch read them already.
+if not reads_done then prefetch(acquire_reads(KEYS, ARGV)) end
+local alive = lease_held(prefix, inflight)
 -- While the lease is held only this process writes its slot record, so a first call needs no
 -- rid check (lib.lua, lease_trusted). A call sent again, or one whose lease is gone, reads it.
 if ARGV[14] == '1' or not lease_trusted(prefix, inflight) then
@@ -106,32 +106,30 @@ local function lock_at(i)
     tonumber(ARGV[14 + 2 * i])
 end
 
--- A limit-1 lock's holder as a conflict: one holder, its deadline from the key's PTTL. A ZSET
--- there (holders of a larger limit) counts as full too.
-local function lock1_conflict(lk, id)
+-- A conflict on a lock whose key is a limit-1 holder's STRING (or, for a limit-1 lock, a
+-- larger lock's ZSET, which counts as full too): its holders, the limit asked for, and its
+-- deadline from the key's PTTL.
+local function lock1_conflict(lk, id, limit)
   local holders = 1
   if not sget(lk) then
     holders = tonumber(redis.pcall('ZCARD', lk)) or 1
   end
   local left = redis.call('PTTL', lk)
-  return {'lock', id, holders, 1, int(now_ms() + math.max(left, 0))}
+  return {'lock', id, holders, limit, int(now_ms() + math.max(left, 0))}
 end
 
 -- Purge and count every lock of a larger limit first: all or nothing (L-4). Report every
 -- conflicting one.
 local conflicts = {}
-local lock_conflict, dep_conflict = false, false
+local dep_conflict = false
 local was_empty = {}
-local wide = false
 for i = 1, n do
   local lk, ik, bk, id, limit = lock_at(i)
   if limit > 1 then
-    wide = true
     local now = now_ms()
     if sget(lk) then
       -- held by a limit-1 holder
-      conflicts[#conflicts + 1] = {'lock', id, 1, limit, int(now + math.max(redis.call('PTTL', lk), 0))}
-      lock_conflict = true
+      conflicts[#conflicts + 1] = lock1_conflict(lk, id, limit)
     else
       local purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
       if purged > 0 then
@@ -144,7 +142,6 @@ for i = 1, n do
       if holders >= limit then
         local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
         conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
-        lock_conflict = true
       end
     end
   end
@@ -198,8 +195,7 @@ for i = 1, n do
     if #conflicts > 0 then
       if redis.call('EXISTS', lk) == 1 then
         nlock = nlock + 1
-        table.insert(conflicts, nlock, lock1_conflict(lk, id))
-        lock_conflict = true
+        table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
       end
     else
       local id_json = cjson.encode(id)
@@ -218,8 +214,7 @@ for i = 1, n do
       else
         if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
         nlock = nlock + 1
-        table.insert(conflicts, nlock, lock1_conflict(lk, id))
-        lock_conflict = true
+        table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
       end
     end
   end

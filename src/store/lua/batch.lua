@@ -54,6 +54,7 @@ for j = 0, m - 1 do
   end
 end
 prefetch(reads)
+reads_done = true
 local out = {}
 for j = 0, m - 1 do
   local op, k, a = calls[j + 1][1], calls[j + 1][2], calls[j + 1][3]

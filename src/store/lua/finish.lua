@@ -53,7 +53,7 @@ local inflight = KEYS[1]
 local outcome = ARGV[3]
 local prefix = locket_prefix(ARGV[6])
 local n = (#ARGV - 11) / 2
-prefetch(finish_reads(KEYS, ARGV))
+if not reads_done then prefetch(finish_reads(KEYS, ARGV)) end
 -- While the lease is held only this process writes its slot record (lib.lua, lease_held): a
 -- first FINISH needs no rid check. One sent again, or one whose lease is gone, reads it.
 local mine, payload = true, nil

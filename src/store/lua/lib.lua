@@ -59,6 +59,9 @@ local function prefetch(keys)
     for j = i, last do known[want[j]] = vals[j - i + 1] or false end
   end
 end
+-- Set once a FINISH+RESERVE or a batch has prefetched what all its parts read: the parts then
+-- skip building their lists of keys again.
+local reads_done = false
 -- The string value of `key`, or false.
 local function sget(key)
   local v = known[key]

@@ -31,7 +31,7 @@
 local inflight = KEYS[1]
 -- One MGET reads the pause flag, the lease and the first queues' counters (lib.lua); a batch
 -- of RESERVEs reads them once.
-prefetch(reserve_reads(KEYS, ARGV))
+if not reads_done then prefetch(reserve_reads(KEYS, ARGV)) end
 if is_true(sget(KEYS[2])) then
   return {'paused'}
 end
