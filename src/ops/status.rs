@@ -207,13 +207,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     }
 
     let failures_listed = super::failed::listed_total(conn, config, usize::MAX).await?;
-    let locks_held: u64 = redis::cmd("ZCOUNT")
-        .arg(k.locks())
-        .arg(format!("({}", now.saturating_mul(1000)))
-        .arg("+inf")
-        .query_async(conn)
-        .await?;
-    let locks_held = locks_held + crate::store::held_lock1(conn, &k, 10_000).await?.len() as u64;
+    let locks_held = crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await?;
 
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await

@@ -89,18 +89,13 @@ async fn read_redis_inner(
     names.truncate(MAX_QUEUES);
     let per = crate::ops::queue_lengths(conn, &k, &names).await?;
     let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
-    let (locks_held, processed, failed, workers_registered): (u64, Option<u64>, Option<u64>, u64) =
-        redis::pipe()
-            .cmd("ZCOUNT")
-            .arg(k.locks())
-            .arg(format!("({}", now.saturating_mul(1000)))
-            .arg("+inf")
-            .get(k.stat_processed())
-            .get(k.stat_failed())
-            .scard(k.workers())
-            .query_async(conn)
-            .await?;
-    let locks_held = locks_held + crate::store::held_lock1(conn, &k, 10_000).await?.len() as u64;
+    let (processed, failed, workers_registered): (Option<u64>, Option<u64>, u64) = redis::pipe()
+        .get(k.stat_processed())
+        .get(k.stat_failed())
+        .scard(k.workers())
+        .query_async(conn)
+        .await?;
+    let locks_held = crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await?;
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await
         .unwrap_or_default();

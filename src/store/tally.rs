@@ -56,17 +56,22 @@ impl Tally {
                 let counts = items.pop().unwrap_or(Value::Nil);
                 let reply = items.pop().unwrap_or(Value::Nil);
                 if let Value::Array(flat) = counts {
-                    let mut pairs = Vec::with_capacity(flat.len() / 2);
+                    let mut map = self.lock();
                     for pair in flat.chunks(2) {
                         if let [Value::BulkString(f), n] = pair {
                             let n = match n {
                                 Value::Int(i) => *i,
                                 other => super::text(other).parse().unwrap_or(0),
                             };
-                            pairs.push((String::from_utf8_lossy(f).into_owned(), n));
+                            let field = String::from_utf8_lossy(f);
+                            match map.get_mut(field.as_ref()) {
+                                Some(sum) => *sum += n,
+                                None => {
+                                    map.insert(field.into_owned(), n);
+                                }
+                            }
                         }
                     }
-                    self.add(pairs.iter().map(|(f, n)| (f.as_str(), *n)));
                 }
                 Ok(reply)
             }

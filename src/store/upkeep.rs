@@ -149,16 +149,7 @@ pub async fn held_lock1<C: ConnectionLike + Send>(
     max_scans: usize,
 ) -> RedisResult<Vec<HeldLock1>> {
     let prefix = keys.lock("");
-    let mut cursor: u64 = 0;
-    let mut names = Vec::new();
-    for _ in 0..max_scans.max(1) {
-        let (next, batch) = scan_page(conn, &prefix, cursor, Some("string")).await?;
-        names.extend(batch);
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
+    let names = lock1_names(conn, keys, max_scans).await?;
     let mut out = Vec::with_capacity(names.len());
     for chunk in names.chunks(200) {
         let mut pipe = redis::pipe();
@@ -205,6 +196,43 @@ async fn scan_page<C: ConnectionLike + Send>(
         cmd.arg("TYPE").arg(k);
     }
     cmd.query_async(conn).await
+}
+
+/// The keys of the held limit-1 locks (`SCAN ... TYPE string`, at most `max_scans` calls).
+async fn lock1_names<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    max_scans: usize,
+) -> RedisResult<Vec<String>> {
+    let prefix = keys.lock("");
+    let mut cursor: u64 = 0;
+    let mut names = Vec::new();
+    for _ in 0..max_scans.max(1) {
+        let (next, batch) = scan_page(conn, &prefix, cursor, Some("string")).await?;
+        names.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(names)
+}
+
+/// The locks with a live holder at server time `now_ms`, for `status` and `/metrics`: the
+/// larger locks from the `locks` index, the limit-1 locks by SCAN (a key exists only while
+/// its holder's lease lasts, L-1a), at most 10,000 SCAN calls.
+pub async fn locks_held<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    now_ms: u64,
+) -> RedisResult<u64> {
+    let indexed: u64 = redis::cmd("ZCOUNT")
+        .arg(keys.locks())
+        .arg(format!("({now_ms}"))
+        .arg("+inf")
+        .query_async(conn)
+        .await?;
+    Ok(indexed + lock1_names(conn, keys, 10_000).await?.len() as u64)
 }
 
 /// `s` with the glob characters of a SCAN MATCH pattern escaped.
