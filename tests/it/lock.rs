@@ -934,6 +934,53 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
     assert!(evalsha <= 2, "six calls took {evalsha} script calls");
 }
 
+// A-1 through the multi-slot connection with more queue names than Lua's `unpack` takes at
+// once (about 8,000 values): a batch cuts each call's arguments out of the batch's ARGV, and a
+// RESERVE over 9,000 queues still reserves from the last of them.
+#[tokio::test]
+async fn a_batched_reserve_over_nine_thousand_queues_reaches_the_last() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let queues: Vec<String> = (0..9_000).map(|i| format!("q{i}")).collect();
+    let jobs: Vec<Vec<u8>> = (1..=2).map(|i| payload("J", json!([i]))).collect();
+    for j in &jobs {
+        push(c, "q8999", j).await;
+    }
+    let manager = server
+        .client()
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let conn = locketd::store::batch::Conn::batched(manager);
+    let slots: Vec<Slot> = (1..=2)
+        .map(|i| Slot::new(format!("p:1:{i}"), format!("testhost:1+{i}:q")))
+        .collect();
+    for slot in &slots {
+        mark_alive(c, &slot.slot_key).await;
+    }
+    let _: () = rcmd!(c, "CONFIG", "RESETSTAT");
+    let calls = slots.iter().map(|slot| {
+        let mut conn = conn.clone();
+        let queues = queues.clone();
+        async move { store::reserve(&mut conn, &slot.r(), &random_hex(8), &queues, false).await }
+    });
+    let mut got = Vec::new();
+    for reply in futures::future::join_all(calls).await {
+        match reply.expect("RESERVE over 9,000 queues") {
+            Reserved::Job { queue, payload, .. } => {
+                assert_eq!(queue, "q8999");
+                got.push(payload);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(got, jobs, "each slot reserved one of the two jobs");
+    let info: String = rcmd!(c, "INFO", "commandstats");
+    let evalsha = crate::support::evalsha_calls(&info);
+    assert!(evalsha <= 2, "two calls took {evalsha} script calls");
+}
+
 // locking-semantics.md A-1 (resque-protocol.md pause rule)
 #[tokio::test]
 async fn reserve_returns_paused_while_pause_all_workers_is_set() {

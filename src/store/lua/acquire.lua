@@ -174,10 +174,20 @@ end
 -- the worker holds none of them), which spares a cjson decode and encode per lock.
 local info_body = string.sub(ARGV[7], 2, -2)
 if info_body ~= '' then info_body = ',' .. info_body end
+local sources = opt['sources'] or {}
 local function info_tail(i, id_json, limit)
-  local sources = opt['sources'] or {}
   return ',"limit":' .. int(limit) .. ',"lock_id":' .. id_json ..
     ',"lock_id_source":' .. (sources[i] and cjson.encode(sources[i]) or id_json)
+end
+-- Each lock id as a JSON string, encoded once.
+local id_jsons = {}
+local function id_json_of(i, id)
+  local j = id_jsons[i]
+  if j == nil then
+    j = cjson.encode(id)
+    id_jsons[i] = j
+  end
+  return j
 end
 
 -- Limit-1 locks: SET NX PX takes each (nothing else is read); if one is held, the ones just
@@ -198,7 +208,7 @@ for i = 1, n do
         table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
       end
     else
-      local id_json = cjson.encode(id)
+      local id_json = id_json_of(i, id)
       local info = info_body .. ',"acquired_at":' .. int(wnow) .. info_tail(i, id_json, 1)
       local fence = nil
       if opt['fencing'] then
@@ -333,7 +343,7 @@ local ids = {}
 local out = {'ok', 0}
 for i = 1, n do
   local lk, ik, _, id, limit = lock_at(i)
-  local id_json = cjson.encode(id)
+  local id_json = id_json_of(i, id)
   ids[#ids + 1] = id_json
   if limit > 1 then
     local now = now_ms()

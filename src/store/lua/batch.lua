@@ -35,15 +35,8 @@ local reads = {}
 local ki, ai = 1, 2 + 3 * m
 for j = 0, m - 1 do
   local op, nk, na = ARGV[2 + 3 * j], tonumber(ARGV[3 + 3 * j]), tonumber(ARGV[4 + 3 * j])
-  local k, a = {}, {}
-  for x = 1, nk do
-    k[x] = KEYS[ki]
-    ki = ki + 1
-  end
-  for x = 1, na do
-    a[x] = ARGV[ai]
-    ai = ai + 1
-  end
+  local k, a = slice(KEYS, ki, ki + nk - 1), slice(ARGV, ai, ai + na - 1)
+  ki, ai = ki + nk, ai + na
   calls[j + 1] = {op, k, a}
   local r = reads_of[op]
   if r then

@@ -15,8 +15,10 @@
 
 local fk, fa, rk, ra = split_finish_reserve(KEYS, ARGV)
 -- One MGET for what both parts read (lib.lua, prefetch).
-prefetch(finish_reserve_reads(KEYS, ARGV))
-reads_done = true
+if not reads_done then
+  prefetch(finish_reserve_reads(KEYS, ARGV))
+  reads_done = true
+end
 local finished = finish_part(fk, fa)
 local ok, reserved = pcall(reserve_part, rk, ra)
 if not ok then

@@ -26,6 +26,15 @@ local function hdel_all(key, fields)
   end
 end
 
+-- t[i..j] as a new list: unpack() into a table constructor for the usual short lists, a loop
+-- past unpack's stack limit (a RESERVE over thousands of queues).
+local function slice(t, i, j)
+  if j - i < 4000 then return {unpack(t, i, j)} end
+  local out = {}
+  for x = i, j do out[#out + 1] = t[x] end
+  return out
+end
+
 -- Redis server time in milliseconds (S-2: no worker clock is ever used for deadlines), read
 -- once per run: a script, or a batch of them (batch.lua), runs as one atomic step.
 local cached_now = nil
@@ -74,10 +83,16 @@ end
 
 -- "<prefix>alive:<process id>" of the slot record `inflight` ("<prefix>inflight:<process
 -- id>:<n>"), or nil for a record name without a process.
+-- Each record's lease key is worked out once per run (a batch asks for it several times).
+local lease_keys = {}
 local function lease_key(prefix, inflight)
-  local process = string.match(string.sub(inflight, #prefix + 10), '^(.*):%d+$')
-  if process == nil then return nil end
-  return prefix .. 'alive:' .. process
+  local k = lease_keys[inflight]
+  if k == nil then
+    local process = string.match(string.sub(inflight, #prefix + 10), '^(.*):%d+$')
+    k = process ~= nil and (prefix .. 'alive:' .. process)
+    lease_keys[inflight] = k
+  end
+  return k or nil
 end
 
 -- R-2, A-1, A-6: whether the process owning the slot record `inflight` still holds its lease.
@@ -282,6 +297,8 @@ end
 -- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
 local counts, counts_prefix, counts_bucket = {}, nil, nil
 local counts_reply = false
+-- "<event>|<class>" field names, made once per run: event -> class -> field.
+local class_fields = {}
 local function count(prefix, now, event, class, n)
   n = n or 1
   if n == 0 then return end
@@ -293,7 +310,16 @@ local function count(prefix, now, event, class, n)
   end
   counts[event] = (counts[event] or 0) + n
   if class and class ~= '' then
-    local f = event .. '|' .. class
+    local fields = class_fields[event]
+    if fields == nil then
+      fields = {}
+      class_fields[event] = fields
+    end
+    local f = fields[class]
+    if f == nil then
+      f = event .. '|' .. class
+      fields[class] = f
+    end
     counts[f] = (counts[f] or 0) + n
   end
 end
@@ -342,8 +368,31 @@ local function flush_counts()
 end
 
 -- "<ns>:locket:" from the counter prefix "<ns>:locket:counter:" the scripts already receive.
+local locket_prefixes = {}
 local function locket_prefix(counter_prefix)
-  return string.sub(counter_prefix, 1, #counter_prefix - 8)
+  local p = locket_prefixes[counter_prefix]
+  if p == nil then
+    p = string.sub(counter_prefix, 1, #counter_prefix - 8)
+    locket_prefixes[counter_prefix] = p
+  end
+  return p
+end
+
+-- "<prefix>counter:<queue>", made once per run and queue (a batch's RESERVEs name the same
+-- queues call after call).
+local counter_keys = {}
+local function counter_key(prefix, q)
+  local by_q = counter_keys[prefix]
+  if by_q == nil then
+    by_q = {}
+    counter_keys[prefix] = by_q
+  end
+  local k = by_q[q]
+  if k == nil then
+    k = prefix .. 'counter:' .. q
+    by_q[q] = k
+  end
+  return k
 end
 
 -- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
@@ -356,7 +405,7 @@ local function reserve_reads(K, A)
   out[#out + 1] = lease_key(A[4], K[1])
   if #A - 6 <= 16 then
     for i = 1, #A - 6 do
-      out[#out + 1] = A[4] .. 'counter:' .. A[6 + i]
+      out[#out + 1] = counter_key(A[4], A[6 + i])
     end
   end
   return out
@@ -378,17 +427,17 @@ local function acquire_reads(K, A)
   return out
 end
 
--- FINISH+RESERVE's KEYS and ARGV cut into each part's (finish_reserve.lua gives the layout).
+-- FINISH+RESERVE's KEYS and ARGV cut into each part's (finish_reserve.lua gives the layout),
+-- once per call: a batch cuts them for its MGET and the call uses the same parts.
+local splits = {}
 local function split_finish_reserve(K, A)
-  local nk, na = tonumber(A[1]), tonumber(A[2])
-  local fk, fa, rk, ra = {}, {}, {}, {}
-  for i = 1, #K do
-    if i <= nk then fk[#fk + 1] = K[i] else rk[#rk + 1] = K[i] end
+  local s = splits[K]
+  if s == nil then
+    local nk, na = tonumber(A[1]), tonumber(A[2])
+    s = {slice(K, 1, nk), slice(A, 3, 2 + na), slice(K, nk + 1, #K), slice(A, 3 + na, #A)}
+    splits[K] = s
   end
-  for i = 3, #A do
-    if i - 2 <= na then fa[#fa + 1] = A[i] else ra[#ra + 1] = A[i] end
-  end
-  return fk, fa, rk, ra
+  return s[1], s[2], s[3], s[4]
 end
 local function finish_reserve_reads(K, A)
   local fk, fa, rk, ra = split_finish_reserve(K, A)

@@ -84,7 +84,7 @@ for i = 1, n do
   if i > empty_until then
     -- A-2: skip q when its counter has reached its length. With no counter (the common
     -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
-    local ck = counter_prefix .. ARGV[6 + i]
+    local ck = counter_key(prefix, ARGV[6 + i])
     local c = tonumber(sget(ck) or 0) or 0
     if c <= 0 then
       payload = read('LPOP', i)
