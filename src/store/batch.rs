@@ -17,6 +17,7 @@
 //! the wire (at most [`IN_FLIGHT`] at once); whatever arrived meanwhile leaves in the next
 //! batch. A lone call therefore goes out at once.
 
+use super::fcall::Mode;
 use super::scripts::scripts;
 use super::tally::Tally;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -38,6 +39,8 @@ pub struct Conn {
     inner: ConnectionManager,
     batcher: Option<mpsc::UnboundedSender<Call>>,
     tally: Arc<Tally>,
+    /// FCALL or EVALSHA (fcall.rs).
+    mode: Arc<Mode>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -83,6 +86,7 @@ impl Conn {
             inner,
             batcher: None,
             tally: Arc::default(),
+            mode: Arc::default(),
         }
     }
 
@@ -91,12 +95,20 @@ impl Conn {
     pub fn batched(inner: ConnectionManager) -> Conn {
         let (tx, rx) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
-        tokio::spawn(run(inner.clone(), rx, tally.clone()));
+        let mode = Arc::<Mode>::default();
+        tokio::spawn(run(inner.clone(), rx, tally.clone(), mode.clone()));
         Conn {
             inner,
             batcher: Some(tx),
             tally,
+            mode,
         }
+    }
+
+    /// Whether its job-path calls go out as FCALL of the locketd library (after the first
+    /// call; false where Redis has no FUNCTION).
+    pub fn uses_functions(&self) -> bool {
+        self.mode.functions()
     }
 
     /// The O-3 counts of the job-path scripts sent on this connection, to be flushed
@@ -171,25 +183,20 @@ impl ConnectionLike for Conn {
             }
         }
         if let Some((op, _)) = split(cmd) {
-            // Alone: the same call with the script's tallied variant, its counts kept here.
-            let tallied = tallied_cmd(cmd, op);
-            let (mut inner, tally) = (self.inner.clone(), self.tally.clone());
+            // Alone: the same call to the tallied variant (the library's function, or the
+            // tallied script), its counts kept here.
+            let (mut inner, tally, mode) =
+                (self.inner.clone(), self.tally.clone(), self.mode.clone());
             return Box::pin(async move {
-                // A refusal arrives as a value here (`query_async` would turn it into an error).
-                let sent = inner.req_packed_command(&tallied).await;
-                let v = match sent.and_then(Value::extract_error) {
-                    Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                        tallied_script(op)
-                            .prepare_invoke()
-                            .load_async(&mut inner)
-                            .await?;
-                        inner
-                            .req_packed_command(&tallied)
-                            .await
-                            .and_then(Value::extract_error)?
-                    }
-                    other => other?,
-                };
+                let v = mode
+                    .call(&mut inner, op, |out| {
+                        for a in cmd.args_iter().skip(2) {
+                            if let Arg::Simple(b) = a {
+                                out.arg(b);
+                            }
+                        }
+                    })
+                    .await?;
                 tally.split_reply(v)
             });
         }
@@ -210,31 +217,13 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// The tallied variant of job-path script `op` (src/store/tally.rs).
-fn tallied_script(op: &str) -> &'static redis::Script {
-    let s = &scripts().tallied;
-    match op {
-        "reserve" => &s.reserve,
-        "acquire" => &s.acquire,
-        "finish" => &s.finish,
-        _ => &s.finish_reserve,
-    }
-}
-
-/// `cmd` (an `EVALSHA` of job-path script `op`) with the tallied variant's SHA1.
-fn tallied_cmd(cmd: &Cmd, op: &str) -> Cmd {
-    let mut out = redis::cmd("EVALSHA");
-    out.arg(tallied_script(op).get_hash());
-    for a in cmd.args_iter().skip(2) {
-        if let Arg::Simple(b) = a {
-            out.arg(b);
-        }
-    }
-    out
-}
-
 /// Gathers calls into batches until every sender is gone.
-async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>, tally: Arc<Tally>) {
+async fn run(
+    conn: ConnectionManager,
+    mut rx: mpsc::UnboundedReceiver<Call>,
+    tally: Arc<Tally>,
+    mode: Arc<Mode>,
+) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         // Waiting for a free permit is what lets calls gather.
@@ -249,35 +238,37 @@ async fn run(conn: ConnectionManager, mut rx: mpsc::UnboundedReceiver<Call>, tal
             }
         }
         let mut c = conn.clone();
-        let tally = tally.clone();
+        let (tally, mode) = (tally.clone(), mode.clone());
         tokio::spawn(async move {
-            send(&mut c, calls, &tally).await;
+            send(&mut c, calls, &tally, &mode).await;
             drop(permit);
         });
     }
 }
 
 /// One batch.lua call; every call gets its own reply, or the batch's error.
-async fn send(conn: &mut ConnectionManager, calls: Vec<Call>, tally: &Tally) {
+async fn send(conn: &mut ConnectionManager, calls: Vec<Call>, tally: &Tally, mode: &Mode) {
     let numkeys: usize = calls.iter().map(|c| c.numkeys).sum();
-    let result = crate::conn::evalsha::<_, Value>(conn, &scripts().tallied.batch, numkeys, |cmd| {
-        for c in &calls {
-            for k in c.part(true) {
-                cmd.arg(k);
+    let result = mode
+        .call(conn, "batch", |cmd| {
+            cmd.arg(numkeys);
+            for c in &calls {
+                for k in c.part(true) {
+                    cmd.arg(k);
+                }
             }
-        }
-        cmd.arg(calls.len());
-        for c in &calls {
-            let nargs = c.part(false).count();
-            cmd.arg(c.op).arg(c.numkeys).arg(nargs);
-        }
-        for c in &calls {
-            for a in c.part(false) {
-                cmd.arg(a);
+            cmd.arg(calls.len());
+            for c in &calls {
+                let nargs = c.part(false).count();
+                cmd.arg(c.op).arg(c.numkeys).arg(nargs);
             }
-        }
-    })
-    .await;
+            for c in &calls {
+                for a in c.part(false) {
+                    cmd.arg(a);
+                }
+            }
+        })
+        .await;
     // The batch's counts go to the process's sums (tally.rs); each call gets its reply with
     // no counts, in the shape a lone call's has.
     // The batch's counts go to the connection's sums (tally.rs).

@@ -6,6 +6,7 @@
 
 mod acquire;
 pub mod batch;
+mod fcall;
 mod finish;
 pub mod registry;
 mod reserve;

@@ -930,7 +930,7 @@ async fn batched_calls_get_their_own_replies_and_a_failing_call_fails_alone() {
     // (The O-3 counts of these calls are the process's, written by a worker's flush:
     // tests/it/counts.rs checks them through the daemon.)
     let info: String = rcmd!(c, "INFO", "commandstats");
-    let evalsha = crate::support::evalsha_calls(&info);
+    let evalsha = crate::support::script_calls(&info);
     assert!(evalsha <= 2, "six calls took {evalsha} script calls");
 }
 
@@ -977,8 +977,87 @@ async fn a_batched_reserve_over_nine_thousand_queues_reaches_the_last() {
     got.sort();
     assert_eq!(got, jobs, "each slot reserved one of the two jobs");
     let info: String = rcmd!(c, "INFO", "commandstats");
-    let evalsha = crate::support::evalsha_calls(&info);
+    let evalsha = crate::support::script_calls(&info);
     assert!(evalsha <= 2, "two calls took {evalsha} script calls");
+}
+
+/// The major version of a test server's Redis.
+async fn redis_major(c: &mut redis::aio::MultiplexedConnection) -> u32 {
+    let info: String = rcmd!(c, "INFO", "server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next())
+        .and_then(|v| v.trim().parse().ok())
+        .expect("redis_version in INFO server")
+}
+
+// src/store/fcall.rs: the job path's connection calls its scripts as FCALL of one FUNCTION
+// library where Redis has FUNCTION, loads it again after a FUNCTION FLUSH, and runs the same
+// calls by EVALSHA where Redis has no FUNCTION (Redis 6; here: the command renamed away).
+#[tokio::test]
+async fn the_job_path_calls_the_function_library_or_falls_back_to_scripts() {
+    for functions in [true, false] {
+        let server = if functions {
+            RedisServer::start()
+        } else {
+            RedisServer::start_with(&["--rename-command", "FUNCTION", "\"\""])
+        };
+        let c = &mut server.conn().await;
+        if functions && redis_major(c).await < 7 {
+            eprintln!("note: Redis < 7 has no FUNCTION; only the fallback is checked");
+            continue;
+        }
+        let jobs: Vec<Vec<u8>> = (1..=3).map(|i| payload("J", json!([i]))).collect();
+        for j in &jobs {
+            push(c, "q", j).await;
+        }
+        let manager = server
+            .client()
+            .get_connection_manager()
+            .await
+            .expect("connection manager");
+        let mut conn = locketd::store::batch::Conn::direct(manager);
+        let slot = Slot::new("p:1:0", "testhost:1:q");
+        mark_alive(c, &slot.slot_key).await;
+        let _: () = rcmd!(c, "CONFIG", "RESETSTAT");
+        let mut got = Vec::new();
+        for round in 0..3 {
+            if functions && round == 1 {
+                let _: () = rcmd!(c, "FUNCTION", "FLUSH");
+            }
+            let r = store::reserve(&mut conn, &slot.r(), &random_hex(8), &["q".into()], false)
+                .await
+                .expect("RESERVE");
+            let Reserved::Job { payload, .. } = r else {
+                panic!("round {round}: {r:?}")
+            };
+            got.push(payload);
+            // The slot is free again for the next round.
+            let _: i64 = rcmd!(c, "DEL", slot.inflight());
+        }
+        assert_eq!(got, jobs, "functions = {functions}");
+        assert_eq!(conn.uses_functions(), functions);
+        let info: String = rcmd!(c, "INFO", "commandstats");
+        let (fcall, evalsha) = (
+            crate::support::command_calls(&info, "fcall"),
+            crate::support::command_calls(&info, "evalsha"),
+        );
+        if functions {
+            assert_eq!(
+                (fcall, evalsha),
+                (4, 0),
+                "three calls, one sent again after the flush"
+            );
+            let libs: redis::Value = rcmd!(c, "FUNCTION", "LIST", "LIBRARYNAME", "locketd_*");
+            assert!(format!("{libs:?}").contains("locketd_"), "{libs:?}");
+        } else {
+            assert_eq!(
+                (fcall, evalsha),
+                (0, 4),
+                "three calls, the first sent again after NOSCRIPT"
+            );
+        }
+    }
 }
 
 // locking-semantics.md A-1 (resque-protocol.md pause rule)

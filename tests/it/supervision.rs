@@ -970,7 +970,7 @@ fn batched_slots_run_each_job_once_and_keep_every_count() {
     // Batches did form: one at a time, the job path alone costs two script calls per job and
     // two per requeue (ACQUIRE, then a plain RESERVE); heartbeats add a few more.
     let info: String = r.cmd(&["INFO", "commandstats"]);
-    let evalsha = crate::support::evalsha_calls(&info);
+    let evalsha = crate::support::script_calls(&info);
     eprintln!("batched slots: {n} jobs, {requeued} requeued, {evalsha} script calls");
     let one_at_a_time = 2 * (i64::from(n) + requeued);
     assert!(

@@ -1,8 +1,7 @@
 -- Shared helpers, prepended to every locket script by src/store/scripts.rs.
 -- Nothing here touches a key on its own; the functions act on the keys they are given.
 
--- Redis 5 needs effects replication before writing after TIME; later versions always do it.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+-- (scripts.rs puts REPLICATE, for Redis 5, before this in every EVAL script.)
 
 -- S-6: a step checks, before its first write, every key another tool may have written that it
 -- is about to write (a queue, the `queues` set, a failure list, `failed_queues`): one whose
@@ -511,4 +510,23 @@ local function hold_release(prefix, name, digest, now)
   end
   dep_state(prefix, name, now)
   return released
+end
+
+-- Every per-run value above back to its start. A script's chunk runs anew for each EVALSHA,
+-- so there this changes nothing; a FUNCTION library's locals live as long as the library, so
+-- each of its functions calls this first (src/store/scripts.rs). Every local above that a run
+-- writes is listed here.
+local function reset_run()
+  cached_now = nil
+  known = {}
+  reads_done = false
+  lease_keys = {}
+  inflight_freed = {}
+  counts, counts_prefix, counts_bucket = {}, nil, nil
+  counts_reply = false
+  class_fields = {}
+  incrs = {}
+  locket_prefixes = {}
+  counter_keys = {}
+  splits = {}
 end

@@ -185,14 +185,22 @@ pub fn child_pids(pid: i32) -> Vec<i32> {
     pids
 }
 
-/// `calls=` of `cmdstat_evalsha` in an `INFO commandstats` reply: how many script calls the
-/// server ran.
-pub fn evalsha_calls(info: &str) -> i64 {
+/// `calls=` of `cmdstat_<command>` in an `INFO commandstats` reply (0 when absent).
+pub fn command_calls(info: &str, command: &str) -> i64 {
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
-        .expect("evalsha calls in INFO commandstats")
+        .unwrap_or(0)
+}
+
+/// How many script calls the server ran, by `EVALSHA` or by `FCALL` of the job-path library
+/// (src/store/fcall.rs), from an `INFO commandstats` reply.
+pub fn script_calls(info: &str) -> i64 {
+    let n = command_calls(info, "evalsha") + command_calls(info, "fcall");
+    assert!(n > 0, "no script calls in INFO commandstats:\n{info}");
+    n
 }
 
 /// A lock's holders as a flat list token, deadline (ms), whatever its kind
