@@ -215,7 +215,11 @@ pub async fn acquire_with<C: ConnectionLike + Send>(
         .key(keys.counter(req.queue))
         .key(keys.worker(slot.worker_id))
         .key(keys.locks());
-    lock_keys(&mut inv, keys, req.locks.iter().map(|l| l.id.as_str()));
+    // Only the lock keys: acquire.lua names a lock's lockinfo and blocked set from its id when
+    // it needs them.
+    for l in req.locks {
+        inv.key(keys.lock(&l.id));
+    }
     let fallback = match opts {
         Some(o) => o.on_lock_conflict.script_word(),
         None if req.requeue_on_conflict => "requeue",

@@ -100,10 +100,10 @@ pub(super) fn finish_parts(
         keys.queues(),
         keys.locks(),
     ];
+    // Only the lock keys: finish.lua names a lock's lockinfo and blocked set from its id when
+    // it needs them.
     for l in req.locks {
         k.push(keys.lock(&l.id));
-        k.push(keys.lockinfo(&l.id));
-        k.push(keys.blocked_lock(&l.id));
     }
     let mut a = vec![
         req.rid.to_string(),

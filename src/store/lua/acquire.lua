@@ -12,9 +12,9 @@
 -- KEYS[4]      <ns>:locket:counter:<q>
 -- KEYS[5]      <ns>:worker:<resque worker id>        (Resque "working on" record)
 -- KEYS[6]      <ns>:locket:locks                     (index, L-7)
--- KEYS[4+3i]   <ns>:locket:lock:<id_i>               for i = 1..n (a STRING for limit 1, else
--- KEYS[5+3i]   <ns>:locket:lockinfo:<id_i>            a ZSET with its lockinfo; lib.lua)
--- KEYS[6+3i]   <ns>:locket:blocked:lock:<id_i>
+-- KEYS[6+i]    <ns>:locket:lock:<id_i>               for i = 1..n (a STRING for limit 1, else
+--              a ZSET with its lockinfo; lib.lua). Its lockinfo:<id_i> and blocked:lock:<id_i>
+--              are named here from the id, and only read when used (S-1: no Cluster).
 -- ARGV[1]      rid
 -- ARGV[2]      token (32 hex chars, new for this attempt)
 -- ARGV[3]      lock_ttl in ms
@@ -102,8 +102,7 @@ local locked_by = opt['locked_by'] or {}
 local enqueue_holds = opt['enqueue_holds'] or {}
 local start_holds = opt['start_holds'] or {}
 local function lock_at(i)
-  return KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i], ARGV[13 + 2 * i],
-    tonumber(ARGV[14 + 2 * i])
+  return KEYS[6 + i], ARGV[13 + 2 * i], tonumber(ARGV[14 + 2 * i])
 end
 
 -- A conflict on a lock whose key is a limit-1 holder's STRING (or, for a limit-1 lock, a
@@ -124,8 +123,9 @@ local conflicts = {}
 local dep_conflict = false
 local was_empty = {}
 for i = 1, n do
-  local lk, ik, bk, id, limit = lock_at(i)
+  local lk, id, limit = lock_at(i)
   if limit > 1 then
+    local ik, bk = prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
     local now = now_ms()
     if sget(lk) then
       -- held by a limit-1 holder
@@ -200,7 +200,7 @@ for _, c in ipairs(conflicts) do
   if c[1] == 'lock' then nlock = nlock + 1 end
 end
 for i = 1, n do
-  local lk, _, _, id, limit = lock_at(i)
+  local lk, id, limit = lock_at(i)
   if limit <= 1 then
     if #conflicts > 0 then
       if redis.call('EXISTS', lk) == 1 then
@@ -342,10 +342,11 @@ local deadline = wnow + ttl
 local ids = {}
 local out = {'ok', 0}
 for i = 1, n do
-  local lk, ik, _, id, limit = lock_at(i)
+  local lk, id, limit = lock_at(i)
   local id_json = id_json_of(i, id)
   ids[#ids + 1] = id_json
   if limit > 1 then
+    local ik = prefix .. 'lockinfo:' .. id
     local now = now_ms()
     deadline = now + ttl
     local info = info_body .. ',"acquired_at":' .. int(now) .. ',"extended_at":' .. int(now) ..

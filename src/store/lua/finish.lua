@@ -13,9 +13,9 @@
 -- KEYS[9]      <ns>:queue:<q>
 -- KEYS[10]     <ns>:queues
 -- KEYS[11]     <ns>:locket:locks
--- KEYS[9+3i]   <ns>:locket:lock:<id_i>               for i = 1..n (read once with the lease: lib.lua)
--- KEYS[10+3i]  <ns>:locket:lockinfo:<id_i>
--- KEYS[11+3i]  <ns>:locket:blocked:lock:<id_i>
+-- KEYS[11+i]   <ns>:locket:lock:<id_i>               for i = 1..n (read once with the lease: lib.lua);
+--              its lockinfo:<id_i> and blocked:lock:<id_i> are named here from the id, and
+--              only when used (S-1: no Cluster)
 -- ARGV[1]      rid
 -- ARGV[2]      token ("" when no lock was taken)
 -- ARGV[3]      outcome:
@@ -92,11 +92,13 @@ local class = ARGV[8]
 if ARGV[2] ~= '' then
   local released = 0
   for i = 1, n do
-    local lk, ik, bk = KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i]
+    local lk = KEYS[11 + i]
     if tonumber(ARGV[11 + 2 * i]) <= 1 then
-      released = released + lock1_release(lk, bk, ARGV[2], ARGV[6], dels)
+      released = released + lock1_release(lk, nil, ARGV[2], ARGV[6], dels)
     else
-      released = released + release_any(lk, ik, bk, KEYS[11], ARGV[10 + 2 * i], ARGV[2], ARGV[6])
+      local id = ARGV[10 + 2 * i]
+      released = released + release_any(lk, prefix .. 'lockinfo:' .. id,
+        prefix .. 'blocked:lock:' .. id, KEYS[11], id, ARGV[2], ARGV[6])
     end
   end
   count(prefix, nil, 'released', class, released)

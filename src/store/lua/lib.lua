@@ -248,13 +248,21 @@ local function lock1_flag(lk)
 end
 -- L-5 for a limit-1 lock: compare-and-delete, and A-14 when the holder was flagged. The key is
 -- appended to `dels` when given (the caller deletes it with its own keys, in one DEL, before
--- anything else in the run touches it), else deleted here. Returns 1 when released.
+-- anything else in the run touches it), else deleted here. `bk`, the lock's blocked set, is
+-- named from `lk` when nil ("<prefix>lock:<id>" -> "<prefix>blocked:lock:<id>"). Returns 1 when
+-- released.
 local function lock1_release(lk, bk, token, counter_prefix, dels)
   local v = sget(lk)
   if not lock1_holds(v, token) then return 0 end
   if dels then dels[#dels + 1] = lk else redis.call('DEL', lk) end
   known[lk] = false
-  if lock1_flagged(v) then reset_blocked(bk, counter_prefix) end
+  if lock1_flagged(v) then
+    if bk == nil then
+      local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
+      bk = p .. 'blocked:' .. string.sub(lk, #p + 1)
+    end
+    reset_blocked(bk, counter_prefix)
+  end
   return 1
 end
 -- L-5 for a lock of either kind (recovery and admin releases do not know the limit).
@@ -414,7 +422,7 @@ local function finish_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[6]), K[1])
   for i = 1, (#A - 11) / 2 do
-    if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[9 + 3 * i] end
+    if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[11 + i] end
   end
   return out
 end
