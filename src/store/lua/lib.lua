@@ -227,9 +227,6 @@ end
 -- `lockinfo` and the `locks` index (fix_lock above). A key of the other kind counts as full
 -- (a class whose limit changed while its old holders run never gets more holders).
 local LOCK1_HEAD = '{"blocked":0,"token":"'
-local function lock1_value(token, rest)
-  return LOCK1_HEAD .. token .. '"' .. rest
-end
 local function lock1_holds(v, token)
   return v and string.sub(v, 23, 22 + #token) == token and
     string.sub(v, 23 + #token, 23 + #token) == '"'
