@@ -80,6 +80,29 @@ fn the_noop_scenario_drains_a_tiny_queue_and_prints_its_figures() {
 }
 
 #[test]
+fn the_floor_scenario_makes_the_job_paths_redis_calls_and_drains_every_job() {
+    let out = run_bench(&["floor", "--jobs", "300"]);
+    // Both variants drain all 300 jobs (the harness fails a variant that does not).
+    let two = figure(&out, "2 round trips/job: 300 jobs at");
+    let one = figure(&out, "1 round trip/job: 300 jobs at");
+    assert!(two > 0.0 && one > 0.0, "{out}");
+    // The prefork job path's 10 commands in 2 scripts, and 8 in 1 script when fused (plus
+    // each worker's last call, which finds the queue empty).
+    let line = |what: &str| {
+        out.lines()
+            .find(|l| l.contains(what) && l.contains("commands/job inside"))
+            .unwrap_or_else(|| panic!("no {what} line in:\n{out}"))
+            .to_string()
+    };
+    let cmds2 = figure(&line("2 round trips/job"), "Redis:");
+    let cmds1 = figure(&line("1 round trip/job"), "Redis:");
+    assert!((10.0..10.5).contains(&cmds2), "{out}");
+    assert!((8.0..8.5).contains(&cmds1), "{out}");
+    let calls2 = figure(&line("2 round trips/job"), "commands/job inside");
+    assert!((2.0..2.2).contains(&calls2), "{out}");
+}
+
+#[test]
 fn a_flag_the_binary_rejects_is_reported_clearly() {
     // Run against a program that rejects --workers as an older locketd would; the harness
     // must name the flag instead of waiting for a drain that never comes.

@@ -9,6 +9,7 @@
 //! ```
 
 mod delayed;
+mod floor;
 mod idle;
 mod peers;
 mod persistent;
@@ -39,6 +40,9 @@ enum Scenario {
     Command,
     /// `/bin/true` spawned and reaped in a loop by N threads, no Redis: the command's ceiling.
     SpawnCeiling,
+    /// The prefork model's floor: W threads, one job at a time each, making only the job
+    /// path's Redis calls (2 round trips per job, then 1), no locketd.
+    Floor,
     /// A high queue whose jobs all wait on one held lock, above a low queue.
     Starvation,
     /// 100 configured queues, jobs only in the last.
@@ -552,6 +556,9 @@ fn run(opts: Opts) -> Result<()> {
         }
         Scenario::Command => scenario_command(&opts, &exe, &mut rows)?,
         Scenario::SpawnCeiling => spawn::scenario_spawn_ceiling(&opts, &mut rows)?,
+        Scenario::Floor => {
+            floor::scenario_floor(&opts, &exe, &mut rows)?;
+        }
         Scenario::Starvation => scenario_starvation(&opts, &exe, &mut rows)?,
         Scenario::Queues => scenario_queues(&opts, &exe, &mut rows)?,
         Scenario::Idle => scenario_idle(&opts, &exe, &mut rows)?,
@@ -586,6 +593,11 @@ fn run(opts: Opts) -> Result<()> {
             let peer_rates = peer_rates.unwrap_or_else(|| peers::Peers::none("the peers failed"));
             peers::ratio_rows(&mut rows, 2, None, prefork, &peer_rates);
             peers::ratio_rows(&mut rows, 2, Some(32), slots, &peer_rates);
+            attempt("floor --workers 2", &mut rows, |r| {
+                let two = floor::scenario_floor(&with(Some(2), None), &exe, r)?;
+                floor::ceiling_row(r, two, &peer_rates);
+                Ok(())
+            })?;
             attempt("spawn-ceiling --workers 4", &mut rows, |r| {
                 spawn::scenario_spawn_ceiling(&with(Some(4), None), r)
             })?;
