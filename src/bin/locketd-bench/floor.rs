@@ -72,14 +72,17 @@ return {job, lock}
 "#
 );
 
+/// The floor's lock keys: `<prefix><class>:<digest>`, or `<prefix><sha1>` when fused.
+const LOCK_PREFIX: &str = "resque:floor:lock:";
+
 /// What one floor drain measured.
-pub(crate) struct FloorRun {
-    pub(crate) rate: f64,
-    pub(crate) redis_us: f64,
+struct FloorRun {
+    rate: f64,
+    redis_us: f64,
     /// Commands per job inside the scripts.
-    pub(crate) cmds: f64,
+    cmds: f64,
     /// Script calls per job.
-    pub(crate) scripts: f64,
+    scripts: f64,
 }
 
 /// The args' digest, as a lock id is made from them (class + SHA-256 of the args' JSON).
@@ -88,7 +91,7 @@ fn lock_id(payload: &str) -> Result<String> {
     let class = v.get("class").and_then(|c| c.as_str()).unwrap_or("");
     let args = v.get("args").map(|a| a.to_string()).unwrap_or_default();
     Ok(format!(
-        "resque:floor:lock:{class}:{}",
+        "{LOCK_PREFIX}{class}:{}",
         hex::encode(Sha256::digest(args.as_bytes()))
     ))
 }
@@ -123,23 +126,17 @@ fn work(url: &str, w: usize, fused: bool) -> Result<u64> {
             lease.as_str(),
             "resque:floor:counter:bench",
         ];
+        let mut inv = if fused { &both } else { &fr }.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        inv.arg(finish).arg(&rid).arg("bench").arg(&wid).arg(&now);
         if fused {
-            let mut inv = both.prepare_invoke();
-            for k in keys {
-                inv.key(k);
-            }
-            inv.arg(finish).arg(&rid).arg("bench").arg(&wid).arg(&now);
-            inv.arg("resque:floor:lock:").arg(&rid);
-            let r: Option<(String, String)> = inv.invoke(&mut conn)?;
+            let r: Option<(String, String)> = inv.arg(LOCK_PREFIX).arg(&rid).invoke(&mut conn)?;
             let Some((payload, lock)) = r else { break };
             std::hint::black_box(serde_json::from_str::<serde_json::Value>(&payload)?);
             prev_lock = lock;
         } else {
-            let mut inv = fr.prepare_invoke();
-            for k in keys {
-                inv.key(k);
-            }
-            inv.arg(finish).arg(&rid).arg("bench").arg(&wid).arg(&now);
             let r: Option<String> = inv.invoke(&mut conn)?;
             let Some(payload) = r else { break };
             let lock = lock_id(&payload)?;
@@ -166,7 +163,7 @@ fn work(url: &str, w: usize, fused: bool) -> Result<u64> {
 }
 
 /// Drains `n` noop jobs with `workers` sequential workers, 2 or 1 round trips per job.
-pub(crate) fn measure(ctx: &mut Ctx, workers: usize, n: usize, fused: bool) -> Result<FloorRun> {
+fn measure(ctx: &mut Ctx, workers: usize, n: usize, fused: bool) -> Result<FloorRun> {
     ctx.flush()?;
     ctx.push_noop("bench", "Noop", n)?;
     let url = ctx.redis.url();
