@@ -36,7 +36,9 @@
 // SIGTERM during a job: the onFailure hook runs with an error named
 // "Resque::TermException" (for at most TERM_HOOKS_MS), done failed
 // "Resque::TermException" "SIGTERM" is sent, then `bye`, then exit 0; the job's
-// promise is abandoned (JavaScript cannot interrupt it). SIGTERM while idle:
+// promise is abandoned (JavaScript cannot interrupt it): should it settle while
+// the hook runs, its result is ignored, so a job whose onFailure ran is never
+// recorded as a success. SIGTERM while idle:
 // exit 0. process.exit() in job code ends the handler like Ruby's exit!
 // (locketd records it).
 //
@@ -251,6 +253,10 @@ async function dispatch(line) {
     } else {
       outcome = await failureHooks(ctx);
     }
+    // A SIGTERM that came first owns the answer: it decided the job failed
+    // (Resque::TermException) and ran onFailure for it, so a job that settles
+    // afterwards must not turn that into a success (or a second failure).
+    if (ctx.termed) return;
     ctx.outcome = outcome;
     await flushOutput();
     answer(ctx, outcome);
@@ -290,6 +296,7 @@ async function onTerm() {
   if (state.terminating) return;
   state.terminating = true;
   if (!ctx.outcome) { // else the request is over, its done about to be written
+    ctx.termed = true; // from here on, the job settling changes nothing (see dispatch)
     const error = new LocketError("Resque::TermException", "SIGTERM", []);
     if (ctx.kind === "job" && ctx.def) {
       await Promise.race([runFailureHooks(ctx, error), sleep(TERM_HOOKS_MS)]);

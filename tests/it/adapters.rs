@@ -380,3 +380,52 @@ fn h16_node_adapter_runs_node_resque_jobs() {
     let failures = app.r.failures();
     assert_eq!(failures.len(), 1, "{failures:?}");
 }
+
+/// Issue 23 #4, the Node adapter and TERM: the SIGTERM decides the outcome. A job whose
+/// promise settles successfully while its `onFailure` hook (run for the TERM) is still going
+/// is recorded as the `Resque::TermException` failure the hook was told about, never as a
+/// success.
+#[test]
+fn node_adapter_term_outcome_is_not_overturned_by_a_job_settling_during_on_failure() {
+    if !have_or_skip("node") {
+        return;
+    }
+    let module = workdir();
+    let jobs = module.path().join("jobs.js");
+    std::fs::write(
+        &jobs,
+        r#""use strict";
+const fs = require("fs");
+const log = (line) => fs.appendFileSync(process.env.HOOK_LOG, `${line}\n`);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+module.exports.jobs = {
+  SettlesDuringHook: {
+    perform: async () => { log("perform start"); await sleep(800); log("perform end"); },
+    onFailure: async (error) => { log(`onFailure ${error.name}`); await sleep(2000); log("onFailure end"); },
+  },
+};
+"#,
+    )
+    .unwrap();
+    let jobs = jobs.display().to_string();
+    let mut app = App::start(&["node", "adapters/node/locketd-handler.js", &jobs], "");
+    app.push("SettlesDuringHook", json!([]));
+    wait_until(LONG, "the job started", || {
+        app.hooks().iter().any(|l| l == "perform start")
+    });
+    app.daemon.signal(libc::SIGTERM);
+    let _ = app.daemon.wait_exit(LONG);
+    let hooks = app.hooks();
+    assert!(
+        hooks.iter().any(|l| l == "onFailure Resque::TermException"),
+        "{hooks:?}"
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "one failure record: {failures:?}");
+    assert_eq!(
+        failures[0]["exception"], "Resque::TermException",
+        "{failures:?}"
+    );
+    assert_eq!(app.r.failed_stat(), 1, "the job counted as failed");
+    assert_eq!(app.r.processed(), 1, "counted once");
+}
