@@ -320,6 +320,11 @@ fn h14_ruby_on_failure_hooks_run_after_a_kill() {
 /// H-17: the app of tests/it/fixtures/ruby_failure_app.rb with its failure backend
 /// `backend` (`multiple`, `suppress`, `raising`); and its worker's id.
 fn backend_app(backend: &str, fork: bool) -> Option<(App, String)> {
+    backend_app_with(backend, fork, "")
+}
+
+/// The same, with more class tables.
+fn backend_app_with(backend: &str, fork: bool, classes: &str) -> Option<(App, String)> {
     if !have_or_skip("ruby") {
         return None;
     }
@@ -332,11 +337,12 @@ fn backend_app(backend: &str, fork: bool) -> Option<(App, String)> {
     }
     let mut app = App::start_env(
         &command,
-        "",
+        classes,
         &[
             ("FAILURE_REDIS", "{redis}"),
             ("FAILURE_FILE", "{work}/failures.jsonl"),
             ("FAILURE_BACKEND", backend),
+            ("FAILURE_NO_BOOT", "{work}/no-boot"),
         ],
     );
     let id = wait_registered(&mut app.r, &app.daemon);
@@ -507,6 +513,118 @@ fn h17_a_sigkilled_handlers_dirty_exit_reaches_the_apps_backend_through_the_fres
     );
     assert_eq!(failures[0]["worker"], worker.as_str());
     assert_eq!(app.r.failed_stat(), 0);
+}
+
+/// Waits until the hook log has `line`.
+fn wait_hook(app: &App, line: &str) {
+    let hooks = app.hook_log.clone();
+    wait_until(LONG, line, || {
+        std::fs::read_to_string(&hooks)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == line)
+    });
+}
+
+/// H-17 `--fork`: a child killed by a signal is Resque::DirtyExit, recorded by the parent
+/// through the app's backend after its on_failure hooks, as Resque's perform_with_fork does.
+#[test]
+fn h17_fork_a_killed_childs_dirty_exit_is_recorded_by_the_parent_through_the_backend() {
+    let Some((mut app, worker)) = backend_app("multiple", true) else {
+        return;
+    };
+    app.push("Slow", json!([60]));
+    wait_hook(&app, "Slow start");
+    let (adapter, child) = adapter_and_child(app.daemon.worker_pid());
+    // SAFETY: kill(2) of the test's own grandchild.
+    unsafe {
+        libc::kill(
+            child.expect("the job runs in a forked child"),
+            libc::SIGKILL,
+        );
+    }
+    app.processed(1);
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert_eq!(saved[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(saved[0]["pid"], adapter, "the parent records");
+    assert_eq!(saved[0]["worker"], worker.as_str());
+    assert_eq!(
+        app.hooks(),
+        [
+            "Slow start",
+            "Slow.on_failure Resque::DirtyExit",
+            "save Resque::DirtyExit"
+        ]
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(app.r.failed_stat(), 0);
+}
+
+/// H-17 + H-11: a job that outlives its timeout and survives the TERM is killed; the fresh
+/// handler runs its hooks and records Locket::Timeout through the app's backend, before
+/// FINISH, which counts it in `stat:failed` and adds no record.
+#[test]
+fn h17_a_timed_out_jobs_locket_timeout_is_recorded_by_the_fresh_handler() {
+    let Some((mut app, worker)) = backend_app_with(
+        "multiple",
+        false,
+        "[classes.Stubborn]\nhandler = \"app\"\ntimeout = \"1s\"\n",
+    ) else {
+        return;
+    };
+    app.push("Stubborn", json!([]));
+    app.processed(1);
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "recorded before FINISH: {saved:?}");
+    assert_eq!(saved[0]["exception"], "Locket::Timeout", "{}", saved[0]);
+    assert_eq!(saved[0]["worker"], worker.as_str());
+    assert_eq!(
+        app.hooks(),
+        [
+            "Stubborn start",
+            "Stubborn ignores TERM",
+            "Stubborn.on_failure Locket::Timeout",
+            "save Locket::Timeout"
+        ]
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Locket::Timeout");
+    assert_eq!(app.r.failed_stat(), 1);
+    assert_eq!(app.failed_by(&worker), 1);
+}
+
+/// H-17: when no fresh handler can start after a kill, locketd records the failure itself;
+/// the hooks run later, in the handler that does start, without a second record.
+#[test]
+fn h17_when_the_fresh_handler_cannot_start_locketd_records_the_killed_job() {
+    let Some((mut app, worker)) = backend_app("multiple", false) else {
+        return;
+    };
+    app.push("Slow", json!([60]));
+    wait_hook(&app, "Slow start");
+    let no_boot = app._work.path().join("no-boot");
+    std::fs::write(&no_boot, "").expect("no-boot file");
+    let adapter = child_pids(app.daemon.worker_pid())[0];
+    // SAFETY: kill(2) of the test's own daemon's handler.
+    unsafe {
+        libc::kill(adapter, libc::SIGKILL);
+    }
+    app.processed(1);
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "locketd's own record: {failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(failures[0]["worker"], worker.as_str());
+    assert!(app.saved().is_empty(), "{:?}", app.saved());
+    std::fs::remove_file(&no_boot).expect("remove no-boot");
+    app.push("Fine", json!([]));
+    app.processed(2);
+    wait_hook(&app, "Slow.on_failure Resque::DirtyExit");
+    assert!(app.saved().is_empty(), "{:?}", app.saved());
+    assert_eq!(app.r.failures().len(), 1);
 }
 
 /// H-17: a backend that raises loses nothing: the failure is locketd's own record, and counted.
