@@ -98,6 +98,7 @@ mod tests {
             id: String::new(),
             timeout: None,
             stop_reason: Default::default(),
+            recorded: Default::default(),
         }
     }
 

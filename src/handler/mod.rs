@@ -53,6 +53,26 @@ pub struct JobContext {
     pub timeout: Option<std::time::Duration>,
     /// Why the supervisor asked the run to stop, set just before `stop` is cancelled.
     pub stop_reason: StopNote,
+    /// Set by a handler whose app recorded the run's failure itself (H-17).
+    pub recorded: RecordedNote,
+}
+
+/// Whether the app recorded a run's failure through its own failure backend (a persistent
+/// Ruby handler's `Resque::Failure.create`, H-17): set by the handler, read by the worker
+/// after `after_run`, so that FINISH pushes no record of its own (it still counts the stats).
+#[derive(Debug, Clone, Default)]
+pub struct RecordedNote(Arc<std::sync::atomic::AtomicBool>);
+
+impl RecordedNote {
+    /// The app recorded the failure.
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it did.
+    pub fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// Why a run was asked to stop (`timeout`, `lock_lost`, `shutdown`, `usr1`,

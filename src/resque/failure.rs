@@ -40,6 +40,10 @@ pub struct JobFailure {
     /// When true the job was killed rather than failing by itself: Resque records it but does
     /// not count it in `stat:failed` (resque-protocol.md §5).
     pub dirty: bool,
+    /// The app recorded it through its own failure backend (a persistent Ruby handler's
+    /// `Resque::Failure.create`, H-17): FINISH pushes no record, and counts the stats as for
+    /// any failure.
+    pub recorded: bool,
 }
 
 impl JobFailure {
@@ -50,6 +54,7 @@ impl JobFailure {
             error: error.into(),
             backtrace: Vec::new(),
             dirty: false,
+            recorded: false,
         }
     }
 

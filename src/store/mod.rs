@@ -90,9 +90,11 @@ pub enum Acquired {
 pub enum Finish {
     /// Ran and succeeded.
     Success,
-    /// Failed by itself: the record is pushed and counted in `stat:failed`.
+    /// Failed by itself: the record is pushed and counted in `stat:failed`. An empty record:
+    /// the app recorded the failure itself (H-17), only the stats are counted.
     Failure(String),
-    /// Killed: the record is pushed, not counted in `stat:failed` (Resque's DirtyExit).
+    /// Killed: the record is pushed, not counted in `stat:failed` (Resque's DirtyExit). An
+    /// empty record: the app recorded it (H-17).
     Dirty(String),
     /// Back to the tail of its queue, no Resque stats.
     Requeue,

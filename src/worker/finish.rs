@@ -69,7 +69,13 @@ impl Worker {
         let (outcome, label) = match &result {
             Ok(()) => (Finish::Success, "success"),
             Err(f) => {
-                let record = f.record(payload, &self.id.worker_id, queue, SystemTime::now());
+                // H-17: a failure the app recorded through its own backend gets no second
+                // record; FINISH still counts it.
+                let record = if f.recorded {
+                    String::new()
+                } else {
+                    f.record(payload, &self.id.worker_id, queue, SystemTime::now())
+                };
                 if f.dirty {
                     (Finish::Dirty(record), "killed")
                 } else {
@@ -78,7 +84,7 @@ impl Worker {
             }
         };
         if let Err(f) = &result {
-            warn!(target: LOG_TARGET, queue = %queue, class = %class, exception = %f.exception, error = %f.error, "job failed");
+            warn!(target: LOG_TARGET, queue = %queue, class = %class, exception = %f.exception, error = %f.error, recorded_by_app = f.recorded, "job failed");
         }
         self.finish_outcome(
             rid, queue, token, locks, outcome, class, started, label, &fh,

@@ -81,8 +81,8 @@ impl Worker {
             Acquire::Started { fences, sent_at } => (fences, sent_at),
             Acquire::Ended(stop) => return stop,
         };
-        let (end, on_lost) = self.run_job(&p, fences, sent_at, control, dead).await;
-        self.end_job(&p, end, on_lost, dead).await
+        let (end, on_lost, recorded) = self.run_job(&p, fences, sent_at, control, dead).await;
+        self.end_job(&p, end, on_lost, recorded, dead).await
     }
 
     /// Decode, handler and lock plan (T-*): a job that cannot start is failed as it is, never
@@ -424,7 +424,7 @@ impl Worker {
         sent_at: Instant,
         control: &Control,
         dead: &CancellationToken,
-    ) -> (RunEnd, OnLockLost) {
+    ) -> (RunEnd, OnLockLost, bool) {
         let (queue, class) = (&p.queue, &p.job.class);
         self.title(&format!(
             "Processing {queue} since {} [{class}]",
@@ -454,8 +454,10 @@ impl Worker {
             id: p.rid.clone(),
             timeout: class_cfg.timeout.map(|t| t.get()),
             stop_reason: crate::handler::StopNote::default(),
+            recorded: crate::handler::RecordedNote::default(),
         };
         let stop_note = ctx.stop_reason.clone();
+        let recorded = ctx.recorded.clone();
         let lt = &self.config.locket;
         let on_lost = class_cfg.on_lock_lost.unwrap_or(lt.on_lock_lost);
         let sup = run::Supervision {
@@ -475,16 +477,19 @@ impl Worker {
         let end = sup.run(p.handler.clone(), ctx, control, dead).await;
         // H-11: whatever a stopped run left of its handler is dead before the end is recorded.
         p.handler.after_run(stop_note.get()).await;
-        (end, on_lost)
+        // H-17: read after after_run, where a fresh handler may have recorded a killed job.
+        (end, on_lost, recorded.get())
     }
 
     /// The run's end handed to FINISH: a lost lock with `on_lock_lost = "requeue"` goes back to
-    /// its queue; every other end is recorded as Resque records it.
+    /// its queue; every other end is recorded as Resque records it. `recorded`: the
+    /// app recorded the failure through its own backend (H-17), so FINISH pushes no record.
     async fn end_job(
         &mut self,
         p: &Planned,
         end: RunEnd,
         on_lost: OnLockLost,
+        recorded: bool,
         dead: &CancellationToken,
     ) -> Option<StopReason> {
         let (queue, class, locks, token) = (&p.queue, &p.job.class, &p.rendered.locks, &p.token);
@@ -514,7 +519,10 @@ impl Worker {
                     .await;
             }
         }
-        let result = result_of(end, locks);
+        let mut result = result_of(end, locks);
+        if let Err(f) = &mut result {
+            f.recorded |= recorded;
+        }
         let stop = self
             .finish_job(
                 &p.rid,

@@ -44,17 +44,29 @@ struct App {
 
 impl App {
     fn start(command: &[&str], classes: &str) -> App {
+        App::start_env(command, classes, &[])
+    }
+
+    /// With more variables in the handler's environment: `{work}` in a value is the test's
+    /// work directory, `{redis}` the redis-server's host:port.
+    fn start_env(command: &[&str], classes: &str, env: &[(&str, &str)]) -> App {
         let redis = RedisServer::start();
         let r = R::new(&redis);
         let work = workdir();
         let hook_log = work.path().join("hooks.log");
         let argv: Vec<String> = command.iter().map(|a| format!("\"{a}\"")).collect();
+        let mut vars = format!("HOOK_LOG = \"{}\"", hook_log.display());
+        for (k, v) in env {
+            let v = v
+                .replace("{work}", &work.path().display().to_string())
+                .replace("{redis}", &format!("127.0.0.1:{}", redis.port()));
+            vars.push_str(&format!(", {k} = \"{v}\""));
+        }
         let config = format!(
             "{}\n[handlers.app]\nmode = \"persistent\"\ncommand = [{}]\nboot_timeout = \"60s\"\n\
-             env = {{ HOOK_LOG = \"{}\" }}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
+             env = {{ {vars} }}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
             cfg("q").render(),
             argv.join(", "),
-            hook_log.display()
         );
         let daemon = Daemon::builder(&redis)
             .config(&config)
@@ -303,6 +315,332 @@ fn h14_ruby_on_failure_hooks_run_after_a_kill() {
             .any(|l| l.starts_with("Slow.on_failure_note Resque::DirtyExit"))
     });
     assert!(!app.hooks().iter().any(|l| l == "Slow finished"));
+}
+
+/// H-17: the app of tests/it/fixtures/ruby_failure_app.rb with its failure backend
+/// `backend` (`multiple`, `suppress`, `raising`); and its worker's id.
+fn backend_app(backend: &str, fork: bool) -> Option<(App, String)> {
+    backend_app_with(backend, fork, "")
+}
+
+/// The same, with more class tables.
+fn backend_app_with(backend: &str, fork: bool, classes: &str) -> Option<(App, String)> {
+    if !have_or_skip("ruby") {
+        return None;
+    }
+    let mut command = vec![
+        "adapters/ruby/locketd-ruby",
+        "tests/it/fixtures/ruby_failure_app.rb",
+    ];
+    if fork {
+        command.push("--fork");
+    }
+    let mut app = App::start_env(
+        &command,
+        classes,
+        &[
+            ("FAILURE_REDIS", "{redis}"),
+            ("FAILURE_FILE", "{work}/failures.jsonl"),
+            ("FAILURE_BACKEND", backend),
+            ("FAILURE_NO_BOOT", "{work}/no-boot"),
+        ],
+    );
+    let id = wait_registered(&mut app.r, &app.daemon);
+    Some((app, id))
+}
+
+impl App {
+    /// What the app's FileBackend saved, one record per line.
+    fn saved(&self) -> Vec<Value> {
+        std::fs::read_to_string(self._work.path().join("failures.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    }
+
+    fn failed_by(&mut self, worker: &str) -> i64 {
+        self.r.int(&format!("{NS}:stat:failed:{worker}"))
+    }
+}
+
+/// H-17: a job's failure goes through the app's `Resque::Failure::Multiple` (the Redis backend
+/// and an error tracker's stand-in) once per failure, after the on_failure hooks, with the
+/// exception, message, backtrace, queue and locketd's worker id; locketd adds no record of
+/// its own and counts `stat:failed` once per failure. With `--fork` the parent records.
+fn check_multiple_backend(fork: bool) {
+    let Some((mut app, worker)) = backend_app("multiple", fork) else {
+        return;
+    };
+    app.push("Boom", json!(["x"]));
+    app.processed(1);
+    let adapter = child_pids(app.daemon.worker_pid())[0];
+    // Recorded before the job's FINISH.
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let s = &saved[0];
+    assert_eq!(s["exception"], "ArgumentError", "{s}");
+    assert_eq!(s["error"], "boom x", "{s}");
+    assert_eq!(s["queue"], "q", "{s}");
+    assert_eq!(s["worker"], worker.as_str(), "{s}");
+    assert_eq!(s["payload"], json!({"class": "Boom", "args": ["x"]}));
+    assert_eq!(
+        s["pid"], adapter,
+        "the loaded process records, not a forked child: {s}"
+    );
+    assert!(
+        s["backtrace"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ruby_failure_app.rb"),
+        "{s}"
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "one record, the app's: {failures:?}");
+    let f = &failures[0];
+    assert_eq!(f["exception"], "ArgumentError", "{f}");
+    assert_eq!(f["error"], "boom x", "{f}");
+    assert_eq!(f["queue"], "q", "{f}");
+    assert_eq!(f["worker"], worker.as_str(), "{f}");
+    assert_eq!(f["payload"], json!({"class": "Boom", "args": ["x"]}));
+    assert!(
+        f["backtrace"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ruby_failure_app.rb"),
+        "{f}"
+    );
+    assert_eq!(
+        app.hooks(),
+        ["Boom.on_failure ArgumentError", "save ArgumentError"],
+        "hooks first, then the backend, as Resque's Job#fail"
+    );
+    assert_eq!(app.r.failed_stat(), 1);
+    assert_eq!(app.failed_by(&worker), 1);
+    app.push("Boom", json!(["y"]));
+    app.push("Fine", json!([]));
+    app.processed(3);
+    assert_eq!(app.saved().len(), 2);
+    assert_eq!(app.r.failures().len(), 2);
+    assert_eq!(app.r.failures()[1]["error"], "boom y");
+    assert_eq!(app.r.failed_stat(), 2);
+    assert_eq!(app.failed_by(&worker), 2);
+}
+
+#[test]
+fn h17_ruby_failures_go_through_the_apps_multiple_backend_once() {
+    check_multiple_backend(false);
+}
+
+#[test]
+fn h17_ruby_fork_failures_are_recorded_by_the_parent_through_the_apps_backend() {
+    check_multiple_backend(true);
+}
+
+/// H-17 with resque-retry's kind of backend: a failure that the job's on_failure hook retries
+/// is not saved, so a job that fails twice then succeeds leaves no record and one that runs
+/// out of retries leaves exactly one; `stat:failed` counts every failed attempt.
+#[test]
+fn h17_a_suppressing_backend_keeps_only_the_last_failure_and_every_attempt_is_counted() {
+    let Some((mut app, worker)) = backend_app("suppress", false) else {
+        return;
+    };
+    app.push("Flaky", json!(["a", 3]));
+    app.processed(3);
+    assert_eq!(app.r.failures(), Vec::<Value>::new());
+    assert!(app.saved().is_empty(), "{:?}", app.saved());
+    assert_eq!(app.r.failed_stat(), 2);
+    assert_eq!(app.failed_by(&worker), 2);
+    app.push("Flaky", json!(["b", 0]));
+    app.processed(6);
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "IOError");
+    assert_eq!(failures[0]["error"], "attempt 3");
+    assert_eq!(failures[0]["worker"], worker.as_str());
+    assert_eq!(app.saved().len(), 1);
+    assert_eq!(app.r.failed_stat(), 5);
+    assert_eq!(app.failed_by(&worker), 5);
+}
+
+/// H-17 + H-14: a handler SIGKILLed mid-job is Resque::DirtyExit; the fresh handler runs the
+/// job's on_failure hooks and records it through the app's backend, before the job's FINISH;
+/// locketd adds no record. DirtyExit is processed, not failed, as Resque counts it.
+#[test]
+fn h17_a_sigkilled_handlers_dirty_exit_reaches_the_apps_backend_through_the_fresh_handler() {
+    let Some((mut app, worker)) = backend_app("multiple", false) else {
+        return;
+    };
+    app.push("Slow", json!([60]));
+    let hooks = app.hook_log.clone();
+    wait_until(LONG, "the job runs", || {
+        std::fs::read_to_string(&hooks)
+            .unwrap_or_default()
+            .contains("Slow start")
+    });
+    let adapter = child_pids(app.daemon.worker_pid())[0];
+    // SAFETY: kill(2) of the test's own daemon's handler.
+    unsafe {
+        libc::kill(adapter, libc::SIGKILL);
+    }
+    app.processed(1);
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "recorded before FINISH: {saved:?}");
+    assert_eq!(saved[0]["exception"], "Resque::DirtyExit", "{}", saved[0]);
+    assert_eq!(saved[0]["worker"], worker.as_str());
+    assert_eq!(saved[0]["queue"], "q");
+    assert_ne!(saved[0]["pid"], adapter, "the fresh handler records");
+    assert_eq!(
+        app.hooks(),
+        [
+            "Slow start",
+            "Slow.on_failure Resque::DirtyExit",
+            "save Resque::DirtyExit"
+        ]
+    );
+    app.push("Fine", json!([]));
+    app.processed(2);
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert!(
+        failures[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("SIGKILL"),
+        "{}",
+        failures[0]
+    );
+    assert_eq!(failures[0]["worker"], worker.as_str());
+    assert_eq!(app.r.failed_stat(), 0);
+}
+
+/// Waits until the hook log has `line`.
+fn wait_hook(app: &App, line: &str) {
+    let hooks = app.hook_log.clone();
+    wait_until(LONG, line, || {
+        std::fs::read_to_string(&hooks)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == line)
+    });
+}
+
+/// H-17 `--fork`: a child killed by a signal is Resque::DirtyExit, recorded by the parent
+/// through the app's backend after its on_failure hooks, as Resque's perform_with_fork does.
+#[test]
+fn h17_fork_a_killed_childs_dirty_exit_is_recorded_by_the_parent_through_the_backend() {
+    let Some((mut app, worker)) = backend_app("multiple", true) else {
+        return;
+    };
+    app.push("Slow", json!([60]));
+    wait_hook(&app, "Slow start");
+    let (adapter, child) = adapter_and_child(app.daemon.worker_pid());
+    // SAFETY: kill(2) of the test's own grandchild.
+    unsafe {
+        libc::kill(
+            child.expect("the job runs in a forked child"),
+            libc::SIGKILL,
+        );
+    }
+    app.processed(1);
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert_eq!(saved[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(saved[0]["pid"], adapter, "the parent records");
+    assert_eq!(saved[0]["worker"], worker.as_str());
+    assert_eq!(
+        app.hooks(),
+        [
+            "Slow start",
+            "Slow.on_failure Resque::DirtyExit",
+            "save Resque::DirtyExit"
+        ]
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(app.r.failed_stat(), 0);
+}
+
+/// H-17 + H-11: a job that outlives its timeout and survives the TERM is killed; the fresh
+/// handler runs its hooks and records Locket::Timeout through the app's backend, before
+/// FINISH, which counts it in `stat:failed` and adds no record.
+#[test]
+fn h17_a_timed_out_jobs_locket_timeout_is_recorded_by_the_fresh_handler() {
+    let Some((mut app, worker)) = backend_app_with(
+        "multiple",
+        false,
+        "[classes.Stubborn]\nhandler = \"app\"\ntimeout = \"1s\"\n",
+    ) else {
+        return;
+    };
+    app.push("Stubborn", json!([]));
+    app.processed(1);
+    let saved = app.saved();
+    assert_eq!(saved.len(), 1, "recorded before FINISH: {saved:?}");
+    assert_eq!(saved[0]["exception"], "Locket::Timeout", "{}", saved[0]);
+    assert_eq!(saved[0]["worker"], worker.as_str());
+    assert_eq!(
+        app.hooks(),
+        [
+            "Stubborn start",
+            "Stubborn ignores TERM",
+            "Stubborn.on_failure Locket::Timeout",
+            "save Locket::Timeout"
+        ]
+    );
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "Locket::Timeout");
+    assert_eq!(app.r.failed_stat(), 1);
+    assert_eq!(app.failed_by(&worker), 1);
+}
+
+/// H-17: when no fresh handler can start after a kill, locketd records the failure itself;
+/// the hooks run later, in the handler that does start, without a second record.
+#[test]
+fn h17_when_the_fresh_handler_cannot_start_locketd_records_the_killed_job() {
+    let Some((mut app, worker)) = backend_app("multiple", false) else {
+        return;
+    };
+    app.push("Slow", json!([60]));
+    wait_hook(&app, "Slow start");
+    let no_boot = app._work.path().join("no-boot");
+    std::fs::write(&no_boot, "").expect("no-boot file");
+    let adapter = child_pids(app.daemon.worker_pid())[0];
+    // SAFETY: kill(2) of the test's own daemon's handler.
+    unsafe {
+        libc::kill(adapter, libc::SIGKILL);
+    }
+    app.processed(1);
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "locketd's own record: {failures:?}");
+    assert_eq!(failures[0]["exception"], "Resque::DirtyExit");
+    assert_eq!(failures[0]["worker"], worker.as_str());
+    assert!(app.saved().is_empty(), "{:?}", app.saved());
+    std::fs::remove_file(&no_boot).expect("remove no-boot");
+    app.push("Fine", json!([]));
+    app.processed(2);
+    wait_hook(&app, "Slow.on_failure Resque::DirtyExit");
+    assert!(app.saved().is_empty(), "{:?}", app.saved());
+    assert_eq!(app.r.failures().len(), 1);
+}
+
+/// H-17: a backend that raises loses nothing: the failure is locketd's own record, and counted.
+#[test]
+fn h17_a_failure_backend_that_raises_leaves_locketds_own_record() {
+    let Some((mut app, worker)) = backend_app("raising", false) else {
+        return;
+    };
+    app.push("Boom", json!(["z"]));
+    app.processed(1);
+    let failures = app.r.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["exception"], "ArgumentError");
+    assert_eq!(failures[0]["error"], "boom z");
+    assert_eq!(failures[0]["worker"], worker.as_str());
+    assert_eq!(app.r.failed_stat(), 1);
 }
 
 fn python_app() -> Option<App> {

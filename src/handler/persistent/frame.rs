@@ -18,8 +18,13 @@ pub(super) enum Frame {
     },
     /// The job's code is about to run.
     Started { id: String, child_pid: Option<u64> },
-    /// The job's outcome.
-    Done { id: String, outcome: Done },
+    /// The job's outcome. `recorded`: the app recorded the failure through its own failure
+    /// backend (H-17), so locketd writes no record of its own.
+    Done {
+        id: String,
+        outcome: Done,
+        recorded: bool,
+    },
     /// The handler exits after its last `done`.
     Bye { reason: String },
 }
@@ -138,7 +143,11 @@ pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
                 Some("reschedule") => Done::Reschedule,
                 _ => return Err(bad("a done frame with an unknown status", line)),
             };
-            Ok(Frame::Done { id: id()?, outcome })
+            Ok(Frame::Done {
+                id: id()?,
+                outcome,
+                recorded: v.get("recorded").and_then(Value::as_bool).unwrap_or(false),
+            })
         }
         Some("bye") => Ok(Frame::Bye {
             reason: text(&v, "reason").unwrap_or_default(),
@@ -218,14 +227,28 @@ mod tests {
                     exception: "E".into(),
                     error: "m".into(),
                     backtrace: vec!["a".into(), "b".into()]
-                }
+                },
+                recorded: false
             })
         );
         assert_eq!(
             parse(br#"{"t":"done","id":"ab","status":"ok","performed":false}"#),
             Ok(Frame::Done {
                 id: "ab".into(),
-                outcome: Done::Ok { performed: false }
+                outcome: Done::Ok { performed: false },
+                recorded: false
+            })
+        );
+        assert_eq!(
+            parse(br#"{"t":"done","id":"ab","status":"failed","exception":"E","recorded":true}"#),
+            Ok(Frame::Done {
+                id: "ab".into(),
+                outcome: Done::Failed {
+                    exception: "E".into(),
+                    error: String::new(),
+                    backtrace: Vec::new()
+                },
+                recorded: true
             })
         );
         for bad in [

@@ -81,6 +81,9 @@ impl Parts {
         slot.sent = Some(Sent {
             id: job.id.clone(),
             payload: job.payload.clone(),
+            queue: job.queue.clone(),
+            worker: job.worker.clone(),
+            recorded: job.recorded.clone(),
         });
         let p = slot.proc.as_mut().expect("ready");
         p.set_tag(&job.class, &job.queue);
@@ -104,7 +107,7 @@ impl Parts {
         let (end, stopping) = wait_for_end(spec, p, &job, line, &stop).await;
         let done = match &end {
             End::Done(d) => Some(d.clone()),
-            End::Exited(_) => late_done(p, &job.id).await,
+            End::Exited(_) => late_done(p, &job).await,
             _ => None,
         };
         if let Some(d) = done {
@@ -177,6 +180,13 @@ impl Parts {
         if let Some(sent) = slot.sent.take() {
             self.queue_hooks(&mut slot, sent, &failure.exception, &failure.error);
         }
+        if slot.hooks.iter().any(|h| h.record) {
+            // H-17: after_run boots the fresh process, which records the failure.
+            self.shared
+                .record_pending
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(failure);
+        }
         self.replace_later(slot);
         Err(failure)
     }
@@ -219,7 +229,10 @@ async fn wait_for_end(
             }
             f = p.frames.recv(), if frames_open => match f {
                 Some(Ok(Frame::Started { id, .. })) if id == job.id => started = true,
-                Some(Ok(Frame::Done { id, outcome })) if id == job.id => break End::Done(outcome),
+                Some(Ok(Frame::Done { id, outcome, recorded })) if id == job.id => {
+                    note_recorded(job, &outcome, recorded);
+                    break End::Done(outcome);
+                }
                 Some(Ok(Frame::Bye { .. })) => p.bye = true,
                 Some(Ok(other)) => break End::Protocol(format!("a frame out of turn: {other:?}")),
                 Some(Err(e)) => break End::Protocol(e.to_string()),
@@ -243,12 +256,26 @@ async fn wait_for_end(
     (end, stopping)
 }
 
+/// H-17: a failed `done` whose failure the app recorded.
+fn note_recorded(job: &JobContext, outcome: &Done, recorded: bool) {
+    if recorded && matches!(outcome, Done::Failed { .. }) {
+        job.recorded.set();
+    }
+}
+
 /// H-10: after an exit, a `done` already in the pipe still counts.
-async fn late_done(p: &mut Proc, id: &str) -> Option<Done> {
+async fn late_done(p: &mut Proc, job: &JobContext) -> Option<Done> {
     let deadline = tokio::time::Instant::now() + LATE_DONE;
     loop {
         match tokio::time::timeout_at(deadline, p.frames.recv()).await {
-            Ok(Some(Ok(Frame::Done { id: got, outcome }))) if got == id => return Some(outcome),
+            Ok(Some(Ok(Frame::Done {
+                id: got,
+                outcome,
+                recorded,
+            }))) if got == job.id => {
+                note_recorded(job, &outcome, recorded);
+                return Some(outcome);
+            }
             Ok(Some(Ok(_))) => {}
             _ => return None,
         }

@@ -102,6 +102,7 @@ impl Parts {
         match result {
             Ok((mut p, features)) => {
                 p.fork = features.iter().any(|f| f == "fork");
+                slot.app_records = features.iter().any(|f| f == "failure_backend");
                 p.ready_at = Some(Instant::now());
                 if spec.max_jobs > 0 {
                     p.max_jobs = spec.max_jobs + rand::random_range(0..=spec.max_jobs_jitter);
@@ -204,7 +205,7 @@ impl Parts {
             }
         }
         if !stopping {
-            self.replace_later(slot);
+            self.replace_and_record(slot).await;
         }
     }
 
@@ -215,6 +216,10 @@ impl Parts {
                 payload: sent.payload,
                 exception: exception.to_string(),
                 error: error.to_string(),
+                queue: sent.queue,
+                worker: sent.worker,
+                record: slot.app_records,
+                recorded: sent.recorded,
             });
         }
     }
@@ -282,14 +287,24 @@ impl Parts {
                 "payload": hook.payload,
                 "exception": hook.exception,
                 "error": hook.error,
+                "queue": hook.queue,
+                "worker": hook.worker,
+                "record": hook.record,
             }));
             let answer = tokio::time::timeout(HOOKS_TIMEOUT, async {
                 p.send(&line).await.map_err(|e| e.to_string())?;
                 loop {
                     match p.frames.recv().await {
                         Some(Ok(Frame::Started { .. })) => {}
-                        Some(Ok(Frame::Done { id, outcome })) if id == hook.id => {
-                            return Ok(outcome)
+                        Some(Ok(Frame::Done {
+                            id,
+                            outcome,
+                            recorded,
+                        })) if id == hook.id => {
+                            if recorded && hook.record {
+                                hook.recorded.set();
+                            }
+                            return Ok(outcome);
                         }
                         Some(Ok(f)) => return Err(format!("answered {f:?}")),
                         Some(Err(e)) => return Err(e.to_string()),

@@ -13,11 +13,14 @@
 //!   reaped and confirmed empty ([`Handler::after_run`]) before the outcome is recorded.
 //! - H-12, H-13: shutdown and recycling close fd 3, wait `term_timeout`, then SIGKILL.
 //! - H-14: after a kill the fresh process runs the job's `on_failure` hooks.
+//! - H-17: an app with its own failure backend records its jobs' failures; after a kill the
+//!   fresh process is booted before the job's FINISH and records it ([`record`]).
 
 mod frame;
 mod job;
 mod life;
 mod proc;
+mod record;
 
 use super::{Handler, HandlerResult, JobContext, Readiness, RESCHEDULE};
 use crate::config::{Config, HandlerConfig};
@@ -81,6 +84,9 @@ struct Shared {
     /// The last job's end, for the idle timeout.
     last_active: Mutex<Option<Instant>>,
     idle_watch: std::sync::atomic::AtomicBool,
+    /// H-17: a handler died during a job whose failure its fresh process is to record; the
+    /// next `after_run` boots it.
+    record_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -103,6 +109,10 @@ impl Shared {
 struct Sent {
     id: String,
     payload: String,
+    queue: String,
+    worker: String,
+    /// The job's note, set when the app recorded its failure (H-17).
+    recorded: crate::handler::RecordedNote,
 }
 
 /// A `failure_hooks` request waiting for a fresh process.
@@ -112,6 +122,12 @@ struct Hook {
     payload: String,
     exception: String,
     error: String,
+    queue: String,
+    worker: String,
+    /// H-17: the fresh process records the failure too (`"record": true`); false once
+    /// locketd recorded it itself.
+    record: bool,
+    recorded: crate::handler::RecordedNote,
 }
 
 /// One slot's process and its bookkeeping, behind the slot's lock.
@@ -123,6 +139,8 @@ struct Slot {
     /// The payload of the last job its handler never started (H-9's second no-start).
     no_start: Option<String>,
     hooks: Vec<Hook>,
+    /// The last process said `ready` with the `failure_backend` feature (H-17).
+    app_records: bool,
 }
 
 /// A persistent handler: one worker slot's instance.
@@ -235,6 +253,8 @@ impl Handler for PersistentHandler {
         Box::pin(async move {
             if let Some(reason) = stopped {
                 parts.after_stop(reason).await;
+            } else {
+                parts.record_if_pending().await;
             }
         })
     }

@@ -25,7 +25,9 @@
 --                requeue  the payload goes back to the tail of its queue, no Resque stats
 --                return   the payload goes back to the head of its queue, no Resque stats (a
 --                         persistent handler that never started the job, H-9)
--- ARGV[4]      failure record JSON (outcomes failure and dirty)
+-- ARGV[4]      failure record JSON (outcomes failure and dirty); "" when the app recorded the
+--              failure through its own backend (persistent-handlers.md H-17): nothing is pushed,
+--              the stats are counted as for any failure
 -- ARGV[5]      "" for <ns>:failed, or the list name "<q>_failed" to add to failed_queues
 -- ARGV[6]      counter key prefix, "<ns>:locket:counter:"
 -- ARGV[7]      queue name q
@@ -82,7 +84,7 @@ if mine then
   if outcome == 'requeue' or outcome == 'return' then
     must_be('finish', KEYS[9], 'list')
     must_be('finish', KEYS[10], 'set')
-  elseif outcome == 'failure' or outcome == 'dirty' then
+  elseif (outcome == 'failure' or outcome == 'dirty') and ARGV[4] ~= '' then
     must_be('finish', KEYS[7], 'list')
     if ARGV[5] ~= '' then must_be('finish', KEYS[8], 'set') end
   end
@@ -129,7 +131,7 @@ if outcome == 'requeue' or outcome == 'return' then
   return 'ok'
 end
 
-if outcome == 'failure' or outcome == 'dirty' then
+if (outcome == 'failure' or outcome == 'dirty') and ARGV[4] ~= '' then
   redis.call('RPUSH', KEYS[7], ARGV[4])
   if ARGV[5] ~= '' then
     redis.call('SADD', KEYS[8], ARGV[5])
