@@ -23,7 +23,8 @@ const TOKEN: &str = "s3cret-token-0123456789";
 const EVIL_CLASS: &str = "<script>alert(1)</script>";
 const EVIL_QUEUE: &str = "q\"uo'te";
 
-/// One HTTP exchange: (status code, head, body).
+/// One HTTP exchange: (status code, head, body). The `Host` is `addr` unless `headers` give
+/// one.
 fn http(
     addr: &str,
     method: &str,
@@ -34,9 +35,12 @@ fn http(
     let mut s = TcpStream::connect(addr).expect("connect to the listener");
     s.set_read_timeout(Some(SHORT)).unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
