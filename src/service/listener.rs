@@ -8,16 +8,22 @@
 //! - a request's head must arrive within [`HEAD_TIMEOUT`] of the connection (hyper's header
 //!   read timeout), its body within [`BODY_TIMEOUT`] of the head, at most [`MAX_HEAD`] and
 //!   [`MAX_BODY`] bytes; a connection lives at most [`CONNECTION_TIMEOUT`];
-//! - one request per connection (`Connection: close`), as before.
+//! - one request per connection (`Connection: close`), as before;
+//! - a request whose `Host` the listener does not answer for (see [`crate::config::hosts`])
+//!   gets 421 with no data, one without a `Host` (HTTP/1.1) or with a garbled one 400; a
+//!   request other than GET/HEAD whose `Origin` is not such a host gets 403 (a cross-site
+//!   POST to the token-guarded actions).
 //!
 //! Every route, the admin token and the bodies are [`crate::web::handle`]'s, unchanged.
 
 use super::http::{read_redis, render, SharedSource};
+use crate::config::hosts::{self, HostPort};
+use crate::config::Config;
 use crate::metrics::Aggregate;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Incoming};
 use hyper::header::{self, HeaderName, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -119,6 +125,9 @@ struct Ctx {
     source: SharedSource,
     minutes: Arc<crate::web::minutes::Minutes>,
     peer: SocketAddr,
+    /// The address the client reached (on a listener bound to 0.0.0.0, the interface's).
+    local: SocketAddr,
+    hostname: Arc<str>,
     busy: Arc<AtomicBool>,
 }
 
@@ -135,6 +144,7 @@ pub async fn serve(
     let bound: SocketAddr = listener.local_addr()?;
     info!(target: LOG_TARGET, addr = %bound, "serving metrics on /metrics");
     info!(target: LOG_TARGET, addr = %bound, "serving the web page on / and its API on /api/");
+    let hostname: Arc<str> = crate::host::hostname().to_ascii_lowercase().into();
     let pool = Arc::new(Mutex::new(Pool::default()));
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
@@ -182,6 +192,8 @@ pub async fn serve(
                 source: source.clone(),
                 minutes: minutes.clone(),
                 peer,
+                local: sock.local_addr().unwrap_or(bound),
+                hostname: hostname.clone(),
                 busy,
             });
             tokio::spawn(connection(sock, http1.clone(), ctx, cut, leave));
@@ -211,10 +223,13 @@ async fn connection(
 
 type Answer = Response<Full<Bytes>>;
 
-/// Answers one request: the body, then `/metrics` or the web.
+/// Answers one request: the `Host` and `Origin` checks, the body, then `/metrics` or the web.
 async fn answer(req: Request<Incoming>, ctx: &Ctx) -> Answer {
     ctx.busy.store(true, Ordering::Relaxed);
     let src = ctx.source.read().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Err(refused) = check_host(&req, ctx, &src.config) {
+        return *refused;
+    }
     let (parts, body) = req.into_parts();
     let (method, path) = (parts.method.as_str(), parts.uri.path());
     let body = match read_body(body).await {
@@ -248,6 +263,77 @@ async fn answer(req: Request<Incoming>, ctx: &Ctx) -> Answer {
     };
     let r = crate::web::handle(&req, &mut src.conn.clone(), &src.config, &ctx.minutes).await;
     respond(r.status, r.content_type, r.body, true)
+}
+
+/// 400 without a `Host` (HTTP/1.1; a 1.0 client may send none, and no browser is one) or
+/// with a garbled one, or with two; 421 for a host the listener does not answer for (in the
+/// `Host` or an absolute request target); 403 for a request other than GET/HEAD whose
+/// `Origin` is not such a host. All with a short text and no data.
+fn check_host(req: &Request<Incoming>, ctx: &Ctx, config: &Config) -> Result<(), Box<Answer>> {
+    let allowed = hosts::parse_list(&config.http_allowed_hosts);
+    let ok = |h: &HostPort| h.is_allowed(ctx.local.ip(), Some(&ctx.hostname), &allowed);
+    let bad = |why: &str| {
+        debug!(target: LOG_TARGET, peer = %ctx.peer, why, "http: request refused");
+        Box::new(respond(
+            "400",
+            "text/plain; charset=utf-8",
+            format!("{why}\n"),
+            true,
+        ))
+    };
+    let mut given = req.headers().get_all(header::HOST).iter();
+    let host = given.next();
+    if given.next().is_some() {
+        return Err(bad("more than one Host header"));
+    }
+    let mut names = Vec::with_capacity(2);
+    if let Some(h) = host {
+        names.push(h.to_str().unwrap_or("\u{0}").trim());
+    }
+    if let Some(a) = req.uri().authority() {
+        names.push(a.as_str());
+    }
+    if names.is_empty() && req.version() != Version::HTTP_10 {
+        return Err(bad("a Host header is required"));
+    }
+    for name in names {
+        let Ok(h) = HostPort::parse(name) else {
+            return Err(bad("the Host is not a host name or address"));
+        };
+        if !ok(&h) {
+            debug!(target: LOG_TARGET, peer = %ctx.peer, host = name,
+                   "http: request for another host refused (421)");
+            return Err(Box::new(respond(
+                "421",
+                "text/plain; charset=utf-8",
+                "misdirected request: this listener answers only for its own address, \
+                 localhost and the names of http_allowed_hosts\n"
+                    .into(),
+                true,
+            )));
+        }
+    }
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let from = origin.to_str().ok().and_then(HostPort::from_origin);
+            if !from.is_some_and(|h| ok(&h)) {
+                warn!(target: LOG_TARGET, peer = %ctx.peer, path = req.uri().path(),
+                      origin = %String::from_utf8_lossy(origin.as_bytes()),
+                      "web: action refused: cross-site request");
+                return Err(Box::new(json_error(
+                    "403",
+                    "cross-site request refused: its Origin is not a host this listener answers for",
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON error like the web API's.
+fn json_error(status: &str, message: &str) -> Answer {
+    let body = format!("{}\n", serde_json::json!({ "error": message }));
+    respond(status, "application/json", body, true)
 }
 
 /// The body, at most [`MAX_BODY`] bytes within [`BODY_TIMEOUT`]: 413 past the size (at once
