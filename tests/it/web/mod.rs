@@ -837,3 +837,28 @@ fn a_cross_site_post_to_an_action_is_refused() {
     assert_eq!(code, 200, "{body}");
     assert!(!r.exists("resque:locket:lock:acct:7"));
 }
+
+/// Issue 23 #6: a listener bound to 0.0.0.0 answers for the address the client reached (here
+/// 127.0.0.2, which no fixed rule names), not for another address of the machine.
+#[test]
+fn a_listener_on_all_addresses_answers_for_the_address_reached() {
+    let redis = RedisServer::start();
+    let d = Daemon::builder(&redis)
+        .config(&cfg("web_worked").render())
+        .args(["--http", "0.0.0.0:0"])
+        .start();
+    let bound = crate::service::metrics_addr(&d);
+    let port = bound.rsplit_once(':').unwrap().1;
+    let addr = format!("127.0.0.2:{port}");
+    let (code, _, body) = http(&addr, "GET", "/api/status", &[], "");
+    assert_eq!(code, 200, "{body}");
+    let (code, _, body) = http(
+        &addr,
+        "GET",
+        "/api/status",
+        &[("Host", &format!("127.0.0.3:{port}"))],
+        "",
+    );
+    assert_eq!(code, 421, "{body}");
+    assert!(!body.contains("namespace"), "{body}");
+}
