@@ -40,6 +40,14 @@ impl Config {
                 ));
             }
         }
+        for entry in &self.http_allowed_hosts {
+            super::hosts::HostPort::parse(entry.trim()).map_err(|e| {
+                invalid(
+                    "http_allowed_hosts",
+                    format!("{e} (e.g. \"metrics.example.com\" or \"10.0.0.5:9187\")"),
+                )
+            })?;
+        }
         if self
             .http_admin_token
             .as_ref()
@@ -399,5 +407,17 @@ mod tests {
         c.http_admin_token = Some(Secret("0123456789abcdef".into()));
         assert!(c.check().is_ok());
         assert!(!format!("{c:?}").contains("0123456789abcdef"));
+        c.http_allowed_hosts = vec!["metrics.example.com".into(), "10.0.0.5:9187".into()];
+        assert!(c.check().is_ok());
+        for bad in [
+            "http://metrics.example.com",
+            "*.example.com",
+            "",
+            "host:99999",
+        ] {
+            c.http_allowed_hosts = vec![bad.into()];
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains("http_allowed_hosts"), "{bad:?}: {e}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod check;
 mod handlers;
+pub mod hosts;
 pub mod plans;
 pub mod schedule;
 
@@ -248,6 +249,12 @@ pub struct Config {
     /// remove a failure) need, sent as `Authorization: Bearer <token>`. None: actions are off.
     #[serde(default)]
     pub http_admin_token: Option<Secret>,
+    /// Host names (each with an optional `:port`) the listener answers for besides its own
+    /// address, `localhost`, `127.0.0.1`, `[::1]` and the machine's host name: a request whose
+    /// `Host` is none of them gets 421, so a DNS-rebinding page cannot read the listener
+    /// (issue 23). Empty by default.
+    #[serde(default)]
+    pub http_allowed_hosts: Vec<String>,
     /// resque-web's address (e.g. `http://127.0.0.1:5678`): the web page links its failures
     /// there.
     #[serde(default)]
@@ -569,6 +576,7 @@ impl Default for Config {
             metrics: None,
             http: None,
             http_admin_token: None,
+            http_allowed_hosts: Vec::new(),
             resque_web_url: None,
             locket: Locket::default(),
             classes: BTreeMap::new(),

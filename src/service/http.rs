@@ -1,13 +1,12 @@
 //! `GET /metrics` in Prometheus text format.
 //!
-//! The registry and the encoding are prometheus-client's; the HTTP side is a few lines over a
-//! tokio `TcpListener` (one endpoint, `Connection: close`), which a full HTTP stack would not
-//! improve. Each scrape merges the [`Aggregate`] and reads from Redis, bounded by a 2 s timeout
+//! The registry and the encoding are prometheus-client's; the listener that serves it, with
+//! the web page, is [`super::listener`]. Each scrape merges the [`crate::metrics::Aggregate`] and reads from Redis, bounded by a 2 s timeout
 //! and at most [`MAX_QUEUES`] queues: queue lengths and lock counters of the configured queues,
 //! locks held, failures listed, Resque's processed/failed totals and registered workers.
 
 use crate::config::Config;
-use crate::metrics::{Aggregate, JobCounts, Snapshot, CONFLICT_ACTIONS};
+use crate::metrics::{JobCounts, Snapshot, CONFLICT_ACTIONS};
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
 use prometheus_client::collector::Collector;
@@ -15,12 +14,9 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use redis::aio::ConnectionManager;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
 /// The target of this file's log lines: the module they came from before the layout of
 /// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
@@ -493,179 +489,8 @@ pub struct Source {
     pub config: Config,
 }
 
-/// One read, given up at `by`.
-async fn read_by(
-    sock: &mut tokio::net::TcpStream,
-    chunk: &mut [u8],
-    by: tokio::time::Instant,
-) -> std::io::Result<usize> {
-    tokio::time::timeout_at(by, sock.read(chunk))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
-}
-
-/// Longest request head read.
-const MAX_HEAD: usize = 16 * 1024;
-
-/// Longest request body read (the page's actions send a small JSON object).
-const MAX_BODY: usize = 64 * 1024;
-
-/// Most connections served at once.
-pub const MAX_CONNECTIONS: usize = 32;
-
 /// The [`Source`] the endpoint reads at each scrape, shared with whoever replaces it.
 pub type SharedSource = Arc<RwLock<Arc<Source>>>;
-
-/// Binds `addr` (so a bad address fails at start) and serves `/metrics` until the task is
-/// dropped. Each scrape merges `aggregate` and reads Redis as `source` says at that moment.
-pub async fn serve(
-    addr: &str,
-    aggregate: Arc<Mutex<Aggregate>>,
-    source: SharedSource,
-    minutes: Arc<crate::web::minutes::Minutes>,
-) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
-    let listener = TcpListener::bind(addr).await?;
-    let local: SocketAddr = listener.local_addr()?;
-    info!(target: LOG_TARGET, addr = %local, "serving metrics on /metrics");
-    info!(target: LOG_TARGET, addr = %local, "serving the web page on / and its API on /api/");
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let task = tokio::spawn(async move {
-        // The web page's processed and failed per minute: Resque's totals, read every 10 s
-        // (each read its own short task, so a slow Redis never holds up accepting).
-        let mut sample = tokio::time::interval(crate::web::minutes::EVERY);
-        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = sample.tick() => {
-                    let (src, minutes) = (
-                        source.read().unwrap_or_else(|p| p.into_inner()).clone(),
-                        minutes.clone(),
-                    );
-                    tokio::spawn(async move {
-                        minutes.sample(&mut src.conn.clone(), &src.config).await;
-                    });
-                    continue;
-                }
-            };
-            let (mut sock, peer) = match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(target: LOG_TARGET, error = %e, "metrics: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            // Bounded: idle connections must not use up the master's file descriptors (it
-            // needs them to restart workers). One past the bound is closed at once.
-            let Ok(permit) = connections.clone().try_acquire_owned() else {
-                drop(sock);
-                continue;
-            };
-            let (agg, source, minutes) = (aggregate.clone(), source.clone(), minutes.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                let _ = tokio::time::timeout(Duration::from_secs(10), async {
-                    let mut buf = Vec::with_capacity(1024);
-                    let mut chunk = [0u8; 1024];
-                    // A client that sends no request soon gives its place back.
-                    let head_by = tokio::time::Instant::now() + Duration::from_secs(3);
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        if buf.len() >= MAX_HEAD {
-                            break buf.len();
-                        }
-                        let n = read_by(&mut sock, &mut chunk, head_by).await?;
-                        if n == 0 {
-                            break buf.len();
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                    let mut lines = head.lines();
-                    let mut first = lines.next().unwrap_or("").split_whitespace();
-                    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-                    let path = path.split('?').next().unwrap_or("");
-                    let header = |name: &str| {
-                        head.lines().skip(1).find_map(|l| {
-                            let (k, v) = l.split_once(':')?;
-                            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-                        })
-                    };
-                    // A body (the page's actions) of at most MAX_BODY bytes.
-                    let want = header("content-length")
-                        .and_then(|v| v.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    let (status, ctype, body, extra) = if want > MAX_BODY {
-                        (
-                            "413 Payload Too Large",
-                            "text/plain",
-                            "too large\n".to_string(),
-                            "",
-                        )
-                    } else {
-                        let mut body = buf[end..].to_vec();
-                        while body.len() < want {
-                            let n = read_by(&mut sock, &mut chunk, head_by).await?;
-                            if n == 0 {
-                                break;
-                            }
-                            body.extend_from_slice(&chunk[..n]);
-                        }
-                        body.truncate(want);
-                        if path == "/metrics" {
-                            if method != "GET" && method != "HEAD" {
-                                (
-                                    "405 Method Not Allowed",
-                                    "text/plain",
-                                    "GET only\n".to_string(),
-                                    "",
-                                )
-                            } else {
-                                let snap = agg.lock().unwrap_or_else(|p| p.into_inner()).merged();
-                                let src =
-                                    source.read().unwrap_or_else(|p| p.into_inner()).clone();
-                                let redis = read_redis(&mut src.conn.clone(), &src.config).await;
-                                (
-                                    "200 OK",
-                                    "text/plain; version=0.0.4; charset=utf-8",
-                                    render(snap, redis),
-                                    "",
-                                )
-                            }
-                        } else {
-                            let src = source.read().unwrap_or_else(|p| p.into_inner()).clone();
-                            let req = crate::web::Request {
-                                method,
-                                path,
-                                authorization: header("authorization"),
-                                body: &body,
-                                peer: Some(peer),
-                            };
-                            let r = crate::web::handle(&req, &mut src.conn.clone(), &src.config, &minutes)
-                                .await;
-                            (r.status, r.content_type, r.body, crate::web::SECURITY_HEADERS)
-                        }
-                    };
-                    let mut resp = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    if method != "HEAD" {
-                        resp.extend_from_slice(body.as_bytes());
-                    }
-                    sock.write_all(&resp).await?;
-                    sock.shutdown().await
-                })
-                .await;
-            });
-        }
-    });
-    Ok((task, local))
-}
 
 #[cfg(test)]
 mod tests {

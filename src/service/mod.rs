@@ -4,11 +4,13 @@
 //! - sd_notify ([`crate::notify`]): `READY=1` at start, `STATUS=` lines, `WATCHDOG=1` from a
 //!   health loop (Redis answers `PING` and `workers_alive()`), `STOPPING=1` when `stopping`
 //!   fires;
-//! - `/metrics` ([`http`]) when `metrics` is configured.
+//! - `/metrics` ([`http`]) and the web page, served by the HTTP listener ([`listener`]) when
+//!   `http` or `metrics` is configured.
 
 use crate::config::Config;
 use crate::error::Result;
 pub mod http;
+pub mod listener;
 
 use crate::metrics::Aggregate;
 use crate::notify::{self, Notifier};
@@ -49,7 +51,7 @@ impl Endpoint {
         minutes: &Arc<crate::web::minutes::Minutes>,
     ) -> std::io::Result<Endpoint> {
         let (task, addr) =
-            http::serve(listen, aggregate.clone(), source.clone(), minutes.clone()).await?;
+            listener::serve(listen, aggregate.clone(), source.clone(), minutes.clone()).await?;
         Ok(Endpoint {
             listen: listen.to_string(),
             addr,

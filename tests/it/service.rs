@@ -163,7 +163,7 @@ fn notify_reaches_an_abstract_socket() {
 fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).expect("connect to metrics");
     s.set_read_timeout(Some(SHORT)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
@@ -342,7 +342,7 @@ fn metrics_flag_is_checked_and_overrides_the_file() {
 pub(crate) fn scrape(addr: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(SHORT)).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     Some(resp.split_once("\r\n\r\n")?.1.to_string())
@@ -615,9 +615,9 @@ fn a_daemon_whose_stderr_reader_is_gone_stops_cleanly_on_term() {
     wait_until(SHORT, "the worker unregistered", || r.workers().is_empty());
 }
 
-/// The metrics endpoint holds at most 32 connections, and one that sends no request within
-/// 3 s gives its place back: idle clients cannot use up the master's file descriptors (which
-/// it needs to restart workers) nor keep /metrics away for good.
+/// The metrics endpoint holds at most 128 connections (past that the oldest idle one is
+/// closed), and one that sends no request within 3 s gives its place back: idle clients cannot
+/// use up the master's file descriptors (which it needs to restart workers).
 #[test]
 fn idle_metrics_connections_are_bounded_and_released() {
     let redis = RedisServer::start();
@@ -630,25 +630,132 @@ fn idle_metrics_connections_are_bounded_and_released() {
             .count()
     };
     let before = fds();
-    let idle: Vec<TcpStream> = (0..100)
+    let idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
     let during = fds();
     assert!(
-        during <= before + 40,
-        "100 idle connections took {} descriptors",
+        during <= before + 128 + 8,
+        "200 idle connections took {} descriptors",
         during - before
     );
+    wait_until(SHORT, "the idle connections closed", || fds() <= before + 2);
     // Past the 3 s for a request, the idle ones are closed and a scrape is served again.
     wait_until(SHORT, "a scrape is served", || {
         TcpStream::connect(&addr).is_ok_and(|mut s| {
             s.set_read_timeout(Some(SHORT)).unwrap();
-            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
             let mut resp = String::new();
             let _ = s.read_to_string(&mut resp);
             resp.starts_with("HTTP/1.1 200")
         })
     });
     drop(idle);
+}
+
+/// One `GET /metrics` on a new connection, bounded by [`SHORT`]; its status line.
+fn scrape_status(addr: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return "connect failed".into();
+    };
+    s.set_read_timeout(Some(SHORT)).unwrap();
+    let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let resp = String::from_utf8_lossy(&resp);
+    resp.lines().next().unwrap_or("nothing").to_string()
+}
+
+/// Issue 23 #5: one client holding 200 idle connections (some with half a request) cannot
+/// keep /metrics from its scraper: a new connection is served at once, again and again while
+/// the client opens more, because a full listener closes its oldest idle connection first.
+#[test]
+fn metrics_answer_while_200_idle_connections_are_held() {
+    let redis = RedisServer::start();
+    let config = cfg("q").top("metrics = \"127.0.0.1:0\"").render();
+    let d = Daemon::start(&redis, &config, &[]);
+    let addr = metrics_addr(&d);
+    let open = |n: usize| -> Vec<TcpStream> {
+        (0..n)
+            .map(|i| {
+                let mut s = TcpStream::connect(&addr).unwrap();
+                if i % 2 == 0 {
+                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.");
+                }
+                s
+            })
+            .collect()
+    };
+    let mut held = open(200);
+    for round in 0..3 {
+        let status = scrape_status(&addr);
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "round {round}: {status} with {} connections held",
+            held.len()
+        );
+        held.extend(open(50));
+    }
+    drop(held);
+}
+
+/// Issue 23 #5: slow-loris clients that trickle their request a byte a second are cut off by
+/// the header deadline (3 s) without a response, and take /metrics away from nobody while
+/// they last.
+#[test]
+fn slow_loris_clients_are_cut_off_by_the_header_deadline() {
+    let redis = RedisServer::start();
+    let config = cfg("q").top("metrics = \"127.0.0.1:0\"").render();
+    let d = Daemon::start(&redis, &config, &[]);
+    let addr = metrics_addr(&d);
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(40)
+    );
+    let mut slow: Vec<Option<TcpStream>> = (0..40)
+        .map(|_| {
+            let s = TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            Some(s)
+        })
+        .collect();
+    let start = Instant::now();
+    let mut cut = Vec::new();
+    let mut scrapes = Vec::new();
+    for (sent, byte) in head.bytes().enumerate() {
+        if slow.iter().all(Option::is_none) || start.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        for slot in slow.iter_mut() {
+            let Some(s) = slot else { continue };
+            let mut buf = [0u8; 256];
+            let gone = match s.read(&mut buf) {
+                Ok(0) => true,
+                Ok(n) => panic!("answered a request it never got: {:?}", &buf[..n]),
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            } || s.write_all(&[byte]).is_err();
+            if gone {
+                cut.push((sent, start.elapsed()));
+                *slot = None;
+            }
+        }
+        if sent == 1 {
+            scrapes.push(scrape_status(&addr));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(cut.len(), 40, "not every slow client was cut off: {cut:?}");
+    assert!(
+        cut.iter()
+            .all(|(sent, t)| *sent < head.len() && *t < Duration::from_secs(10)),
+        "{cut:?}"
+    );
+    assert!(
+        scrapes.iter().all(|s| s.starts_with("HTTP/1.1 200")),
+        "{scrapes:?}"
+    );
 }

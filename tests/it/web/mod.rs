@@ -23,7 +23,8 @@ const TOKEN: &str = "s3cret-token-0123456789";
 const EVIL_CLASS: &str = "<script>alert(1)</script>";
 const EVIL_QUEUE: &str = "q\"uo'te";
 
-/// One HTTP exchange: (status code, head, body).
+/// One HTTP exchange: (status code, head, body). The `Host` is `addr` unless `headers` give
+/// one.
 fn http(
     addr: &str,
     method: &str,
@@ -34,9 +35,12 @@ fn http(
     let mut s = TcpStream::connect(addr).expect("connect to the listener");
     s.set_read_timeout(Some(SHORT)).unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -698,4 +702,163 @@ fn schedules_show_their_next_tick_and_run_now_with_the_token() {
     let jobs: Vec<String> = r.cmd(&["LRANGE", "resque:queue:low", "0", "-1"]);
     assert_eq!(jobs, [r#"{"class":"Report","args":["x"]}"#]);
     d.wait_for_log("web: schedule run now by an operator", SHORT);
+}
+
+/// Issue 23 #6: a DNS-rebinding page reaches the listener under the attacker's name. A request
+/// whose `Host` is not the listener's (its address, `localhost`, a name of
+/// `http_allowed_hosts`) gets 421 and none of the page's data, on every route; the known
+/// names still work.
+#[test]
+fn a_foreign_host_gets_421_and_no_data() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (_d, addr) = daemon(
+        &redis,
+        &format!("http_admin_token = \"{TOKEN}\"\nhttp_allowed_hosts = [\"metrics.example\"]"),
+    );
+    let port = addr.rsplit_once(':').unwrap().1;
+    // What a rebinding page is after: lock tokens, a delayed job's args, failure messages.
+    let secrets = ["tok-aaaa", "SendEmail", "Acct::Sync", "boom", "acct:7"];
+    let (code, _, locks) = http(&addr, "GET", "/api/locks", &[], "");
+    assert_eq!(code, 200, "{locks}");
+    assert!(locks.contains("tok-aaaa1111"), "the seed is there: {locks}");
+
+    for host in [
+        "evil.example".to_string(),
+        format!("evil.example:{port}"),
+        format!("localhost.evil.example:{port}"),
+        format!("metrics.example.evil.example:{port}"),
+    ] {
+        for path in [
+            "/",
+            "/api/page",
+            "/api/locks",
+            "/api/delayed",
+            "/api/failures",
+            "/api/status",
+            "/metrics",
+            "/assets/page.js",
+            "/nope",
+        ] {
+            let (code, head, body) = http(&addr, "GET", path, &[("Host", &host)], "");
+            assert_eq!(code, 421, "{host} {path}: {head}\n{body}");
+            for s in secrets {
+                assert!(!body.contains(s), "{host} {path}: {s} in {body}");
+            }
+        }
+        // Nor an action, with the right token.
+        let (code, _, body) = http(
+            &addr,
+            "POST",
+            "/api/locks/release",
+            &[
+                ("Host", &host),
+                ("Authorization", &format!("Bearer {TOKEN}")),
+            ],
+            r#"{"lock_id":"acct:7","force":true}"#,
+        );
+        assert_eq!(code, 421, "{body}");
+        assert!(r.exists("resque:locket:lock:acct:7"));
+    }
+    // A request without a Host is refused too (HTTP/1.1 requires it).
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(SHORT)).unwrap();
+    s.write_all(b"GET /api/locks HTTP/1.1\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    assert!(!resp.contains("tok-aaaa"), "{resp}");
+
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_string(),
+        format!("localhost:{port}"),
+        "localhost:8080".to_string(),
+        format!("metrics.example:{port}"),
+        "Metrics.Example".to_string(),
+    ] {
+        let (code, _, body) = http(&addr, "GET", "/api/locks", &[("Host", &host)], "");
+        assert_eq!(code, 200, "{host}: {body}");
+        assert!(body.contains("tok-aaaa1111"), "{host}: {body}");
+        let (code, _, _) = http(&addr, "GET", "/metrics", &[("Host", &host)], "");
+        assert_eq!(code, 200, "{host}");
+    }
+}
+
+/// Issue 23 #6: an action posted from another site's page (its `Origin` not a host the
+/// listener answers for) is refused with 403 even with the token; the page's own origin and a
+/// client that sends no `Origin` (curl) are served.
+#[test]
+fn a_cross_site_post_to_an_action_is_refused() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (d, addr) = daemon(&redis, &format!("http_admin_token = \"{TOKEN}\""));
+    let auth = format!("Bearer {TOKEN}");
+    let release = r#"{"lock_id":"acct:7","token":"tok-aaaa1111"}"#;
+    for origin in [
+        "http://evil.example".to_string(),
+        format!("http://evil.example:{}", addr.rsplit_once(':').unwrap().1),
+        "null".to_string(),
+    ] {
+        let (code, _, body) = http(
+            &addr,
+            "POST",
+            "/api/locks/release",
+            &[("Authorization", &auth), ("Origin", &origin)],
+            release,
+        );
+        assert_eq!(code, 403, "{origin}: {body}");
+        assert!(
+            r.exists("resque:locket:lock:acct:7"),
+            "released from {origin}"
+        );
+    }
+    assert!(!d.log().contains("web: lock holder released"));
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/counters/reset",
+        &[
+            ("Authorization", &auth),
+            ("Origin", &format!("http://{addr}")),
+        ],
+        r#"{"queue":"busy"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/locks/release",
+        &[("Authorization", &auth)],
+        release,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(!r.exists("resque:locket:lock:acct:7"));
+}
+
+/// Issue 23 #6: a listener bound to 0.0.0.0 answers for the address the client reached (here
+/// 127.0.0.2, which no fixed rule names), not for another address of the machine.
+#[test]
+fn a_listener_on_all_addresses_answers_for_the_address_reached() {
+    let redis = RedisServer::start();
+    let d = Daemon::builder(&redis)
+        .config(&cfg("web_worked").render())
+        .args(["--http", "0.0.0.0:0"])
+        .start();
+    let bound = crate::service::metrics_addr(&d);
+    let port = bound.rsplit_once(':').unwrap().1;
+    let addr = format!("127.0.0.2:{port}");
+    let (code, _, body) = http(&addr, "GET", "/api/status", &[], "");
+    assert_eq!(code, 200, "{body}");
+    let (code, _, body) = http(
+        &addr,
+        "GET",
+        "/api/status",
+        &[("Host", &format!("127.0.0.3:{port}"))],
+        "",
+    );
+    assert_eq!(code, 421, "{body}");
+    assert!(!body.contains("namespace"), "{body}");
 }
