@@ -415,6 +415,34 @@ fn h11_a_lost_lock_kills_the_group_before_the_job_is_recorded() {
     assert_eq!(s.r.failures()[0]["exception"], "Locket::LockLost");
 }
 
+/// H-14, A-11 (issue 23 #2): a lost lock under `on_lock_lost = "requeue"` puts the job back
+/// in its queue and is no failure, so no `on_failure` hooks run for it: a retry hook
+/// (resque-retry's shape) would enqueue a second copy beside the requeued one.
+#[test]
+fn h14_a_lost_lock_requeued_runs_no_failure_hooks() {
+    let mut s = Setup::new();
+    let _d = s.start(
+        "",
+        "",
+        "[classes.\"IgnoreTerm\"]\nhandler = \"t\"\non_lock_lost = \"requeue\"\nkill_grace = \"300ms\"\n",
+    );
+    s.push("IgnoreTerm", json!([60]));
+    wait_until(LONG, "the job runs", || s.jobs_of("IgnoreTerm").len() == 1);
+    let handler = pid_of(&s.jobs_of("IgnoreTerm")[0]);
+    let lock_key = format!("{NS}:locket:lock:{}", default_lock_id("IgnoreTerm", "[60]"));
+    wait_until(SHORT, "the lock is held", || s.r.exists(&lock_key));
+    let _: i64 = s.r.cmd(&["DEL", &lock_key]);
+    // The fresh handler runs any failure hooks before it takes a job: once the requeued job
+    // runs again there, the hooks would have run.
+    wait_until(LONG, "the requeued job runs again", || {
+        s.jobs_of("IgnoreTerm").len() == 2
+    });
+    assert!(!pid_alive(handler));
+    assert_ne!(pid_of(&s.jobs_of("IgnoreTerm")[1]), handler);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.of("failure_hooks"), Vec::<Value>::new());
+}
+
 /// §7 "`sleep &` and `setsid sleep` spawned by a job": they neither block the daemon (they
 /// hold the handler's stdout and stderr) nor, for the one in the group, outlive a kill.
 #[test]

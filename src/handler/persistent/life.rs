@@ -187,14 +187,18 @@ impl Parts {
     }
 
     /// H-11 after a stopped run: the group is dead before the outcome is recorded; a fresh
-    /// handler starts unless the worker is stopping, and runs the job's failure hooks.
-    pub(super) async fn after_stop(&self, reason: &'static str) {
+    /// handler starts unless the worker is stopping, and runs the job's failure hooks (H-14)
+    /// unless the job goes back to its queue: a requeue is no failure.
+    pub(super) async fn after_stop(&self, stopped: Stopped) {
+        let reason = stopped.reason;
         let mut slot = self.slot.clone().lock_owned().await;
         let text = format!("stopped ({reason})");
         self.end_now(&mut slot, "killed", &text).await;
         let stopping = matches!(reason, "shutdown" | "presumed_dead");
         if let Some(sent) = slot.sent.take() {
-            if !stopping {
+            if stopped.requeued {
+                debug!(target: LOG_TARGET, handler = %self.spec.name, id = %sent.id, reason, "the stopped job is requeued, not failed: no failure hooks");
+            } else if !stopping {
                 let exception = match reason {
                     "timeout" => "Locket::Timeout",
                     "lock_lost" => "Locket::LockLost",

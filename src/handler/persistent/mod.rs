@@ -19,7 +19,7 @@ mod job;
 mod life;
 mod proc;
 
-use super::{Handler, HandlerResult, JobContext, Readiness, RESCHEDULE};
+use super::{Handler, HandlerResult, JobContext, Readiness, Stopped, RESCHEDULE};
 use crate::config::{Config, HandlerConfig};
 use crate::metrics::HandlerStats;
 use crate::resque::failure::{signal_status_text, JobFailure};
@@ -230,11 +230,11 @@ impl Handler for PersistentHandler {
         self.shared.backoff_until()
     }
 
-    fn after_run(&self, stopped: Option<&'static str>) -> BoxFuture<'static, ()> {
+    fn after_run(&self, stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
         let parts = self.parts();
         Box::pin(async move {
-            if let Some(reason) = stopped {
-                parts.after_stop(reason).await;
+            if let Some(stopped) = stopped {
+                parts.after_stop(stopped).await;
             }
         })
     }
