@@ -305,6 +305,46 @@ fn h14_ruby_on_failure_hooks_run_after_a_kill() {
     assert!(!app.hooks().iter().any(|l| l == "Slow finished"));
 }
 
+/// H-9 with the Ruby adapter (issue 23 #1): a job that `spawn`s a subprocess and one that
+/// backgrounds one through `system("... &")` returns; both are dead before the job is
+/// counted processed (as in exec mode: nothing a job started keeps running), and the
+/// adapter serves on.
+#[test]
+fn h9_ruby_a_jobs_spawned_processes_do_not_outlive_it() {
+    if !have_or_skip("ruby") {
+        return;
+    }
+    let dir = workdir();
+    let app_file = dir.path().join("spawner.rb");
+    std::fs::write(
+        &app_file,
+        "class Spawner\n  def self.perform(dir)\n    \
+         File.write(File.join(dir, \"spawn.pid\"), spawn(\"sleep\", \"60\").to_s)\n    \
+         system(\"sleep 60 >/dev/null 2>&1 & echo $! > #{dir}/system.pid\")\n  end\nend\n",
+    )
+    .expect("write the app");
+    let app_path = app_file.display().to_string();
+    let mut app = App::start(&["adapters/ruby/locketd-ruby", &app_path], "");
+    app.push("Spawner", json!([dir.path().display().to_string()]));
+    app.processed(1);
+    let pid = |name: &str| -> i32 {
+        std::fs::read_to_string(dir.path().join(name))
+            .expect("the job wrote the pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    };
+    let (spawned, backgrounded) = (pid("spawn.pid"), pid("system.pid"));
+    assert_eq!(
+        [pid_alive(spawned), pid_alive(backgrounded)],
+        [false, false],
+        "dead when the job is counted"
+    );
+    assert!(app.r.failures().is_empty(), "{:?}", app.r.failures());
+    app.push("Spawner", json!([dir.path().display().to_string()]));
+    app.processed(2);
+}
+
 fn python_app() -> Option<App> {
     if !have("python3")
         || !Path::new(&manifest_dir().join("adapters/python/locketd_handler.py")).exists()

@@ -443,6 +443,38 @@ fn h14_a_lost_lock_requeued_runs_no_failure_hooks() {
     assert_eq!(s.of("failure_hooks"), Vec::<Value>::new());
 }
 
+/// H-9 (issue 23 #1), §7 "`sleep &` and `setsid sleep` spawned by a job": after `done`, every
+/// other process of the handler's group (the job's child, and a double-forked one the master
+/// adopted) is dead before the job is recorded, as in exec mode, while the handler lives on
+/// for the next job. A process in a session of its own (`setsid`) is not in the group.
+#[test]
+fn h9_a_jobs_subprocesses_are_dead_before_its_done_is_recorded() {
+    let mut s = Setup::new();
+    let _d = s.start("", "", "");
+    s.push("Spawn", json!([60]));
+    wait_until(LONG, "the job is processed", || s.r.processed() == 1);
+    // FINISH counted the job: whatever was killed for it was killed before.
+    let e = s.of("spawned").remove(0);
+    let pid = |k: &str| i32::try_from(e[k].as_i64().expect("pid")).expect("pid fits");
+    let (child, orphan, own) = (pid("child"), pid("orphan"), pid("setsid"));
+    let alive = [pid_alive(child), pid_alive(orphan)];
+    let own_alive = pid_alive(own);
+    // SAFETY: kill(2) of the setsid sleep this test's job started.
+    unsafe {
+        libc::kill(own, libc::SIGKILL);
+    }
+    assert_eq!(alive, [false, false], "the job's child and orphan: {e}");
+    assert!(own_alive, "a setsid process is not the job's group");
+    s.push("Ok", json!([]));
+    wait_until(LONG, "the next job is processed", || s.r.processed() == 2);
+    assert_eq!(
+        pid_of(&s.jobs_of("Ok")[0]),
+        pid_of(&s.jobs_of("Spawn")[0]),
+        "the handler itself serves on"
+    );
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+}
+
 /// §7 "`sleep &` and `setsid sleep` spawned by a job": they neither block the daemon (they
 /// hold the handler's stdout and stderr) nor, for the one in the group, outlive a kill.
 #[test]

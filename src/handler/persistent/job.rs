@@ -126,6 +126,8 @@ impl Parts {
                 self.replace_later(slot);
                 return result;
             }
+            // H-9: nothing the job started outlives its `done` (the handler itself stays).
+            p.kill_others().await;
             kill.armed = false;
             p.set_idle();
             *self

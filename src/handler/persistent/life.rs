@@ -304,6 +304,12 @@ impl Parts {
             .await
             .unwrap_or_else(|_| Err("no answer within 60s".to_string()));
             slot.hooks.remove(0);
+            if answer.is_ok() {
+                // As after a job's `done` (H-9): nothing a hook started outlives it.
+                if let Some(p) = slot.proc.as_mut() {
+                    p.kill_others().await;
+                }
+            }
             match answer {
                 Ok(Done::Failed {
                     exception, error, ..

@@ -70,6 +70,8 @@ pub(super) struct Proc {
     pub(super) bye: bool,
     /// When its memory was last read for `status`.
     memory_read: Option<Instant>,
+    /// `ns_last_pid` when its group was last found to hold only the handler, and when.
+    quiet: Option<(i32, Instant)>,
     logs: [tokio::task::JoinHandle<()>; 2],
     reader: tokio::task::JoinHandle<()>,
     guard: GroupGuard,
@@ -164,6 +166,7 @@ impl Proc {
             ready_at: None,
             bye: false,
             memory_read: None,
+            quiet: None,
             logs,
             reader,
             guard: GroupGuard {
@@ -285,6 +288,36 @@ impl Proc {
         status
     }
 
+    /// Kills every other process of the handler's group (what a job or a hook started: a
+    /// child, or a daemonized grandchild the master adopted) and waits until each is gone or
+    /// a zombie, which can no longer act: a job's subprocesses do not outlive its `done`, as
+    /// in exec mode (H-9). Bounded like [`Proc::kill_and_reap`]. Zombies are reaped by their
+    /// parent: the handler for its own children, the master (the subreaper) for orphans.
+    ///
+    /// A group has no index, so finding its members takes a pass over `/proc`. The pass is
+    /// skipped when no process (or thread) was created anywhere since the last one found the
+    /// group empty, less than a second ago: the pid namespace's `ns_last_pid` did not move.
+    /// (The second bounds the case of the pid counter wrapping around to the same value.)
+    pub(super) async fn kill_others(&mut self) {
+        let (pgid, keep) = (self.pgid, i32::try_from(self.pid).unwrap_or(0));
+        if pgid <= 0 {
+            return;
+        }
+        let last_pid = ns_last_pid();
+        if let (Some(now), Some((then, at))) = (last_pid, self.quiet) {
+            if now == then && at.elapsed() < QUIET_FOR {
+                return;
+            }
+        }
+        let confirmed = tokio::task::spawn_blocking(move || kill_group_but(pgid, keep))
+            .await
+            .unwrap_or(false);
+        self.quiet = last_pid.filter(|_| confirmed).map(|l| (l, Instant::now()));
+        if !confirmed {
+            tracing::warn!(target: super::LOG_TARGET, pgid, "a job's subprocess in the handler's group is still alive 2s after SIGKILL (unkillable)");
+        }
+    }
+
     /// Closes fd 3 and gives the handler `grace` to exit by itself, then kills what is left.
     pub(super) async fn retire(&mut self, grace: Duration) {
         self.close_requests();
@@ -323,6 +356,102 @@ pub(super) fn try_send(w: Option<&pipe::Sender>, line: &[u8]) {
     if let Some(w) = w {
         let _ = w.try_write(line);
     }
+}
+
+/// The live (not zombie) processes of group `pgid` other than `keep`. A group has no index:
+/// every pid in `/proc` is asked its group with getpgid(2), one cheap system call (reading
+/// each `/proc/<pid>/stat` costs 20 times more); only members get their `stat` read, for the
+/// state letter.
+fn other_members(pgid: i32, keep: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: getpgid(2) only reads.
+        if pid == keep || unsafe { libc::getpgid(pid) } != pgid {
+            continue;
+        }
+        // A zombie is still in its group until reaped, but can no longer act.
+        let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+            continue; // gone meanwhile
+        };
+        // "pid (comm) S ...": comm may hold spaces and parentheses.
+        let state = stat
+            .iter()
+            .rposition(|&b| b == b')')
+            .and_then(|close| stat.get(close + 2).copied());
+        if !matches!(state, Some(b'Z' | b'X') | None) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// SIGKILLs process `pid` if it is (still) in group `pgid`. Through a pidfd where the kernel
+/// has them (5.3+): the pidfd pins the process, and the group is checked after it was
+/// opened, so a pid reused by an unrelated process meanwhile is never signalled.
+fn kill_member(pid: i32, pgid: i32) {
+    // SAFETY: pidfd_open(2) with a pid and no flags; the descriptor is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: getpgid(2) reads; kill(2), pidfd_send_signal(2) and close(2) touch no memory
+    // of ours (the siginfo pointer is null).
+    unsafe {
+        if fd >= 0 {
+            let fd = i32::try_from(fd).unwrap_or(-1);
+            if libc::getpgid(pid) == pgid {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd,
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+            libc::close(fd);
+        } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS)
+            && libc::getpgid(pid) == pgid
+        {
+            // An old kernel: the check and the kill are two steps (a pid reused in between
+            // by another member of the group is still the group's).
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Kills the members of group `pgid` other than `keep` until none is left alive (2 s at
+/// most); whether that was confirmed. The common case, no other member, is one `/proc` pass.
+fn kill_group_but(pgid: i32, keep: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let members = other_members(pgid, keep);
+        if members.is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        for pid in members {
+            kill_member(pid, pgid);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// How long a group found empty stays trusted while no process is created ([`Proc::kill_others`]).
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// The last pid handed out in this pid namespace (processes and threads alike), if readable.
+fn ns_last_pid() -> Option<i32> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok()?;
+    text.trim().parse().ok()
 }
 
 /// Whether any process of group `pgid` still exists (zombies count until reaped).
@@ -365,4 +494,45 @@ where
         })
         .await;
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::Command;
+
+    #[test]
+    fn the_other_members_of_a_group_are_killed_and_its_leader_kept() {
+        let mut leader = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = i32::try_from(leader.id()).unwrap();
+        let mut members: Vec<_> = (0..2)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("60")
+                    .process_group(pgid)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut outsider = Command::new("sleep").arg("60").spawn().unwrap();
+        assert_eq!(super::other_members(pgid, pgid).len(), 2);
+        assert!(super::kill_group_but(pgid, pgid));
+        for m in &mut members {
+            assert_eq!(m.wait().unwrap().signal(), Some(libc::SIGKILL));
+        }
+        assert!(leader.try_wait().unwrap().is_none(), "the leader is kept");
+        assert!(
+            outsider.try_wait().unwrap().is_none(),
+            "another group is not touched"
+        );
+        assert!(super::other_members(pgid, pgid).is_empty());
+        for c in [&mut leader, &mut outsider] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
 }
