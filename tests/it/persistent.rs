@@ -475,6 +475,55 @@ fn h9_a_jobs_subprocesses_are_dead_before_its_done_is_recorded() {
     assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
 }
 
+/// A process's peak resident size (`VmHWM`), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+/// H-5 (issue 23 #7): locketd reads fd 4 one frame at a time, so a handler writing valid
+/// frames while idle costs the worker at most one frame of memory (it was 64 of them), and
+/// a frame while idle ends the handler at once; a new one serves the next job.
+#[test]
+fn h5_frames_written_while_idle_end_the_handler_and_are_not_buffered() {
+    const FRAME: u64 = 4 << 20;
+    let mut s = Setup::new();
+    let d = s.start("max_frame_bytes = \"5MiB\"", "", "");
+    s.push("Ok", json!([]));
+    wait_until(LONG, "the first job is processed", || s.r.processed() == 1);
+    let worker = d.worker_pid();
+    let before = peak_rss(worker);
+    s.push("IdleFrames", json!([FRAME, 40]));
+    wait_until(LONG, "the frames are written or the handler ended", || {
+        !s.of("idle_frames_written").is_empty() || s.of("boot").len() >= 2
+    });
+    let grown = peak_rss(worker).saturating_sub(before);
+    eprintln!("the worker's peak RSS grew by {} KiB", grown >> 10);
+    assert!(
+        grown < 10 * FRAME,
+        "the worker's peak RSS grew by {} MiB for 40 idle frames of {} MiB",
+        grown >> 20,
+        FRAME >> 20
+    );
+    wait_until(LONG, "a new handler", || s.of("boot").len() >= 2);
+    let first = pid_of(&s.jobs_of("IdleFrames")[0]);
+    wait_until(SHORT, "the first handler is gone", || !pid_alive(first));
+    assert!(
+        s.of("idle_frames_written").is_empty(),
+        "ended while still writing"
+    );
+    s.push("Ok", json!([1]));
+    wait_until(LONG, "the next job is processed", || s.r.processed() == 3);
+    assert_ne!(pid_of(&s.jobs_of("Ok")[1]), first);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+}
+
 /// §7 "`sleep &` and `setsid sleep` spawned by a job": they neither block the daemon (they
 /// hold the handler's stdout and stderr) nor, for the one in the group, outlive a kill.
 #[test]

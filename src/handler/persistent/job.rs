@@ -84,6 +84,7 @@ impl Parts {
         });
         let p = slot.proc.as_mut().expect("ready");
         p.set_tag(&job.class, &job.queue);
+        p.set_busy();
         p.clear_tail();
         let pgid = p.pgid();
         job.watch.attach(pgid);

@@ -34,8 +34,13 @@ impl Parts {
             Some(("exit", format!("exited while idle ({})", describe(status))))
         } else {
             match p.frames.try_recv() {
-                Ok(Ok(Frame::Bye { reason })) => Some(("bye", format!("said bye ({reason})"))),
-                Ok(Ok(f)) => Some(("protocol", format!("sent {f:?} while idle"))),
+                Ok(Ok(Frame::Bye { reason })) => {
+                    Some(("bye", format!("said bye ({})", brief(&reason))))
+                }
+                Ok(Ok(f)) => Some((
+                    "protocol",
+                    format!("sent {} while idle", brief(&format!("{f:?}"))),
+                )),
                 Ok(Err(e)) => Some(("protocol", format!("wrote {e} while idle"))),
                 Err(_) => None,
             }
@@ -121,6 +126,10 @@ impl Parts {
                 slot.proc = Some(p);
                 self.watch_idle();
                 self.send_hooks(slot).await;
+                if let Some(p) = slot.proc.as_ref() {
+                    p.set_idle();
+                    self.watch_frames(p);
+                }
                 Ok(())
             }
             Err((p, why)) => {
@@ -328,6 +337,40 @@ impl Parts {
         }
     }
 
+    /// H-5: a frame while the process is idle ends it at once, and a fresh one starts. The
+    /// reader holds that frame and reads no further; this task, one per process, is woken by
+    /// it and ends with the process.
+    pub(super) fn watch_frames(&self, p: &Proc) {
+        let parts = self.clone();
+        let idle = p.idle.clone();
+        let mut exit = p.exit_watch();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = idle.frame.notified() => {}
+                    _ = super::proc::exited(&mut exit) => return,
+                    _ = parts.shared.stopping.cancelled() => return,
+                }
+                let mut slot = parts.slot.clone().lock_owned().await;
+                let ours = slot
+                    .proc
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(&p.idle, &idle));
+                if !ours {
+                    return;
+                }
+                if idle.busy() {
+                    continue; // a request went out meanwhile: the frame is its answer's business
+                }
+                parts.check_idle(&mut slot).await;
+                if slot.proc.is_none() {
+                    parts.replace_later(slot);
+                    return;
+                }
+            }
+        });
+    }
+
     /// `idle_timeout`: one task per slot ends a process that served no job for that long.
     pub(super) fn watch_idle(&self) {
         use std::sync::atomic::Ordering;
@@ -366,5 +409,14 @@ impl Parts {
                 }
             }
         });
+    }
+}
+
+/// The start of a text for the log: a frame's fields may be as long as `max_frame_bytes`.
+fn brief(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }

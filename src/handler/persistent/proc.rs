@@ -9,11 +9,12 @@ use crate::handler::lines::{for_each_line, STDERR_TAIL_LINES};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 
 /// What a frame read gives: a frame, or the protocol error that ended the reading.
 pub(super) type FrameResult = Result<Frame, ProtocolError>;
@@ -34,6 +35,28 @@ impl Tag {
     }
 }
 
+/// Whether the handler has a request outstanding, shared by the slot and the reader of fd 4:
+/// a frame read while none is (H-5: a frame while idle) wakes [`Idle::frame`]'s waiter,
+/// which ends the process.
+#[derive(Debug)]
+pub(super) struct Idle {
+    busy: AtomicBool,
+    pub(super) frame: Notify,
+}
+
+impl Idle {
+    /// After the reader handed a frame over.
+    fn frame_sent(&self) {
+        if !self.busy.load(Ordering::SeqCst) {
+            self.frame.notify_one();
+        }
+    }
+
+    pub(super) fn busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+}
+
 /// What spawning needs.
 pub(super) struct SpawnSpec<'a> {
     pub(super) name: &'a str,
@@ -50,8 +73,10 @@ pub(super) struct Proc {
     pgid: i32,
     /// The write end of the request pipe (fd 3 in the handler); `None` once closed.
     requests: Option<pipe::Sender>,
-    /// Frames read from fd 4.
+    /// Frames read from fd 4, one at a time (H-5).
     pub(super) frames: mpsc::Receiver<FrameResult>,
+    /// Whether a request is outstanding; a frame while none is.
+    pub(super) idle: Arc<Idle>,
     /// Its exit status, once it exited.
     exit: watch::Receiver<Option<ExitStatus>>,
     tag: Arc<Mutex<Tag>>,
@@ -130,8 +155,17 @@ impl Proc {
         let pid = child.id().unwrap_or(0);
         let requests = pipe::Sender::from_owned_fd(req_w)?;
         let replies = pipe::Receiver::from_owned_fd(rep_r)?;
-        let (tx, frames) = mpsc::channel(64);
-        let reader = tokio::spawn(read_frames(replies, spec.max_frame, tx));
+        // Room for one frame: the reader reads the next only once this one was received.
+        let (tx, frames) = mpsc::channel(1);
+        // Booting: `ready` is expected.
+        let idle = Arc::new(Idle {
+            busy: AtomicBool::new(true),
+            frame: Notify::new(),
+        });
+        let reader = tokio::spawn(read_frames(replies, spec.max_frame, tx, {
+            let idle = idle.clone();
+            move || idle.frame_sent()
+        }));
         let tag = Arc::new(Mutex::new(Tag::idle()));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let logs = [
@@ -155,6 +189,7 @@ impl Proc {
             pgid,
             requests: Some(requests),
             frames,
+            idle,
             exit,
             tag,
             tail,
@@ -231,8 +266,19 @@ impl Proc {
         };
     }
 
+    /// A request goes out: frames are expected.
+    pub(super) fn set_busy(&self) {
+        self.idle.busy.store(true, Ordering::SeqCst);
+    }
+
+    /// No request is outstanding: a frame from now on ends the process (H-5). One that came
+    /// in just before is seen here (the reader checks after it sent, this after it stored).
     pub(super) fn set_idle(&self) {
         *self.tag.lock().unwrap_or_else(|p| p.into_inner()) = Tag::idle();
+        self.idle.busy.store(false, Ordering::SeqCst);
+        if !self.frames.is_empty() {
+            self.idle.frame.notify_one();
+        }
     }
 
     /// The last stderr lines.
