@@ -44,6 +44,11 @@ struct App {
 
 impl App {
     fn start(command: &[&str], classes: &str) -> App {
+        App::start_with(command, "", classes)
+    }
+
+    /// [`App::start`] with `handler_extra` lines in the `[handlers.app]` table.
+    fn start_with(command: &[&str], handler_extra: &str, classes: &str) -> App {
         let redis = RedisServer::start();
         let r = R::new(&redis);
         let work = workdir();
@@ -51,7 +56,7 @@ impl App {
         let argv: Vec<String> = command.iter().map(|a| format!("\"{a}\"")).collect();
         let config = format!(
             "{}\n[handlers.app]\nmode = \"persistent\"\ncommand = [{}]\nboot_timeout = \"60s\"\n\
-             env = {{ HOOK_LOG = \"{}\" }}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
+             env = {{ HOOK_LOG = \"{}\" }}\n{handler_extra}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
             cfg("q").render(),
             argv.join(", "),
             hook_log.display()
@@ -343,6 +348,37 @@ fn h9_ruby_a_jobs_spawned_processes_do_not_outlive_it() {
     assert!(app.r.failures().is_empty(), "{:?}", app.r.failures());
     app.push("Spawner", json!([dir.path().display().to_string()]));
     app.processed(2);
+}
+
+/// H-9, H-15 `--fork` (issue 23, a suspicion that held): `started` goes out before any hook
+/// runs, `before_fork` included, so a slow `before_fork` is not taken for a wedged handler
+/// (killed, the job sent back, then failed as `Locket::HandlerCrashed`).
+#[test]
+fn h15_ruby_fork_a_slow_before_fork_is_not_a_no_start() {
+    if !have_or_skip("ruby") {
+        return;
+    }
+    let dir = workdir();
+    let app_file = dir.path().join("slow_fork.rb");
+    std::fs::write(
+        &app_file,
+        "module Resque\n  def self.before_fork = [proc { sleep 2 }]\nend\n\
+         class Quick\n  def self.perform(*) = nil\nend\n",
+    )
+    .expect("write the app");
+    let app_path = app_file.display().to_string();
+    let mut app = App::start_with(
+        &["adapters/ruby/locketd-ruby", &app_path, "--fork"],
+        "start_timeout = \"1s\"",
+        "",
+    );
+    app.push("Quick", json!([]));
+    app.processed(1);
+    assert!(app.r.failures().is_empty(), "{:?}", app.r.failures());
+    assert!(
+        !app.daemon.log().contains("did not start the job in time"),
+        "taken for a wedged handler"
+    );
 }
 
 fn python_app() -> Option<App> {
