@@ -605,6 +605,35 @@ fn h9_a_wedged_handler_returns_the_job_once_then_fails_it() {
     }
 }
 
+/// H-9 (issue 23, a suspicion that held): the slot remembered only the last payload that did
+/// not start, so two wedging jobs taking turns were each "first" again and again. Here A
+/// (low queue) does not start, B arrives in the high queue meanwhile and does not start
+/// twice; then A's next no-start is its second: each is sent exactly twice.
+#[test]
+fn h9_two_wedging_jobs_taking_turns_are_each_failed_at_their_second_no_start() {
+    let mut s = Setup::new();
+    let config = s.config("start_timeout = \"500ms\"", "", "").replacen(
+        "queues = \"q\"",
+        "queues = \"q1,q2\"",
+        1,
+    );
+    let _d = Daemon::start(&s.redis, &config, &[]);
+    let sent = |s: &Setup, n: i64| {
+        s.jobs_of("NoStart")
+            .iter()
+            .filter(|e| e["args"] == json!([n]))
+            .count()
+    };
+    s.r.push("q2", &json!({"class": "NoStart", "args": [1]}).to_string());
+    wait_until(LONG, "A is sent", || sent(&s, 1) == 1);
+    s.r.push("q1", &json!({"class": "NoStart", "args": [2]}).to_string());
+    wait_until(LONG, "both failed", || s.r.failures().len() == 2);
+    assert_eq!((sent(&s, 1), sent(&s, 2)), (2, 2), "each sent twice");
+    for f in s.r.failures() {
+        assert_eq!(f["exception"], "Locket::HandlerCrashed", "{f}");
+    }
+}
+
 /// H-13, §7 "`max_jobs` with jitter across slots": every handler process serves between
 /// max_jobs and max_jobs + jitter jobs before it is replaced, in each of 4 slots.
 #[test]

@@ -110,6 +110,7 @@ impl Parts {
         };
         if let Some(d) = done {
             slot.sent = None;
+            self.no_starts.started(&job.payload);
             let p = slot.proc.as_mut().expect("ready");
             p.jobs += 1;
             self.shared.state(|s| {
@@ -155,12 +156,7 @@ impl Parts {
             End::NoStart => {
                 warn!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, timeout_s = spec.start_timeout.as_secs_f64(), "handler did not start the job in time (wedged); killing it");
                 slot.sent = None;
-                let again = slot.no_start.as_deref() == Some(job.payload.as_str());
-                slot.no_start = if again {
-                    None
-                } else {
-                    Some(job.payload.clone())
-                };
+                let again = self.no_starts.again(&job.payload);
                 let failure = if again {
                     JobFailure::new(
                         "Locket::HandlerCrashed",
