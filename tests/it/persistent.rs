@@ -475,6 +475,37 @@ fn h9_a_jobs_subprocesses_are_dead_before_its_done_is_recorded() {
     assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
 }
 
+/// H-9 (issue 23 #1): the process that said `ready` (its `pid`) and the processes between it
+/// and the spawned one are the handler, not a job's subprocesses: a wrapper shell that forks
+/// the adapter instead of exec'ing it keeps it across jobs.
+#[test]
+fn h9_a_wrapped_handler_is_not_taken_for_a_jobs_subprocess() {
+    let mut s = Setup::new();
+    let config = s.config("", "", "").replacen(
+        &format!("command = [\"{}\"]", fixture().display()),
+        &format!(
+            "command = [\"sh\", \"-c\", \"{} ; exit $?\"]",
+            fixture().display()
+        ),
+        1,
+    );
+    assert!(config.contains("exit $?"), "{config}");
+    let _d = Daemon::start(&s.redis, &config, &[]);
+    s.push("Spawn", json!([60]));
+    s.push("Ok", json!([]));
+    wait_until(LONG, "both jobs processed", || s.r.processed() == 2);
+    let e = s.of("spawned").remove(0);
+    let own = i32::try_from(e["setsid"].as_i64().expect("pid")).expect("pid fits");
+    // SAFETY: kill(2) of the setsid sleep this test's job started.
+    unsafe {
+        libc::kill(own, libc::SIGKILL);
+    }
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.of("boot").len(), 1, "one handler served both jobs");
+    let child = i32::try_from(e["child"].as_i64().expect("pid")).expect("pid fits");
+    assert!(!pid_alive(child), "the job's own child is gone");
+}
+
 /// A process's peak resident size (`VmHWM`), in bytes.
 fn peak_rss(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

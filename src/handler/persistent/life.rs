@@ -161,21 +161,28 @@ impl Parts {
 
     /// The first frame must be `ready`, within `boot_timeout`.
     pub(super) async fn await_ready(&self, p: &mut Proc) -> Result<Vec<String>, String> {
+        let (features, pid) = self.await_ready_frame(p).await?;
+        p.ready_pid(pid);
+        Ok(features)
+    }
+
+    /// The `ready` frame's features and pid.
+    async fn await_ready_frame(&self, p: &mut Proc) -> Result<(Vec<String>, Option<u64>), String> {
         let deadline = tokio::time::Instant::now() + self.spec.boot_timeout;
         let mut exit = p.exit_watch();
         let mut frames_open = true;
         loop {
             tokio::select! {
                 f = p.frames.recv(), if frames_open => match f {
-                    Some(Ok(Frame::Ready { features, .. })) => return Ok(features),
+                    Some(Ok(Frame::Ready { features, pid, .. })) => return Ok((features, pid)),
                     Some(Ok(other)) => return Err(format!("sent {other:?} before ready")),
                     Some(Err(e)) => return Err(format!("protocol error before ready: {e}")),
                     None => frames_open = false,
                 },
                 status = proc::exited(&mut exit) => {
                     // A ready already written still counts.
-                    if let Ok(Ok(Frame::Ready { features, .. })) = p.frames.try_recv() {
-                        if p.exited().is_none() { return Ok(features); }
+                    if let Ok(Ok(Frame::Ready { features, pid, .. })) = p.frames.try_recv() {
+                        if p.exited().is_none() { return Ok((features, pid)); }
                     }
                     return Err(format!("exited before ready ({})", describe(status)));
                 }

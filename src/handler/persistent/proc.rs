@@ -97,6 +97,9 @@ pub(super) struct Proc {
     memory_read: Option<Instant>,
     /// `ns_last_pid` when its group was last found to hold only the handler, and when.
     quiet: Option<(i32, Instant)>,
+    /// The handler's own processes, spared by [`Proc::kill_others`]: the spawned one, and
+    /// once it is ready, the one that said so and those between them (a wrapper that forks).
+    handler_pids: Vec<i32>,
     logs: [tokio::task::JoinHandle<()>; 2],
     reader: tokio::task::JoinHandle<()>,
     guard: GroupGuard,
@@ -202,6 +205,7 @@ impl Proc {
             bye: false,
             memory_read: None,
             quiet: None,
+            handler_pids: vec![pgid],
             logs,
             reader,
             guard: GroupGuard {
@@ -345,7 +349,7 @@ impl Proc {
     /// group empty, less than a second ago: the pid namespace's `ns_last_pid` did not move.
     /// (The second bounds the case of the pid counter wrapping around to the same value.)
     pub(super) async fn kill_others(&mut self) {
-        let (pgid, keep) = (self.pgid, i32::try_from(self.pid).unwrap_or(0));
+        let (pgid, keep) = (self.pgid, self.handler_pids.clone());
         if pgid <= 0 {
             return;
         }
@@ -361,6 +365,29 @@ impl Proc {
         self.quiet = last_pid.filter(|_| confirmed).map(|l| (l, Instant::now()));
         if !confirmed {
             tracing::warn!(target: super::LOG_TARGET, pgid, "a job's subprocess in the handler's group is still alive 2s after SIGKILL (unkillable)");
+        }
+    }
+
+    /// Records the pid its `ready` frame gave: that process, and each between it and the
+    /// spawned one (a wrapper shell that forks the adapter instead of exec'ing it), are the
+    /// handler. A pid outside the spawned one's descendants (or in another group) is ignored.
+    pub(super) fn ready_pid(&mut self, pid: Option<u64>) {
+        let spawned = self.pgid;
+        let Some(mut pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+            return;
+        };
+        let mut chain = Vec::new();
+        // A few levels at most (sh -> bundle -> ruby); deeper is not a wrapper.
+        for _ in 0..8 {
+            // SAFETY: getpgid(2) only reads.
+            if pid <= 1 || pid == spawned || unsafe { libc::getpgid(pid) } != self.pgid {
+                break;
+            }
+            chain.push(pid);
+            pid = parent_of(pid).unwrap_or(0);
+        }
+        if pid == spawned {
+            self.handler_pids.extend(chain);
         }
     }
 
@@ -404,11 +431,19 @@ pub(super) fn try_send(w: Option<&pipe::Sender>, line: &[u8]) {
     }
 }
 
-/// The live (not zombie) processes of group `pgid` other than `keep`. A group has no index:
+/// A process's parent, from `/proc/<pid>/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The live (not zombie) processes of group `pgid` but those in `keep`. A group has no index:
 /// every pid in `/proc` is asked its group with getpgid(2), one cheap system call (reading
 /// each `/proc/<pid>/stat` costs 20 times more); only members get their `stat` read, for the
 /// state letter.
-fn other_members(pgid: i32, keep: i32) -> Vec<i32> {
+fn other_members(pgid: i32, keep: &[i32]) -> Vec<i32> {
     let mut found = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return found;
@@ -422,7 +457,7 @@ fn other_members(pgid: i32, keep: i32) -> Vec<i32> {
             continue;
         };
         // SAFETY: getpgid(2) only reads.
-        if pid == keep || unsafe { libc::getpgid(pid) } != pgid {
+        if keep.contains(&pid) || unsafe { libc::getpgid(pid) } != pgid {
             continue;
         }
         // A zombie is still in its group until reaped, but can no longer act.
@@ -472,12 +507,12 @@ fn kill_member(pid: i32, pgid: i32) {
     }
 }
 
-/// Kills the members of group `pgid` other than `keep` until none is left alive (2 s at
+/// Kills the members of group `pgid` but those in `keep` until none is left alive (2 s at
 /// most); whether that was confirmed. The common case, no other member, is one `/proc` pass.
-fn kill_group_but(pgid: i32, keep: i32) -> bool {
+fn kill_group_but(pgid: i32, keep: Vec<i32>) -> bool {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let members = other_members(pgid, keep);
+        let members = other_members(pgid, &keep);
         if members.is_empty() {
             return true;
         }
@@ -565,8 +600,8 @@ mod tests {
             })
             .collect();
         let mut outsider = Command::new("sleep").arg("60").spawn().unwrap();
-        assert_eq!(super::other_members(pgid, pgid).len(), 2);
-        assert!(super::kill_group_but(pgid, pgid));
+        assert_eq!(super::other_members(pgid, &[pgid]).len(), 2);
+        assert!(super::kill_group_but(pgid, vec![pgid]));
         for m in &mut members {
             assert_eq!(m.wait().unwrap().signal(), Some(libc::SIGKILL));
         }
@@ -575,7 +610,7 @@ mod tests {
             outsider.try_wait().unwrap().is_none(),
             "another group is not touched"
         );
-        assert!(super::other_members(pgid, pgid).is_empty());
+        assert!(super::other_members(pgid, &[pgid]).is_empty());
         for c in [&mut leader, &mut outsider] {
             c.kill().unwrap();
             c.wait().unwrap();
