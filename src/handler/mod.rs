@@ -92,6 +92,17 @@ impl StopNote {
     }
 }
 
+/// How a supervised run was stopped, told to [`Handler::after_run`] before the outcome is
+/// recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Why (`timeout`, `lock_lost`, `shutdown`, `usr1`, `presumed_dead`), as in [`StopNote`].
+    pub reason: &'static str,
+    /// The job goes back to its queue instead of the failed list (a lost lock under
+    /// `on_lock_lost = "requeue"`): it did not fail, so no failure hooks run for it (H-14).
+    pub requeued: bool,
+}
+
 /// Whether a handler can take a job now (H-8).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
@@ -158,7 +169,7 @@ pub trait Handler: Send + Sync {
 
     /// After a supervised run ended, before its outcome is recorded: a handler whose run was
     /// stopped makes sure nothing of it is left running (H-11).
-    fn after_run(&self, _stopped: Option<&'static str>) -> BoxFuture<'static, ()> {
+    fn after_run(&self, _stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
         Box::pin(async {})
     }
 

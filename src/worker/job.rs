@@ -8,7 +8,7 @@ use super::run::{self, RunEnd};
 use super::{Control, StopReason, Worker};
 use crate::config::plans::{ClassPlan, Plans, RenderedPlan};
 use crate::config::OnLockLost;
-use crate::handler::{Handler, HandlerResult, JobContext};
+use crate::handler::{Handler, HandlerResult, JobContext, Stopped};
 use crate::locks::canonical;
 use crate::locks::template::RenderInput;
 use crate::locks::LockSpec;
@@ -475,8 +475,13 @@ impl Worker {
             on_lock_lost: on_lost,
         };
         let end = sup.run(p.handler.clone(), ctx, control, dead).await;
-        // H-11: whatever a stopped run left of its handler is dead before the end is recorded.
-        p.handler.after_run(stop_note.get()).await;
+        // H-11: whatever a stopped run left of its handler is dead before the end is recorded;
+        // the handler is told whether the end is a requeue (no failure hooks for it, H-14).
+        let stopped = stop_note.get().map(|reason| Stopped {
+            reason,
+            requeued: requeues(&end, on_lost),
+        });
+        p.handler.after_run(stopped).await;
         // H-17: read after after_run, where a fresh handler may have recorded a killed job.
         (end, on_lost, recorded.get())
     }
@@ -496,7 +501,7 @@ impl Worker {
         if matches!(end, RunEnd::LockLost) {
             self.metrics.lock_lost();
             error!(target: LOG_TARGET, queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
-            if on_lost == OnLockLost::Requeue {
+            if requeues(&end, on_lost) {
                 let release = p.rendered.releases(false);
                 let holds = FinishHolds {
                     class,
@@ -666,6 +671,12 @@ enum Acquire {
     /// The path ends here (a conflict settled, the job returned or failed); `Some` when the
     /// worker must stop.
     Ended(Option<StopReason>),
+}
+
+/// Whether the run's end puts the job back in its queue (A-11's `requeue`) rather than
+/// recording it: what `end_job` does, and what `after_run` is told.
+fn requeues(end: &RunEnd, on_lost: OnLockLost) -> bool {
+    matches!(end, RunEnd::LockLost) && on_lost == OnLockLost::Requeue
 }
 
 /// The job's result as Resque records it, for each way a supervised run ends.

@@ -22,7 +22,7 @@ Steps (in order, each may repeat):
   --signal WHO:SIG:SECS[:stop]
                           for the next job: SECS after its `started`, send SIG to
                           WHO = group (the adapter's process group), pid (the adapter)
-                          or child (the child_pid from `started`, --fork mode);
+                          or child (the adapter's forked child, --fork mode);
                           with ":stop", first write a `stop` frame as locketd does
   --failure-hooks JSON    send `failure_hooks` for this payload (exception
                           Resque::DirtyExit unless --exception/--error said otherwise)
@@ -54,6 +54,16 @@ import threading
 import time
 
 USAGE = "usage: drive.py [STEP ...] [OPTIONS] -- ADAPTER_COMMAND [ARG ...]"
+
+
+def child_of(pid):
+    """The first child of `pid` (the --fork adapter's job child), from /proc; KeyError if none."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+            kids = f.read().split()
+        if kids:
+            return int(kids[0])
+    raise KeyError("child_pid")
 
 
 def note(**fields):
@@ -247,7 +257,7 @@ def main():
             elif who == "pid":
                 os.kill(proc.pid, signum)
             elif who == "child":
-                os.kill(frame["child_pid"], signum)
+                os.kill(child_of(proc.pid), signum)
             note(event="signal", who=who, signal=signum.name, after_started_s=delay)
         except (ProcessLookupError, KeyError) as err:
             note(event="signal_failed", who=who, error=repr(err))

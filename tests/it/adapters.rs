@@ -47,9 +47,23 @@ impl App {
         App::start_env(command, classes, &[])
     }
 
+    /// [`App::start`] with `handler_extra` lines in the `[handlers.app]` table.
+    fn start_with(command: &[&str], handler_extra: &str, classes: &str) -> App {
+        App::start_full(command, handler_extra, classes, &[])
+    }
+
     /// With more variables in the handler's environment: `{work}` in a value is the test's
     /// work directory, `{redis}` the redis-server's host:port.
     fn start_env(command: &[&str], classes: &str, env: &[(&str, &str)]) -> App {
+        App::start_full(command, "", classes, env)
+    }
+
+    fn start_full(
+        command: &[&str],
+        handler_extra: &str,
+        classes: &str,
+        env: &[(&str, &str)],
+    ) -> App {
         let redis = RedisServer::start();
         let r = R::new(&redis);
         let work = workdir();
@@ -64,7 +78,7 @@ impl App {
         }
         let config = format!(
             "{}\n[handlers.app]\nmode = \"persistent\"\ncommand = [{}]\nboot_timeout = \"60s\"\n\
-             env = {{ {vars} }}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
+             env = {{ {vars} }}\n{handler_extra}\n\n[classes.\"*\"]\nhandler = \"app\"\n{classes}\n",
             cfg("q").render(),
             argv.join(", "),
         );
@@ -641,6 +655,77 @@ fn h17_a_failure_backend_that_raises_leaves_locketds_own_record() {
     assert_eq!(failures[0]["error"], "boom z");
     assert_eq!(failures[0]["worker"], worker.as_str());
     assert_eq!(app.r.failed_stat(), 1);
+}
+
+/// H-9 with the Ruby adapter (issue 23 #1): a job that `spawn`s a subprocess and one that
+/// backgrounds one through `system("... &")` returns; both are dead before the job is
+/// counted processed (as in exec mode: nothing a job started keeps running), and the
+/// adapter serves on.
+#[test]
+fn h9_ruby_a_jobs_spawned_processes_do_not_outlive_it() {
+    if !have_or_skip("ruby") {
+        return;
+    }
+    let dir = workdir();
+    let app_file = dir.path().join("spawner.rb");
+    std::fs::write(
+        &app_file,
+        "class Spawner\n  def self.perform(dir)\n    \
+         File.write(File.join(dir, \"spawn.pid\"), spawn(\"sleep\", \"60\").to_s)\n    \
+         system(\"sleep 60 >/dev/null 2>&1 & echo $! > #{dir}/system.pid\")\n  end\nend\n",
+    )
+    .expect("write the app");
+    let app_path = app_file.display().to_string();
+    let mut app = App::start(&["adapters/ruby/locketd-ruby", &app_path], "");
+    app.push("Spawner", json!([dir.path().display().to_string()]));
+    app.processed(1);
+    let pid = |name: &str| -> i32 {
+        std::fs::read_to_string(dir.path().join(name))
+            .expect("the job wrote the pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    };
+    let (spawned, backgrounded) = (pid("spawn.pid"), pid("system.pid"));
+    assert_eq!(
+        [pid_alive(spawned), pid_alive(backgrounded)],
+        [false, false],
+        "dead when the job is counted"
+    );
+    assert!(app.r.failures().is_empty(), "{:?}", app.r.failures());
+    app.push("Spawner", json!([dir.path().display().to_string()]));
+    app.processed(2);
+}
+
+/// H-9, H-15 `--fork` (issue 23, a suspicion that held): `started` goes out before any hook
+/// runs, `before_fork` included, so a slow `before_fork` is not taken for a wedged handler
+/// (killed, the job sent back, then failed as `Locket::HandlerCrashed`).
+#[test]
+fn h15_ruby_fork_a_slow_before_fork_is_not_a_no_start() {
+    if !have_or_skip("ruby") {
+        return;
+    }
+    let dir = workdir();
+    let app_file = dir.path().join("slow_fork.rb");
+    std::fs::write(
+        &app_file,
+        "module Resque\n  def self.before_fork = [proc { sleep 2 }]\nend\n\
+         class Quick\n  def self.perform(*) = nil\nend\n",
+    )
+    .expect("write the app");
+    let app_path = app_file.display().to_string();
+    let mut app = App::start_with(
+        &["adapters/ruby/locketd-ruby", &app_path, "--fork"],
+        "start_timeout = \"1s\"",
+        "",
+    );
+    app.push("Quick", json!([]));
+    app.processed(1);
+    assert!(app.r.failures().is_empty(), "{:?}", app.r.failures());
+    assert!(
+        !app.daemon.log().contains("did not start the job in time"),
+        "taken for a wedged handler"
+    );
 }
 
 fn python_app() -> Option<App> {

@@ -415,6 +415,146 @@ fn h11_a_lost_lock_kills_the_group_before_the_job_is_recorded() {
     assert_eq!(s.r.failures()[0]["exception"], "Locket::LockLost");
 }
 
+/// H-14, A-11 (issue 23 #2): a lost lock under `on_lock_lost = "requeue"` puts the job back
+/// in its queue and is no failure, so no `on_failure` hooks run for it: a retry hook
+/// (resque-retry's shape) would enqueue a second copy beside the requeued one.
+#[test]
+fn h14_a_lost_lock_requeued_runs_no_failure_hooks() {
+    let mut s = Setup::new();
+    let _d = s.start(
+        "",
+        "",
+        "[classes.\"IgnoreTerm\"]\nhandler = \"t\"\non_lock_lost = \"requeue\"\nkill_grace = \"300ms\"\n",
+    );
+    s.push("IgnoreTerm", json!([60]));
+    wait_until(LONG, "the job runs", || s.jobs_of("IgnoreTerm").len() == 1);
+    let handler = pid_of(&s.jobs_of("IgnoreTerm")[0]);
+    let lock_key = format!("{NS}:locket:lock:{}", default_lock_id("IgnoreTerm", "[60]"));
+    wait_until(SHORT, "the lock is held", || s.r.exists(&lock_key));
+    let _: i64 = s.r.cmd(&["DEL", &lock_key]);
+    // The fresh handler runs any failure hooks before it takes a job: once the requeued job
+    // runs again there, the hooks would have run.
+    wait_until(LONG, "the requeued job runs again", || {
+        s.jobs_of("IgnoreTerm").len() == 2
+    });
+    assert!(!pid_alive(handler));
+    assert_ne!(pid_of(&s.jobs_of("IgnoreTerm")[1]), handler);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.of("failure_hooks"), Vec::<Value>::new());
+}
+
+/// H-9 (issue 23 #1), §7 "`sleep &` and `setsid sleep` spawned by a job": after `done`, every
+/// other process of the handler's group (the job's child, and a double-forked one the master
+/// adopted) is dead before the job is recorded, as in exec mode, while the handler lives on
+/// for the next job. A process in a session of its own (`setsid`) is not in the group.
+#[test]
+fn h9_a_jobs_subprocesses_are_dead_before_its_done_is_recorded() {
+    let mut s = Setup::new();
+    let _d = s.start("", "", "");
+    s.push("Spawn", json!([60]));
+    wait_until(LONG, "the job is processed", || s.r.processed() == 1);
+    // FINISH counted the job: whatever was killed for it was killed before.
+    let e = s.of("spawned").remove(0);
+    let pid = |k: &str| i32::try_from(e[k].as_i64().expect("pid")).expect("pid fits");
+    let (child, orphan, own) = (pid("child"), pid("orphan"), pid("setsid"));
+    let alive = [pid_alive(child), pid_alive(orphan)];
+    let own_alive = pid_alive(own);
+    // SAFETY: kill(2) of the setsid sleep this test's job started.
+    unsafe {
+        libc::kill(own, libc::SIGKILL);
+    }
+    assert_eq!(alive, [false, false], "the job's child and orphan: {e}");
+    assert!(own_alive, "a setsid process is not the job's group");
+    s.push("Ok", json!([]));
+    wait_until(LONG, "the next job is processed", || s.r.processed() == 2);
+    assert_eq!(
+        pid_of(&s.jobs_of("Ok")[0]),
+        pid_of(&s.jobs_of("Spawn")[0]),
+        "the handler itself serves on"
+    );
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+}
+
+/// H-9 (issue 23 #1): the process that said `ready` (its `pid`) and the processes between it
+/// and the spawned one are the handler, not a job's subprocesses: a wrapper shell that forks
+/// the adapter instead of exec'ing it keeps it across jobs.
+#[test]
+fn h9_a_wrapped_handler_is_not_taken_for_a_jobs_subprocess() {
+    let mut s = Setup::new();
+    let config = s.config("", "", "").replacen(
+        &format!("command = [\"{}\"]", fixture().display()),
+        &format!(
+            "command = [\"sh\", \"-c\", \"{} ; exit $?\"]",
+            fixture().display()
+        ),
+        1,
+    );
+    assert!(config.contains("exit $?"), "{config}");
+    let _d = Daemon::start(&s.redis, &config, &[]);
+    s.push("Spawn", json!([60]));
+    s.push("Ok", json!([]));
+    wait_until(LONG, "both jobs processed", || s.r.processed() == 2);
+    let e = s.of("spawned").remove(0);
+    let own = i32::try_from(e["setsid"].as_i64().expect("pid")).expect("pid fits");
+    // SAFETY: kill(2) of the setsid sleep this test's job started.
+    unsafe {
+        libc::kill(own, libc::SIGKILL);
+    }
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.of("boot").len(), 1, "one handler served both jobs");
+    let child = i32::try_from(e["child"].as_i64().expect("pid")).expect("pid fits");
+    assert!(!pid_alive(child), "the job's own child is gone");
+}
+
+/// A process's peak resident size (`VmHWM`), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+/// H-5 (issue 23 #7): locketd reads fd 4 one frame at a time, so a handler writing valid
+/// frames while idle costs the worker at most one frame of memory (it was 64 of them), and
+/// a frame while idle ends the handler at once; a new one serves the next job.
+#[test]
+fn h5_frames_written_while_idle_end_the_handler_and_are_not_buffered() {
+    const FRAME: u64 = 4 << 20;
+    let mut s = Setup::new();
+    let d = s.start("max_frame_bytes = \"5MiB\"", "", "");
+    s.push("Ok", json!([]));
+    wait_until(LONG, "the first job is processed", || s.r.processed() == 1);
+    let worker = d.worker_pid();
+    let before = peak_rss(worker);
+    s.push("IdleFrames", json!([FRAME, 40]));
+    wait_until(LONG, "the frames are written or the handler ended", || {
+        !s.of("idle_frames_written").is_empty() || s.of("boot").len() >= 2
+    });
+    let grown = peak_rss(worker).saturating_sub(before);
+    eprintln!("the worker's peak RSS grew by {} KiB", grown >> 10);
+    assert!(
+        grown < 10 * FRAME,
+        "the worker's peak RSS grew by {} MiB for 40 idle frames of {} MiB",
+        grown >> 20,
+        FRAME >> 20
+    );
+    wait_until(LONG, "a new handler", || s.of("boot").len() >= 2);
+    let first = pid_of(&s.jobs_of("IdleFrames")[0]);
+    wait_until(SHORT, "the first handler is gone", || !pid_alive(first));
+    assert!(
+        s.of("idle_frames_written").is_empty(),
+        "ended while still writing"
+    );
+    s.push("Ok", json!([1]));
+    wait_until(LONG, "the next job is processed", || s.r.processed() == 3);
+    assert_ne!(pid_of(&s.jobs_of("Ok")[1]), first);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+}
+
 /// §7 "`sleep &` and `setsid sleep` spawned by a job": they neither block the daemon (they
 /// hold the handler's stdout and stderr) nor, for the one in the group, outlive a kill.
 #[test]
@@ -493,6 +633,35 @@ fn h9_a_wedged_handler_returns_the_job_once_then_fails_it() {
     d.wait_for_log("back to the head of its queue", SHORT);
     for e in s.jobs_of("NoStart") {
         assert!(!pid_alive(pid_of(&e)));
+    }
+}
+
+/// H-9 (issue 23, a suspicion that held): the slot remembered only the last payload that did
+/// not start, so two wedging jobs taking turns were each "first" again and again. Here A
+/// (low queue) does not start, B arrives in the high queue meanwhile and does not start
+/// twice; then A's next no-start is its second: each is sent exactly twice.
+#[test]
+fn h9_two_wedging_jobs_taking_turns_are_each_failed_at_their_second_no_start() {
+    let mut s = Setup::new();
+    let config = s.config("start_timeout = \"500ms\"", "", "").replacen(
+        "queues = \"q\"",
+        "queues = \"q1,q2\"",
+        1,
+    );
+    let _d = Daemon::start(&s.redis, &config, &[]);
+    let sent = |s: &Setup, n: i64| {
+        s.jobs_of("NoStart")
+            .iter()
+            .filter(|e| e["args"] == json!([n]))
+            .count()
+    };
+    s.r.push("q2", &json!({"class": "NoStart", "args": [1]}).to_string());
+    wait_until(LONG, "A is sent", || sent(&s, 1) == 1);
+    s.r.push("q1", &json!({"class": "NoStart", "args": [2]}).to_string());
+    wait_until(LONG, "both failed", || s.r.failures().len() == 2);
+    assert_eq!((sent(&s, 1), sent(&s, 2)), (2, 2), "each sent twice");
+    for f in s.r.failures() {
+        assert_eq!(f["exception"], "Locket::HandlerCrashed", "{f}");
     }
 }
 

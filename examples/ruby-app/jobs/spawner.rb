@@ -1,8 +1,9 @@
 # frozen_string_literal: true
 
-# Leaves background processes behind, each sleeping args[0] seconds:
-# a shell's `sleep N &`, a Process.spawn'ed one (detached), and one that left
-# the process group with setsid. Prints the pids it knows as JSON.
+# Starts background processes, each sleeping args[0] seconds: a shell's
+# `sleep N &` and a Process.spawn'ed one (detached), which locketd kills when
+# the job answers (they are in the handler's process group), and one that left
+# the group with setsid, which outlives the job. Prints the pids it knows as JSON.
 class Spawner
   @queue = :default
 
@@ -11,10 +12,16 @@ class Spawner
     system("sleep #{seconds} &")
     spawned = Process.spawn("sleep", seconds)
     Process.detach(spawned)
+    reader, writer = IO.pipe
     setsid = fork do
+      reader.close
       Process.setsid
+      writer.close # tells the job it left the group: the job must not answer before
       exec("sleep", seconds)
     end
+    writer.close
+    reader.read # EOF once the child called setsid (or died)
+    reader.close
     Process.detach(setsid)
     puts JSON.generate("spawned" => spawned, "setsid" => setsid)
   end

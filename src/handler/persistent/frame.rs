@@ -157,21 +157,27 @@ pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
     }
 }
 
-/// Reads frames from `r` into `tx` until its end, a read error, or the first protocol error
-/// (sent, then the reader stops: the handler is killed for it). A line longer than `max` is a
-/// protocol error as soon as it passes `max`, so a handler writing without newlines costs
-/// bounded memory.
-pub(super) async fn read_frames<R: AsyncRead + Unpin>(
-    r: R,
+/// How reading one line ended.
+enum Line {
+    /// A whole line (without its `\n`) is in the buffer.
+    Whole,
+    /// The line passed `max`: the protocol error, quoting its start.
+    TooLong(ProtocolError),
+    /// The end of fd 4 (or a read error); the buffer holds what came before it.
+    End,
+}
+
+/// Reads one line into `line` (cleared by the caller), never holding more than `max` bytes
+/// of it.
+async fn read_line<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    line: &mut Vec<u8>,
     max: usize,
-    tx: tokio::sync::mpsc::Sender<Result<Frame, ProtocolError>>,
-) {
-    let mut reader = BufReader::with_capacity(64 * 1024, r);
-    let mut line: Vec<u8> = Vec::new();
+) -> Line {
     loop {
         let buf = match reader.fill_buf().await {
             Ok(b) if !b.is_empty() => b,
-            _ => break,
+            _ => return Line::End,
         };
         let newline = buf.iter().position(|&b| b == b'\n');
         let chunk = &buf[..newline.unwrap_or(buf.len())];
@@ -179,29 +185,58 @@ pub(super) async fn read_frames<R: AsyncRead + Unpin>(
             line.extend_from_slice(
                 &chunk[..QUOTE_BYTES.saturating_sub(line.len()).min(chunk.len())],
             );
-            let e = bad(
+            return Line::TooLong(bad(
                 format!("a frame longer than max_frame_bytes ({max})"),
-                &line,
-            );
-            let _ = tx.send(Err(e)).await;
-            return;
+                line,
+            ));
         }
         line.extend_from_slice(chunk);
         let used = newline.map_or(buf.len(), |i| i + 1);
         reader.consume(used);
         if newline.is_some() {
-            let parsed = parse(&line);
-            line.clear();
-            let failed = parsed.is_err();
-            if tx.send(parsed).await.is_err() || failed {
-                return;
-            }
+            return Line::Whole;
         }
     }
-    if !line.is_empty() {
-        let _ = tx
-            .send(Err(bad("a frame cut off by the end of fd 4", &line)))
-            .await;
+}
+
+/// Reads frames from `r` into `tx` until its end, a read error, or the first protocol error
+/// (sent, then the reader stops: the handler is killed for it). One frame at a time (H-5):
+/// the next line is read only once the channel took the last frame out of the reader and
+/// its taker received it (`tx` has room for one), so a handler writing frames nobody asked
+/// for (while idle) costs at most one frame. A line longer than `max` is a protocol error as
+/// soon as it passes `max`, so a handler writing without newlines costs bounded memory too.
+/// `sent` runs after each frame is handed over.
+pub(super) async fn read_frames<R: AsyncRead + Unpin>(
+    r: R,
+    max: usize,
+    tx: tokio::sync::mpsc::Sender<Result<Frame, ProtocolError>>,
+    sent: impl Fn(),
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, r);
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        // Room for the next frame: the last one was received.
+        let Ok(permit) = tx.reserve().await else {
+            return;
+        };
+        let item = match read_line(&mut reader, &mut line, max).await {
+            Line::Whole => parse(&line),
+            Line::TooLong(e) => Err(e),
+            Line::End if line.is_empty() => return,
+            Line::End => Err(bad("a frame cut off by the end of fd 4", &line)),
+        };
+        // A big frame's buffer is not kept for the next one.
+        if line.capacity() > 64 * 1024 {
+            line = Vec::new();
+        } else {
+            line.clear();
+        }
+        let failed = item.is_err();
+        permit.send(item);
+        sent();
+        if failed {
+            return;
+        }
     }
 }
 
@@ -272,10 +307,41 @@ mod tests {
         input.push(b'\n');
         input.extend(std::iter::repeat_n(b'a', 10_000));
         input.extend(b"\n{\"t\":\"bye\"}\n");
-        read_frames(&input[..], 4096, tx).await;
+        read_frames(&input[..], 4096, tx, || {}).await;
         assert_eq!(rx.recv().await, Some(Ok(Frame::Bye { reason: "x".into() })));
         let e = rx.recv().await.unwrap().unwrap_err();
         assert!(e.what.contains("longer than max_frame_bytes"), "{e}");
         assert_eq!(rx.recv().await, None);
+    }
+
+    #[tokio::test]
+    async fn the_reader_reads_the_next_frame_only_once_the_last_was_taken() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let (mut w, r) = tokio::io::duplex(1 << 20);
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = sent.clone();
+        let reader = tokio::spawn(read_frames(r, 1 << 16, tx, move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        let frame = b"{\"t\":\"bye\",\"reason\":\"x\"}\n";
+        for _ in 0..3 {
+            tokio::io::AsyncWriteExt::write_all(&mut w, frame)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(
+            sent.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one frame, held"
+        );
+        assert!(rx.recv().await.is_some());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 2);
+        drop(w);
+        assert!(rx.recv().await.is_some());
+        assert!(rx.recv().await.is_some());
+        assert_eq!(rx.recv().await, None);
+        reader.await.unwrap();
     }
 }

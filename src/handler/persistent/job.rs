@@ -87,6 +87,7 @@ impl Parts {
         });
         let p = slot.proc.as_mut().expect("ready");
         p.set_tag(&job.class, &job.queue);
+        p.set_busy();
         p.clear_tail();
         let pgid = p.pgid();
         job.watch.attach(pgid);
@@ -112,6 +113,7 @@ impl Parts {
         };
         if let Some(d) = done {
             slot.sent = None;
+            self.no_starts.started(&job.payload);
             let p = slot.proc.as_mut().expect("ready");
             p.jobs += 1;
             self.shared.state(|s| {
@@ -129,6 +131,8 @@ impl Parts {
                 self.replace_later(slot);
                 return result;
             }
+            // H-9: nothing the job started outlives its `done` (the handler itself stays).
+            p.kill_others().await;
             kill.armed = false;
             p.set_idle();
             *self
@@ -155,12 +159,7 @@ impl Parts {
             End::NoStart => {
                 warn!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, timeout_s = spec.start_timeout.as_secs_f64(), "handler did not start the job in time (wedged); killing it");
                 slot.sent = None;
-                let again = slot.no_start.as_deref() == Some(job.payload.as_str());
-                slot.no_start = if again {
-                    None
-                } else {
-                    Some(job.payload.clone())
-                };
+                let again = self.no_starts.again(&job.payload);
                 let failure = if again {
                     JobFailure::new(
                         "Locket::HandlerCrashed",

@@ -34,8 +34,13 @@ impl Parts {
             Some(("exit", format!("exited while idle ({})", describe(status))))
         } else {
             match p.frames.try_recv() {
-                Ok(Ok(Frame::Bye { reason })) => Some(("bye", format!("said bye ({reason})"))),
-                Ok(Ok(f)) => Some(("protocol", format!("sent {f:?} while idle"))),
+                Ok(Ok(Frame::Bye { reason })) => {
+                    Some(("bye", format!("said bye ({})", brief(&reason))))
+                }
+                Ok(Ok(f)) => Some((
+                    "protocol",
+                    format!("sent {} while idle", brief(&format!("{f:?}"))),
+                )),
                 Ok(Err(e)) => Some(("protocol", format!("wrote {e} while idle"))),
                 Err(_) => None,
             }
@@ -122,6 +127,10 @@ impl Parts {
                 slot.proc = Some(p);
                 self.watch_idle();
                 self.send_hooks(slot).await;
+                if let Some(p) = slot.proc.as_ref() {
+                    p.set_idle();
+                    self.watch_frames(p);
+                }
                 Ok(())
             }
             Err((p, why)) => {
@@ -153,21 +162,28 @@ impl Parts {
 
     /// The first frame must be `ready`, within `boot_timeout`.
     pub(super) async fn await_ready(&self, p: &mut Proc) -> Result<Vec<String>, String> {
+        let (features, pid) = self.await_ready_frame(p).await?;
+        p.ready_pid(pid);
+        Ok(features)
+    }
+
+    /// The `ready` frame's features and pid.
+    async fn await_ready_frame(&self, p: &mut Proc) -> Result<(Vec<String>, Option<u64>), String> {
         let deadline = tokio::time::Instant::now() + self.spec.boot_timeout;
         let mut exit = p.exit_watch();
         let mut frames_open = true;
         loop {
             tokio::select! {
                 f = p.frames.recv(), if frames_open => match f {
-                    Some(Ok(Frame::Ready { features, .. })) => return Ok(features),
+                    Some(Ok(Frame::Ready { features, pid, .. })) => return Ok((features, pid)),
                     Some(Ok(other)) => return Err(format!("sent {other:?} before ready")),
                     Some(Err(e)) => return Err(format!("protocol error before ready: {e}")),
                     None => frames_open = false,
                 },
                 status = proc::exited(&mut exit) => {
                     // A ready already written still counts.
-                    if let Ok(Ok(Frame::Ready { features, .. })) = p.frames.try_recv() {
-                        if p.exited().is_none() { return Ok(features); }
+                    if let Ok(Ok(Frame::Ready { features, pid, .. })) = p.frames.try_recv() {
+                        if p.exited().is_none() { return Ok((features, pid)); }
                     }
                     return Err(format!("exited before ready ({})", describe(status)));
                 }
@@ -188,14 +204,18 @@ impl Parts {
     }
 
     /// H-11 after a stopped run: the group is dead before the outcome is recorded; a fresh
-    /// handler starts unless the worker is stopping, and runs the job's failure hooks.
-    pub(super) async fn after_stop(&self, reason: &'static str) {
+    /// handler starts unless the worker is stopping, and runs the job's failure hooks (H-14)
+    /// unless the job goes back to its queue: a requeue is no failure.
+    pub(super) async fn after_stop(&self, stopped: Stopped) {
+        let reason = stopped.reason;
         let mut slot = self.slot.clone().lock_owned().await;
         let text = format!("stopped ({reason})");
         self.end_now(&mut slot, "killed", &text).await;
         let stopping = matches!(reason, "shutdown" | "presumed_dead");
         if let Some(sent) = slot.sent.take() {
-            if !stopping {
+            if stopped.requeued {
+                debug!(target: LOG_TARGET, handler = %self.spec.name, id = %sent.id, reason, "the stopped job is requeued, not failed: no failure hooks");
+            } else if !stopping {
                 let exception = match reason {
                     "timeout" => "Locket::Timeout",
                     "lock_lost" => "Locket::LockLost",
@@ -315,6 +335,12 @@ impl Parts {
             .await
             .unwrap_or_else(|_| Err("no answer within 60s".to_string()));
             slot.hooks.remove(0);
+            if answer.is_ok() {
+                // As after a job's `done` (H-9): nothing a hook started outlives it.
+                if let Some(p) = slot.proc.as_mut() {
+                    p.kill_others().await;
+                }
+            }
             match answer {
                 Ok(Done::Failed {
                     exception, error, ..
@@ -331,6 +357,40 @@ impl Parts {
                 }
             }
         }
+    }
+
+    /// H-5: a frame while the process is idle ends it at once, and a fresh one starts. The
+    /// reader holds that frame and reads no further; this task, one per process, is woken by
+    /// it and ends with the process.
+    pub(super) fn watch_frames(&self, p: &Proc) {
+        let parts = self.clone();
+        let idle = p.idle.clone();
+        let mut exit = p.exit_watch();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = idle.frame.notified() => {}
+                    _ = super::proc::exited(&mut exit) => return,
+                    _ = parts.shared.stopping.cancelled() => return,
+                }
+                let mut slot = parts.slot.clone().lock_owned().await;
+                let ours = slot
+                    .proc
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(&p.idle, &idle));
+                if !ours {
+                    return;
+                }
+                if idle.busy() {
+                    continue; // a request went out meanwhile: the frame is its answer's business
+                }
+                parts.check_idle(&mut slot).await;
+                if slot.proc.is_none() {
+                    parts.replace_later(slot);
+                    return;
+                }
+            }
+        });
     }
 
     /// `idle_timeout`: one task per slot ends a process that served no job for that long.
@@ -371,5 +431,14 @@ impl Parts {
                 }
             }
         });
+    }
+}
+
+/// The start of a text for the log: a frame's fields may be as long as `max_frame_bytes`.
+fn brief(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }

@@ -22,7 +22,7 @@ mod life;
 mod proc;
 mod record;
 
-use super::{Handler, HandlerResult, JobContext, Readiness, RESCHEDULE};
+use super::{Handler, HandlerResult, JobContext, Readiness, Stopped, RESCHEDULE};
 use crate::config::{Config, HandlerConfig};
 use crate::metrics::HandlerStats;
 use crate::resque::failure::{signal_status_text, JobFailure};
@@ -130,14 +130,55 @@ struct Hook {
     recorded: crate::handler::RecordedNote,
 }
 
+/// How many payloads [`NoStarts`] remembers.
+const NO_STARTS_KEPT: usize = 1024;
+
+/// The payloads (as hashes) of jobs a handler did not start (H-9), shared by the slots of a
+/// worker: a payload's second no-start on any of them is `Locket::HandlerCrashed`, however
+/// many other jobs came in between (one remembered payload let two wedging jobs that take
+/// turns be "first" forever). The oldest is forgotten past [`NO_STARTS_KEPT`].
+#[derive(Debug, Default)]
+struct NoStarts(Mutex<std::collections::VecDeque<u64>>);
+
+impl NoStarts {
+    fn hash(payload: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        payload.hash(&mut h);
+        h.finish()
+    }
+
+    /// Books a no-start of `payload`: whether it is its second (then it is forgotten).
+    fn again(&self, payload: &str) -> bool {
+        let h = NoStarts::hash(payload);
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = seen.iter().position(|x| *x == h) {
+            seen.remove(i);
+            return true;
+        }
+        if seen.len() == NO_STARTS_KEPT {
+            seen.pop_front();
+        }
+        seen.push_back(h);
+        false
+    }
+
+    /// `payload` started after all: a later no-start is a first one again.
+    fn started(&self, payload: &str) {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !seen.is_empty() {
+            let h = NoStarts::hash(payload);
+            seen.retain(|x| *x != h);
+        }
+    }
+}
+
 /// One slot's process and its bookkeeping, behind the slot's lock.
 #[derive(Default)]
 struct Slot {
     proc: Option<Proc>,
     next_backoff: Duration,
     sent: Option<Sent>,
-    /// The payload of the last job its handler never started (H-9's second no-start).
-    no_start: Option<String>,
     hooks: Vec<Hook>,
     /// The last process said `ready` with the `failure_backend` feature (H-17).
     app_records: bool,
@@ -146,6 +187,7 @@ struct Slot {
 /// A persistent handler: one worker slot's instance.
 pub struct PersistentHandler {
     spec: Arc<Spec>,
+    no_starts: Arc<NoStarts>,
     slot: Arc<tokio::sync::Mutex<Slot>>,
     shared: Arc<Shared>,
 }
@@ -192,14 +234,15 @@ impl PersistentHandler {
             failure_hooks: table.failure_hooks_after_kill,
             term_timeout: config.term_timeout.get(),
         };
-        PersistentHandler::with_spec(Arc::new(spec))
+        PersistentHandler::with_spec(Arc::new(spec), Arc::default())
     }
 
-    fn with_spec(spec: Arc<Spec>) -> PersistentHandler {
+    fn with_spec(spec: Arc<Spec>, no_starts: Arc<NoStarts>) -> PersistentHandler {
         let shared = Shared::default();
         shared.state(|s| s.name = spec.name.clone());
         PersistentHandler {
             spec,
+            no_starts,
             slot: Arc::new(tokio::sync::Mutex::new(Slot {
                 next_backoff: BACKOFF_FIRST,
                 ..Slot::default()
@@ -212,6 +255,7 @@ impl PersistentHandler {
     fn parts(&self) -> Parts {
         Parts {
             spec: self.spec.clone(),
+            no_starts: self.no_starts.clone(),
             slot: self.slot.clone(),
             shared: self.shared.clone(),
         }
@@ -222,6 +266,7 @@ impl PersistentHandler {
 #[derive(Clone)]
 struct Parts {
     spec: Arc<Spec>,
+    no_starts: Arc<NoStarts>,
     slot: Arc<tokio::sync::Mutex<Slot>>,
     shared: Arc<Shared>,
 }
@@ -248,11 +293,11 @@ impl Handler for PersistentHandler {
         self.shared.backoff_until()
     }
 
-    fn after_run(&self, stopped: Option<&'static str>) -> BoxFuture<'static, ()> {
+    fn after_run(&self, stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
         let parts = self.parts();
         Box::pin(async move {
-            if let Some(reason) = stopped {
-                parts.after_stop(reason).await;
+            if let Some(stopped) = stopped {
+                parts.after_stop(stopped).await;
             } else {
                 parts.record_if_pending().await;
             }
@@ -276,7 +321,10 @@ impl Handler for PersistentHandler {
     }
 
     fn for_slot(&self) -> Option<Arc<dyn Handler>> {
-        Some(Arc::new(PersistentHandler::with_spec(self.spec.clone())))
+        Some(Arc::new(PersistentHandler::with_spec(
+            self.spec.clone(),
+            self.no_starts.clone(),
+        )))
     }
 
     fn preload(&self) -> bool {
@@ -294,5 +342,22 @@ impl Handler for PersistentHandler {
             u64::try_from((t - Instant::now()).as_millis()).unwrap_or(u64::MAX)
         });
         Some(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NoStarts;
+
+    #[test]
+    fn a_payloads_second_no_start_counts_whatever_came_between() {
+        let n = NoStarts::default();
+        assert!(!n.again("a"));
+        assert!(!n.again("b"));
+        assert!(n.again("a"), "a's second, after b's first");
+        assert!(n.again("b"));
+        assert!(!n.again("a"), "forgotten after its second");
+        n.started("a");
+        assert!(!n.again("a"), "a started in between: a first again");
     }
 }

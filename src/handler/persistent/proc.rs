@@ -9,11 +9,12 @@ use crate::handler::lines::{for_each_line, STDERR_TAIL_LINES};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 
 /// What a frame read gives: a frame, or the protocol error that ended the reading.
 pub(super) type FrameResult = Result<Frame, ProtocolError>;
@@ -34,6 +35,28 @@ impl Tag {
     }
 }
 
+/// Whether the handler has a request outstanding, shared by the slot and the reader of fd 4:
+/// a frame read while none is (H-5: a frame while idle) wakes [`Idle::frame`]'s waiter,
+/// which ends the process.
+#[derive(Debug)]
+pub(super) struct Idle {
+    busy: AtomicBool,
+    pub(super) frame: Notify,
+}
+
+impl Idle {
+    /// After the reader handed a frame over.
+    fn frame_sent(&self) {
+        if !self.busy.load(Ordering::SeqCst) {
+            self.frame.notify_one();
+        }
+    }
+
+    pub(super) fn busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+}
+
 /// What spawning needs.
 pub(super) struct SpawnSpec<'a> {
     pub(super) name: &'a str,
@@ -50,8 +73,10 @@ pub(super) struct Proc {
     pgid: i32,
     /// The write end of the request pipe (fd 3 in the handler); `None` once closed.
     requests: Option<pipe::Sender>,
-    /// Frames read from fd 4.
+    /// Frames read from fd 4, one at a time (H-5).
     pub(super) frames: mpsc::Receiver<FrameResult>,
+    /// Whether a request is outstanding; a frame while none is.
+    pub(super) idle: Arc<Idle>,
     /// Its exit status, once it exited.
     exit: watch::Receiver<Option<ExitStatus>>,
     tag: Arc<Mutex<Tag>>,
@@ -70,6 +95,11 @@ pub(super) struct Proc {
     pub(super) bye: bool,
     /// When its memory was last read for `status`.
     memory_read: Option<Instant>,
+    /// `ns_last_pid` when its group was last found to hold only the handler, and when.
+    quiet: Option<(i32, Instant)>,
+    /// The handler's own processes, spared by [`Proc::kill_others`]: the spawned one, and
+    /// once it is ready, the one that said so and those between them (a wrapper that forks).
+    handler_pids: Vec<i32>,
     logs: [tokio::task::JoinHandle<()>; 2],
     reader: tokio::task::JoinHandle<()>,
     guard: GroupGuard,
@@ -128,8 +158,17 @@ impl Proc {
         let pid = child.id().unwrap_or(0);
         let requests = pipe::Sender::from_owned_fd(req_w)?;
         let replies = pipe::Receiver::from_owned_fd(rep_r)?;
-        let (tx, frames) = mpsc::channel(64);
-        let reader = tokio::spawn(read_frames(replies, spec.max_frame, tx));
+        // Room for one frame: the reader reads the next only once this one was received.
+        let (tx, frames) = mpsc::channel(1);
+        // Booting: `ready` is expected.
+        let idle = Arc::new(Idle {
+            busy: AtomicBool::new(true),
+            frame: Notify::new(),
+        });
+        let reader = tokio::spawn(read_frames(replies, spec.max_frame, tx, {
+            let idle = idle.clone();
+            move || idle.frame_sent()
+        }));
         let tag = Arc::new(Mutex::new(Tag::idle()));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let logs = [
@@ -153,6 +192,7 @@ impl Proc {
             pgid,
             requests: Some(requests),
             frames,
+            idle,
             exit,
             tag,
             tail,
@@ -164,6 +204,8 @@ impl Proc {
             ready_at: None,
             bye: false,
             memory_read: None,
+            quiet: None,
+            handler_pids: vec![pgid],
             logs,
             reader,
             guard: GroupGuard {
@@ -228,8 +270,19 @@ impl Proc {
         };
     }
 
+    /// A request goes out: frames are expected.
+    pub(super) fn set_busy(&self) {
+        self.idle.busy.store(true, Ordering::SeqCst);
+    }
+
+    /// No request is outstanding: a frame from now on ends the process (H-5). One that came
+    /// in just before is seen here (the reader checks after it sent, this after it stored).
     pub(super) fn set_idle(&self) {
         *self.tag.lock().unwrap_or_else(|p| p.into_inner()) = Tag::idle();
+        self.idle.busy.store(false, Ordering::SeqCst);
+        if !self.frames.is_empty() {
+            self.idle.frame.notify_one();
+        }
     }
 
     /// The last stderr lines.
@@ -285,6 +338,59 @@ impl Proc {
         status
     }
 
+    /// Kills every other process of the handler's group (what a job or a hook started: a
+    /// child, or a daemonized grandchild the master adopted) and waits until each is gone or
+    /// a zombie, which can no longer act: a job's subprocesses do not outlive its `done`, as
+    /// in exec mode (H-9). Bounded like [`Proc::kill_and_reap`]. Zombies are reaped by their
+    /// parent: the handler for its own children, the master (the subreaper) for orphans.
+    ///
+    /// A group has no index, so finding its members takes a pass over `/proc`. The pass is
+    /// skipped when no process (or thread) was created anywhere since the last one found the
+    /// group empty, less than a second ago: the pid namespace's `ns_last_pid` did not move.
+    /// (The second bounds the case of the pid counter wrapping around to the same value.)
+    pub(super) async fn kill_others(&mut self) {
+        let (pgid, keep) = (self.pgid, self.handler_pids.clone());
+        if pgid <= 0 {
+            return;
+        }
+        let last_pid = ns_last_pid();
+        if let (Some(now), Some((then, at))) = (last_pid, self.quiet) {
+            if now == then && at.elapsed() < QUIET_FOR {
+                return;
+            }
+        }
+        let confirmed = tokio::task::spawn_blocking(move || kill_group_but(pgid, keep))
+            .await
+            .unwrap_or(false);
+        self.quiet = last_pid.filter(|_| confirmed).map(|l| (l, Instant::now()));
+        if !confirmed {
+            tracing::warn!(target: super::LOG_TARGET, pgid, "a job's subprocess in the handler's group is still alive 2s after SIGKILL (unkillable)");
+        }
+    }
+
+    /// Records the pid its `ready` frame gave: that process, and each between it and the
+    /// spawned one (a wrapper shell that forks the adapter instead of exec'ing it), are the
+    /// handler. A pid outside the spawned one's descendants (or in another group) is ignored.
+    pub(super) fn ready_pid(&mut self, pid: Option<u64>) {
+        let spawned = self.pgid;
+        let Some(mut pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+            return;
+        };
+        let mut chain = Vec::new();
+        // A few levels at most (sh -> bundle -> ruby); deeper is not a wrapper.
+        for _ in 0..8 {
+            // SAFETY: getpgid(2) only reads.
+            if pid <= 1 || pid == spawned || unsafe { libc::getpgid(pid) } != self.pgid {
+                break;
+            }
+            chain.push(pid);
+            pid = parent_of(pid).unwrap_or(0);
+        }
+        if pid == spawned {
+            self.handler_pids.extend(chain);
+        }
+    }
+
     /// Closes fd 3 and gives the handler `grace` to exit by itself, then kills what is left.
     pub(super) async fn retire(&mut self, grace: Duration) {
         self.close_requests();
@@ -323,6 +429,110 @@ pub(super) fn try_send(w: Option<&pipe::Sender>, line: &[u8]) {
     if let Some(w) = w {
         let _ = w.try_write(line);
     }
+}
+
+/// A process's parent, from `/proc/<pid>/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The live (not zombie) processes of group `pgid` but those in `keep`. A group has no index:
+/// every pid in `/proc` is asked its group with getpgid(2), one cheap system call (reading
+/// each `/proc/<pid>/stat` costs 20 times more); only members get their `stat` read, for the
+/// state letter.
+fn other_members(pgid: i32, keep: &[i32]) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: getpgid(2) only reads.
+        if keep.contains(&pid) || unsafe { libc::getpgid(pid) } != pgid {
+            continue;
+        }
+        // A zombie is still in its group until reaped, but can no longer act.
+        let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+            continue; // gone meanwhile
+        };
+        // "pid (comm) S ...": comm may hold spaces and parentheses.
+        let state = stat
+            .iter()
+            .rposition(|&b| b == b')')
+            .and_then(|close| stat.get(close + 2).copied());
+        if !matches!(state, Some(b'Z' | b'X') | None) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// SIGKILLs process `pid` if it is (still) in group `pgid`. Through a pidfd where the kernel
+/// has them (5.3+): the pidfd pins the process, and the group is checked after it was
+/// opened, so a pid reused by an unrelated process meanwhile is never signalled.
+fn kill_member(pid: i32, pgid: i32) {
+    // SAFETY: pidfd_open(2) with a pid and no flags; the descriptor is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: getpgid(2) reads; kill(2), pidfd_send_signal(2) and close(2) touch no memory
+    // of ours (the siginfo pointer is null).
+    unsafe {
+        if fd >= 0 {
+            let fd = i32::try_from(fd).unwrap_or(-1);
+            if libc::getpgid(pid) == pgid {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd,
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+            libc::close(fd);
+        } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS)
+            && libc::getpgid(pid) == pgid
+        {
+            // An old kernel: the check and the kill are two steps (a pid reused in between
+            // by another member of the group is still the group's).
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Kills the members of group `pgid` but those in `keep` until none is left alive (2 s at
+/// most); whether that was confirmed. The common case, no other member, is one `/proc` pass.
+fn kill_group_but(pgid: i32, keep: Vec<i32>) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let members = other_members(pgid, &keep);
+        if members.is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        for pid in members {
+            kill_member(pid, pgid);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// How long a group found empty stays trusted while no process is created ([`Proc::kill_others`]).
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// The last pid handed out in this pid namespace (processes and threads alike), if readable.
+fn ns_last_pid() -> Option<i32> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok()?;
+    text.trim().parse().ok()
 }
 
 /// Whether any process of group `pgid` still exists (zombies count until reaped).
@@ -365,4 +575,45 @@ where
         })
         .await;
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::Command;
+
+    #[test]
+    fn the_other_members_of_a_group_are_killed_and_its_leader_kept() {
+        let mut leader = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = i32::try_from(leader.id()).unwrap();
+        let mut members: Vec<_> = (0..2)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("60")
+                    .process_group(pgid)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut outsider = Command::new("sleep").arg("60").spawn().unwrap();
+        assert_eq!(super::other_members(pgid, &[pgid]).len(), 2);
+        assert!(super::kill_group_but(pgid, vec![pgid]));
+        for m in &mut members {
+            assert_eq!(m.wait().unwrap().signal(), Some(libc::SIGKILL));
+        }
+        assert!(leader.try_wait().unwrap().is_none(), "the leader is kept");
+        assert!(
+            outsider.try_wait().unwrap().is_none(),
+            "another group is not touched"
+        );
+        assert!(super::other_members(pgid, &[pgid]).is_empty());
+        for c in [&mut leader, &mut outsider] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
 }
