@@ -75,7 +75,9 @@ impl State {
                 loop {
                     let d = match st::deliver_batch(conn, keys, &member, kept, BATCH).await {
                         Ok(d) => d,
-                        Err(e) if e.kind() == redis::ErrorKind::Io => return Err(e),
+                        // An outage (the connection, READONLY, LOADING, OOM, ...): this pass
+                        // ends and the next one, a second later, tries again.
+                        Err(e) if !crate::conn::is_refusal(&e) => return Err(e),
                         Err(e) => {
                             // A deterministic refusal (LOCKET_STORE, a Lua error): not resent.
                             self.report(format!("delayed:{member}"), e.to_string());

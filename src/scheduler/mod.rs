@@ -373,7 +373,12 @@ impl Scheduler {
         for s in self.schedules.clone() {
             if let Some(prev) = s.prev_tick(now) {
                 if now - prev <= grace {
-                    let _ = self.fire(&mut conn, &s, prev).await;
+                    if !self.fire(&mut conn, &s, prev).await {
+                        // Redis could not take it now: tried again by `fire_due`, while it is
+                        // younger than the grace.
+                        self.next.insert(s.name.clone(), prev);
+                        continue;
+                    }
                 } else {
                     debug!(target: "locketd::scheduler", schedule = %s.name, tick = prev,
                         "the latest tick is older than misfire_grace: not fired");
@@ -429,8 +434,9 @@ impl Scheduler {
         }
     }
 
-    /// Fires `tick` of `s`; false when Redis did not answer (a refusal is logged and counts
-    /// as done: it is not retried in a loop).
+    /// Fires `tick` of `s`; false when Redis could not take it now (an outage,
+    /// [`crate::conn::classify`]). A refusal is logged and counts as done: it is not retried
+    /// in a loop.
     async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> bool {
         let keys = self.keys();
         let stamp = crate::resque::time::started_at(SystemTime::now());
@@ -457,8 +463,10 @@ impl Scheduler {
             }
             Err(e) => {
                 self.error(&format!("scheduler: firing {:?}", s.name), &e);
-                // A refusal (a key of another type, S-6) is deterministic: not retried.
-                e.kind() != redis::ErrorKind::Io && !e.is_connection_dropped()
+                // A refusal (a key of another type, S-6) is deterministic: not retried. An
+                // outage (the connection, READONLY after a failover, LOADING, OOM, ...) is:
+                // the tick is tried again at the next look, while younger than the grace.
+                crate::conn::is_refusal(&e)
             }
         }
     }

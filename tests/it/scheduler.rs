@@ -801,3 +801,96 @@ fn check_config_names_a_bad_schedule() {
         assert!(err.contains(want), "{table}: {err}");
     }
 }
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Issue 23 finding 3 (E-3, SC-5, SC-13): Redis refuses writes for about 1.5 s around a tick
+/// and a due delayed item (`min-replicas-to-write` gives NOREPLICAS, a failover's demotion
+/// READONLY, a full Redis OOM). None of these is a refusal that waiting cannot change: the
+/// tick fires and the item is delivered once Redis takes writes again, within seconds, not
+/// lost (the tick) nor put off for a minute (the item).
+#[test]
+fn a_tick_and_a_due_item_refused_for_a_moment_land_once_redis_takes_writes() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    // A port nothing listens on: the demoted server's master never answers.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+        .to_string();
+    let sched = "[schedule.t]\nevery = \"5s\"\nclass = \"T\"\nqueue = \"ticks\"\n";
+    // A long lock TTL: the lock stays held through the outage (SC-9 is not what is tested).
+    let text = format!(
+        "{}\n[scheduler]\nlock_ttl = \"30s\"\n{sched}\n",
+        cfg("idle").render()
+    );
+    let d = Daemon::start(&redis, &text, &[]);
+    d.wait_for_log("scheduler lock taken", SHORT);
+    // Each case: what Redis answers, the commands that make it refuse, those that mend it.
+    type Case<'a> = (&'a str, &'a [&'a [&'a str]], &'a [&'a [&'a str]]);
+    let cases: [Case; 3] = [
+        (
+            "NOREPLICAS",
+            &[&["CONFIG", "SET", "min-replicas-to-write", "1"]],
+            &[&["CONFIG", "SET", "min-replicas-to-write", "0"]],
+        ),
+        (
+            "READONLY",
+            &[&["REPLICAOF", "127.0.0.1", &dead]],
+            &[&["REPLICAOF", "NO", "ONE"]],
+        ),
+        (
+            "OOM",
+            &[
+                &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+                &["CONFIG", "SET", "maxmemory", "1"],
+            ],
+            &[&["CONFIG", "SET", "maxmemory", "0"]],
+        ),
+    ];
+    for (i, (what, refuse, restore)) in cases.iter().enumerate() {
+        // 0.8 s before a tick (a multiple of 5 s): the item due then is written, writes are
+        // refused, and taken again 1.5 s later.
+        wait_until(SHORT, "the moment before a tick", || {
+            let ms = now_ms() % 5000;
+            (4100..4300).contains(&ms)
+        });
+        let tick = now() + 1;
+        assert_eq!(tick % 5, 0);
+        let item = format!(r#"{{"class":"D","args":[{i}],"queue":"items"}}"#);
+        gem_enqueue_at(&mut r, tick, &item);
+        for c in *refuse {
+            let _: redis::Value = r.cmd(c);
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        for c in *restore {
+            let _: redis::Value = r.cmd(c);
+        }
+        // The redis crate spells the kinds it knows its own way ("ReadOnly").
+        let log = d.log();
+        assert!(
+            log.to_ascii_lowercase()
+                .contains(&what.to_ascii_lowercase()),
+            "{what}: Redis did not refuse anything:\n{log}"
+        );
+        // Before the next tick: the refused tick itself is fired, the item delivered.
+        wait_until(
+            Duration::from_secs(3),
+            &format!("{what}: tick {tick} fired and the item delivered"),
+            || fired_ticks(&d.log()).contains(&tick) && queue(&mut r, "items").len() == i + 1,
+        );
+    }
+    let mut d = d;
+    d.terminate(SHORT);
+    let ticks = fired_ticks(&d.log());
+    let mut sorted = ticks.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ticks.len(), "a tick fired twice: {ticks:?}");
+}
