@@ -3,7 +3,7 @@
 //! fires the `[schedule.<name>]` tables (SC-10 … SC-14), only while it holds the lock.
 //!
 //! Its cost when nothing is due: one `ZRANGEBYSCORE … LIMIT` a second and a lock renewal
-//! every few seconds (a standby: one `SET NX` a second).
+//! every few seconds (a standby: one `sched_lock.lua` acquire a second).
 
 pub mod deliver;
 pub mod ops;

@@ -1,6 +1,6 @@
 //! resque-scheduler's keys (scheduler-protocol.md): the delayed queue's due timestamps, the
 //! delivery of one batch (`deliver.lua`), one tick of a recurring schedule (`fire.lua`), and
-//! the master lock (`SET NX EX`, `sched_lock.lua`).
+//! the master lock (`sched_lock.lua`).
 
 use super::scripts::scripts;
 use crate::resque::keys::Keys;
@@ -122,22 +122,23 @@ pub async fn fire<C: ConnectionLike + Send>(
     Ok(n == 1)
 }
 
-/// Takes the master lock if free (`SET NX EX`, SC-8). True when taken.
+/// Takes the master lock if free, or if it still holds `value` (SC-8, SC-9): `SET EX` in
+/// `sched_lock.lua`. True when taken.
 pub async fn lock_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     key: &str,
     value: &str,
     ttl_secs: u64,
 ) -> RedisResult<bool> {
-    let r: Option<String> = redis::cmd("SET")
-        .arg(key)
+    let n: i64 = scripts()
+        .sched_lock
+        .key(key)
+        .arg("acquire")
         .arg(value)
-        .arg("NX")
-        .arg("EX")
         .arg(ttl_secs.max(1))
-        .query_async(conn)
+        .invoke_async(conn)
         .await?;
-    Ok(r.is_some())
+    Ok(n == 1)
 }
 
 /// What a renewal found.
