@@ -21,6 +21,10 @@ use tracing::{debug, info, warn};
 /// A tick this young is fired even with `misfire_grace = 0`: it is on time, not missed.
 const ON_TIME: i64 = 5;
 
+/// How long a lock key Redis refuses (another type: E-3, S-6) is left alone before the next
+/// try: it is reported once, not resent in a loop.
+const LOCK_REFUSED_RETRY: Duration = Duration::from_secs(60);
+
 /// The value locketd writes into the lock key: never a Ruby process's `<host>:<pid>` (SC-8).
 pub fn lock_value() -> String {
     format!("locketd-{}:{}", crate::host::hostname(), std::process::id())
@@ -93,6 +97,8 @@ struct Scheduler {
     reload_pending: bool,
     /// The next read of the delayed queue (just after the next whole second).
     next_poll: Instant,
+    /// Redis refuses the lock's commands (its key of another type): the refusal, logged once.
+    lock_refused: Option<String>,
 }
 
 impl Scheduler {
@@ -113,6 +119,7 @@ impl Scheduler {
             last_error: None,
             reload_pending: false,
             next_poll: Instant::now(),
+            lock_refused: None,
         }
     }
 
@@ -296,6 +303,10 @@ impl Scheduler {
                             "scheduler lock key gone (expired, or Redis restarted): taking it again");
                         self.held = None;
                     }
+                    Err(e) if crate::conn::is_refusal(&e) => {
+                        self.lock_refused(&key, &e);
+                        self.held = None;
+                    }
                     Err(e) => {
                         self.error("scheduler: renewing the lock", &e);
                         if let Some(h) = self.held.as_mut() {
@@ -311,6 +322,9 @@ impl Scheduler {
             let got = st::lock_acquire(conn, &key, &self.value, secs).await;
             if got.is_ok() {
                 self.answered();
+                if self.lock_refused.take().is_some() {
+                    info!(target: "locketd::scheduler", lock = %key, "the scheduler lock key is usable again");
+                }
             }
             match got {
                 Ok(true) => {
@@ -326,9 +340,22 @@ impl Scheduler {
                 Ok(false) => {
                     debug!(target: "locketd::scheduler", lock = %key, "lock held elsewhere")
                 }
+                Err(e) if crate::conn::is_refusal(&e) => self.lock_refused(&key, &e),
                 Err(e) => self.error("scheduler: taking the lock", &e),
             }
         }
+    }
+
+    /// Redis refused the lock's script (a key of another type, S-6): logged once, tried
+    /// again in a minute, not a scheduler meanwhile.
+    fn lock_refused(&mut self, key: &str, e: &redis::RedisError) {
+        let text = e.to_string();
+        if self.lock_refused.as_deref() != Some(text.as_str()) {
+            warn!(target: "locketd::scheduler", lock = %key, error = %text,
+                "Redis refused the scheduler lock's script: no delivery or firing by this daemon until the key is mended; tried again every minute");
+            self.lock_refused = Some(text);
+        }
+        self.next_acquire = Instant::now() + LOCK_REFUSED_RETRY;
     }
 
     async fn release(&mut self) {

@@ -921,3 +921,39 @@ fn a_lock_given_up_locally_is_taken_again_while_the_key_is_still_ours() {
     let ttl: i64 = r.cmd(&["TTL", LOCK]);
     assert!(ttl <= 6, "the lock's TTL is not the configured one: {ttl}");
 }
+
+/// Issue 23 item 3, E-3, S-6: a lock key another tool made a hash is refused by Redis; the
+/// daemon reports it once and does not resend the lock's script in a loop (nor deliver).
+#[test]
+fn a_lock_key_of_another_type_is_reported_once_and_not_retried_in_a_loop() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let _: i64 = r.cmd(&["HSET", LOCK, "f", "v"]);
+    gem_enqueue_at(&mut r, now() - 1, r#"{"class":"J","args":[],"queue":"q"}"#);
+    let d = Daemon::start(&redis, &config(""), &[]);
+    let needle = "Redis refused the scheduler lock's script";
+    d.wait_for_log(needle, SHORT);
+    let mut mon = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
+    mon.write_all(b"MONITOR\r\n").unwrap();
+    mon.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 65536];
+    while start.elapsed() < Duration::from_secs(4) {
+        match mon.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let calls = text
+        .lines()
+        .filter(|l| l.contains("resque_scheduler_master_lock") && !l.contains("[0 lua]"))
+        .count();
+    assert_eq!(calls, 0, "the lock's script resent:\n{text}");
+    assert_eq!(d.log().matches(needle).count(), 1, "{}", d.log());
+    assert!(queue(&mut r, "q").is_empty(), "delivered without the lock");
+}

@@ -17,8 +17,9 @@
 -- batch kept (its index in the bucket and why). A kept item (no usable queue, unreadable, a
 -- target key of another type) stays in place, untouched. Every check is made before the
 -- first write (S-6); raises a LOCKET_STORE error, having changed nothing, when `queues` is not
--- a set.
+-- a set or `delayed_queue_schedule` not a sorted set (its ZREM comes after the writes).
 
+must_be('deliver', KEYS[1], 'zset')
 must_be('deliver', KEYS[2], 'set')
 local prefix, bucket = ARGV[1], KEYS[3]
 local btype = redis.call('TYPE', bucket)['ok']
