@@ -1,7 +1,8 @@
 //! Delayed delivery (SC-4, SC-5): each due timestamp, oldest first, one `deliver.lua` call per
-//! batch of 100 items. A member that is not an integer, a bucket that is not a list, or an item
-//! kept back (no usable queue, a target key of another type) is logged once, listed for
-//! `status`, and that timestamp is not looked at again for a minute: never a tight loop.
+//! batch of 100 items (fewer when they pass 1 MiB, `store::schedule::BATCH_BYTES`). A member
+//! that is not an integer, a bucket that is not a list, or an item kept back (no usable queue,
+//! a target key of another type) is logged once, listed for `status`, and that timestamp is
+//! not looked at again for a minute: never a tight loop.
 
 use crate::resque::keys::Keys;
 use crate::store::schedule as st;

@@ -61,7 +61,12 @@ pub async fn due_timestamps<C: ConnectionLike + Send>(
         .await
 }
 
-/// Delivers one batch (at most 100 items from `offset`) of the bucket of `ts` (SC-4, SC-5).
+/// The bytes of items one DELIVER call reads at most (plus the one item that crosses it):
+/// a batch of 100 items of several MB each would hold Redis for seconds.
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// Delivers one batch (at most 100 items from `offset`, at most [`BATCH_BYTES`] of them plus
+/// one item) of the bucket of `ts` (SC-4, SC-5).
 pub async fn deliver_batch<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -78,6 +83,7 @@ pub async fn deliver_batch<C: ConnectionLike + Send>(
         .arg(ts)
         .arg(offset)
         .arg(batch.clamp(1, 100))
+        .arg(BATCH_BYTES)
         .invoke_async(conn)
         .await?;
     let mut out = Delivered {

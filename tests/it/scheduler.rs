@@ -957,3 +957,41 @@ fn a_lock_key_of_another_type_is_reported_once_and_not_retried_in_a_loop() {
     assert_eq!(d.log().matches(needle).count(), 1, "{}", d.log());
     assert!(queue(&mut r, "q").is_empty(), "delivered without the lock");
 }
+
+/// Issue 23, SC-5: one DELIVER call reads at most about 1 MiB of items (at least one item),
+/// so a bucket of items of several MB each does not hold Redis for the whole batch of 100;
+/// the calls that follow deliver the rest, in order, and clean up.
+#[tokio::test]
+async fn one_deliver_call_reads_a_bounded_number_of_bytes() {
+    use locketd::resque::keys::Keys;
+    use locketd::store::schedule::deliver_batch;
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let mut c = redis.conn().await;
+    let keys = Keys::new(NS);
+    let big = "x".repeat(600 * 1024);
+    for i in 0..5 {
+        let item = format!(r#"{{"class":"Big","args":[{i},"{big}"],"queue":"big"}}"#);
+        gem_enqueue_at(&mut r, 100, &item);
+    }
+    let first = deliver_batch(&mut c, &keys, "100", 0, 100).await.unwrap();
+    assert!(
+        (1..5).contains(&first.delivered),
+        "one call delivered {} items of 600 KiB",
+        first.delivered
+    );
+    assert_eq!(first.left, 5 - first.delivered as i64);
+    let mut calls = 1;
+    while queue(&mut r, "big").len() < 5 {
+        let d = deliver_batch(&mut c, &keys, "100", 0, 100).await.unwrap();
+        assert!(d.delivered >= 1, "{d:?}");
+        calls += 1;
+        assert!(calls <= 5);
+    }
+    let items = queue(&mut r, "big");
+    for (i, item) in items.iter().enumerate() {
+        assert!(item.starts_with(&format!(r#"{{"class":"Big","args":[{i},"#)));
+    }
+    assert_eq!(zcard(&mut r), 0);
+    assert!(!r.exists(&format!("{NS}:delayed:100")));
+}
