@@ -40,14 +40,15 @@ impl State {
         }
     }
 
-    /// One pass over the due timestamps; stops at `until` (the lock's local deadline).
+    /// One pass over the timestamps due at `now` (Redis's clock, Unix seconds); stops at
+    /// `until` (the lock's local deadline).
     pub async fn pass(
         &mut self,
         conn: &mut ConnectionManager,
         keys: &Keys,
+        now: i64,
         until: Instant,
     ) -> redis::RedisResult<u64> {
-        let now = super::unix_now();
         let mono = Instant::now();
         self.skip.retain(|_, t| *t > mono);
         let mut offset = 0;

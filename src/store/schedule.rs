@@ -40,6 +40,12 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// Redis's clock (`TIME`), in Unix milliseconds: the one clock of the fleet's schedulers.
+pub async fn redis_time_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
 /// Due members of `delayed_queue_schedule` (score ≤ `now`), with their scores, `limit` from
 /// `offset` in score order: one command.
 pub async fn due_timestamps<C: ConnectionLike + Send>(
@@ -100,8 +106,24 @@ pub async fn deliver_batch<C: ConnectionLike + Send>(
     Ok(out)
 }
 
+/// How many seconds a tick may be ahead of Redis's clock (SC-12): the scheduler reads the time
+/// from Redis, so a tick is at most a round trip ahead of it; a larger lead is a clock that
+/// jumped ahead.
+pub const TICK_AHEAD: i64 = 5;
+
+/// What FIRE did with a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    /// Enqueued (and recorded).
+    Yes,
+    /// Not later than the recorded tick: fired already.
+    Already,
+    /// Later than Redis's clock by more than [`TICK_AHEAD`]: neither enqueued nor recorded.
+    AheadOfRedis,
+}
+
 /// One tick of schedule `name` (SC-12): `payload` pushed to `queue` unless `tick` is not later
-/// than the recorded one. `tick` None: a manual run, not recorded. True when pushed.
+/// than the recorded one, or ahead of Redis's clock. `tick` None: a manual run, not recorded.
 #[allow(clippy::too_many_arguments)]
 pub async fn fire<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -111,7 +133,7 @@ pub async fn fire<C: ConnectionLike + Send>(
     queue: &str,
     payload: &str,
     ruby_now: &str,
-) -> RedisResult<bool> {
+) -> RedisResult<Fired> {
     let n: i64 = scripts()
         .fire
         .key(keys.schedule_last())
@@ -123,9 +145,14 @@ pub async fn fire<C: ConnectionLike + Send>(
         .arg(queue)
         .arg(payload)
         .arg(ruby_now)
+        .arg(TICK_AHEAD)
         .invoke_async(conn)
         .await?;
-    Ok(n == 1)
+    Ok(match n {
+        1 => Fired::Yes,
+        0 => Fired::Already,
+        _ => Fired::AheadOfRedis,
+    })
 }
 
 /// Takes the master lock if free, or if it still holds `value` (SC-8, SC-9): `SET EX` in

@@ -995,3 +995,59 @@ async fn one_deliver_call_reads_a_bounded_number_of_bytes() {
     assert_eq!(zcard(&mut r), 0);
     assert!(!r.exists(&format!("{NS}:delayed:100")));
 }
+
+/// Redis's clock, in Unix seconds.
+fn redis_now(r: &mut R) -> i64 {
+    let t: Vec<String> = r.cmd(&["TIME"]);
+    t[0].parse().unwrap()
+}
+
+/// Issue 23, SC-12: a tick later than Redis's clock (a scheduler whose clock jumped ahead) is
+/// neither enqueued nor recorded, so it cannot make the fleet skip every tick up to it; and a
+/// record already moved that far (by such a scheduler of an older version) does not hold the
+/// fleet's ticks back.
+#[tokio::test]
+async fn a_tick_ahead_of_redis_clock_is_not_recorded_and_a_record_ahead_does_not_block() {
+    use locketd::resque::keys::Keys;
+    use locketd::store::schedule::{fire, Fired};
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let mut c = redis.conn().await;
+    let keys = Keys::new(NS);
+    let stamp = "2026-11-23 20:33:03 +0000";
+    let payload = r#"{"class":"T","args":[]}"#;
+    let now = redis_now(&mut r);
+    let ahead = fire(
+        &mut c,
+        &keys,
+        "t",
+        Some(now + 3600),
+        "ticks",
+        payload,
+        stamp,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ahead, Fired::AheadOfRedis);
+    assert!(queue(&mut r, "ticks").is_empty());
+    let last: Option<String> = r.cmd(&["HGET", &format!("{NS}:locket:schedule:last"), "t"]);
+    assert_eq!(last, None);
+    // On time: fired, once.
+    let on_time = fire(&mut c, &keys, "t", Some(now), "ticks", payload, stamp).await;
+    assert_eq!(on_time.unwrap(), Fired::Yes);
+    let again = fire(&mut c, &keys, "t", Some(now), "ticks", payload, stamp).await;
+    assert_eq!(again.unwrap(), Fired::Already);
+    // A record an hour ahead of Redis's clock (written by an older scheduler whose clock had
+    // jumped): the next tick is fired all the same.
+    let _: i64 = r.cmd(&[
+        "HSET",
+        &format!("{NS}:locket:schedule:last"),
+        "t",
+        &(now + 3600).to_string(),
+    ]);
+    let next = fire(&mut c, &keys, "t", Some(now + 1), "ticks", payload, stamp).await;
+    assert_eq!(next.unwrap(), Fired::Yes);
+    assert_eq!(queue(&mut r, "ticks").len(), 2);
+    let last: String = r.cmd(&["HGET", &format!("{NS}:locket:schedule:last"), "t"]);
+    assert_eq!(last, (now + 1).to_string());
+}
