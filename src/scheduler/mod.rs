@@ -184,6 +184,7 @@ impl Scheduler {
     async fn run(&mut self) {
         info!(target: "locketd::scheduler", enabled = self.config.scheduler.enabled,
             schedules = self.schedules.len(), lock = %self.lock_key(), "scheduler started");
+        note_utc_default(&self.schedules);
         loop {
             if self.stop.is_cancelled() {
                 break;
@@ -227,6 +228,7 @@ impl Scheduler {
         self.next.clear();
         info!(target: "locketd::scheduler", schedules = self.schedules.len(),
             enabled = self.config.scheduler.enabled, "HUP: schedules reloaded");
+        note_utc_default(&self.schedules);
         if self.held.is_some() {
             self.on_became_master().await;
         }
@@ -546,6 +548,24 @@ enum Fire {
     Done,
     /// Redis could not take it now: tried again at the next look, within the grace.
     Again,
+}
+
+/// On a host whose zone is not UTC, names the cron schedules without `tz`: they are read in
+/// UTC (SC-11), which a user who meant the host's zone wants to know.
+fn note_utc_default(schedules: &[Schedule]) {
+    let offset = chrono::Local::now().offset().local_minus_utc();
+    if offset == 0 {
+        return;
+    }
+    let names: Vec<&str> = schedules
+        .iter()
+        .filter(|s| s.config.cron.is_some() && s.config.tz.is_none())
+        .map(|s| s.name.as_str())
+        .collect();
+    if !names.is_empty() {
+        warn!(target: "locketd::scheduler", schedules = ?names, host_utc_offset_secs = offset,
+            "cron schedules without tz are read in UTC, not this host's zone: set tz to keep local times");
+    }
 }
 
 /// This host's clock in Unix milliseconds.

@@ -1051,3 +1051,38 @@ async fn a_tick_ahead_of_redis_clock_is_not_recorded_and_a_record_ahead_does_not
     let last: String = r.cmd(&["HGET", &format!("{NS}:locket:schedule:last"), "t"]);
     assert_eq!(last, (now + 1).to_string());
 }
+
+/// Issue 23, SC-11: a cron schedule without `tz` names the same ticks on every daemon of the
+/// fleet, whatever the host's zone (`TZ` here): it is read in UTC. Daemons in different zones
+/// used to fire a tick each (09:00 in Tokyo and 09:00 in New York).
+#[test]
+fn a_cron_schedule_without_tz_names_the_same_ticks_in_every_zone() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "queues = \"q\"\n[schedule.daily]\ncron = \"0 9 * * *\"\nclass = \"C\"\nqueue = \"q\"\n",
+    )
+    .unwrap();
+    let listed = |zone: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .arg("--config")
+            .arg(&path)
+            .arg("--redis")
+            .arg(redis.url())
+            .args(["schedule", "--json"])
+            .env("TZ", zone)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["schedules"][0].clone()
+    };
+    let tokyo = listed("Asia/Tokyo");
+    let new_york = listed("America/New_York");
+    assert_eq!(tokyo["next"], new_york["next"], "{tokyo} {new_york}");
+    let next = tokyo["next"].as_i64().unwrap();
+    assert_eq!(next.rem_euclid(86_400), 9 * 3600, "{tokyo}");
+    assert!(tokyo["when"].as_str().unwrap().ends_with("UTC"), "{tokyo}");
+}
