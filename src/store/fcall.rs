@@ -10,11 +10,13 @@
 //! as a script is on `NOSCRIPT`.
 //!
 //! Each build has its own library (`locketd_<hash>`), so they would pile up in Redis, one per
-//! build. A load records its library's time in [`LIBRARIES_KEY`] (before the load), then
-//! deletes the other builds' libraries that no connection has loaded for [`STALE_SECS`]; one
-//! without a record (an older build's) is given one, so it is kept that long too. A library
-//! deleted while a daemon of its build still runs costs that daemon one load (the `Function
-//! not found` path above), never a call: a rolling upgrade is safe whatever its length.
+//! build. A worker's connection (given its record key, `<ns>:locket:functions`:
+//! [`Mode::record_libraries_in`]) records its library's load time there (before the load),
+//! then deletes the other builds' libraries that no connection of its namespace has loaded for
+//! [`STALE_SECS`]; one without a record (an older build's, or one of another namespace only) is
+//! given one, so it is kept that long too. A library deleted while a daemon of its build still
+//! runs costs that daemon one load (the `Function not found` path above), never a call: a
+//! rolling upgrade is safe whatever its length.
 
 use super::scripts::scripts;
 use crate::conn::is_refusal;
@@ -22,11 +24,9 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 use tracing::{debug, info, warn};
 
-/// Each locketd FUNCTION library's last load: library name → Unix seconds, by Redis's clock.
-/// Not under a namespace: the libraries are the server's, shared by every namespace.
-pub(super) const LIBRARIES_KEY: &str = "locketd:functions";
 /// Another build's library not loaded for this long is deleted by the next load.
 pub(super) const STALE_SECS: i64 = 86_400;
 
@@ -34,13 +34,21 @@ const UNKNOWN: u8 = 0;
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
-/// Whether this connection's Redis runs the library (shared by a connection's clones).
+/// Whether this connection's Redis runs the library (shared by a connection's clones), and
+/// where its loads are recorded.
 #[derive(Debug, Default)]
-pub(crate) struct Mode(AtomicU8);
+pub(crate) struct Mode(AtomicU8, OnceLock<String>);
 
 impl Mode {
     fn get(&self) -> u8 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// Records the library's loads in `key` (a HASH, `<ns>:locket:functions`: library name →
+    /// Unix seconds of its last load, Redis's clock) and deletes other builds' stale libraries
+    /// at each load. Without it (a connection of a test, a tool), neither.
+    pub(crate) fn record_libraries_in(&self, key: String) {
+        let _ = self.1.set(key);
     }
 
     /// Whether job-path calls go out as FCALL (false until the first call has loaded the
@@ -95,18 +103,16 @@ impl Mode {
         let lib = &scripts().library;
         // Recorded before it is loaded: another build's clean-up never finds it loaded and
         // unrecorded. Best effort: a Redis that refuses the write gets no clean-up.
-        let now = match redis_secs(conn).await {
-            Ok(now) => send(
+        let records = self.1.get();
+        let now = match (records, redis_secs(conn).await) {
+            (Some(key), Ok(now)) => send(
                 conn,
-                redis::cmd("HSET")
-                    .arg(LIBRARIES_KEY)
-                    .arg(lib.name.as_str())
-                    .arg(now),
+                redis::cmd("HSET").arg(key).arg(lib.name.as_str()).arg(now),
             )
             .await
             .ok()
-            .map(|_| now),
-            Err(_) => None,
+            .map(|_| (key, now)),
+            _ => None,
         };
         let loaded = send(
             conn,
@@ -133,8 +139,8 @@ impl Mode {
             }
         };
         self.0.store(mode, Ordering::Relaxed);
-        if let (FUNCTIONS, Some(now)) = (mode, now) {
-            if let Err(e) = clean_up(conn, &lib.name, now).await {
+        if let (FUNCTIONS, Some((key, now))) = (mode, now) {
+            if let Err(e) = clean_up(conn, key, &lib.name, now).await {
                 debug!(target: "locketd::store", error = %e, "other builds' FUNCTION libraries not cleaned up");
             }
         }
@@ -150,7 +156,12 @@ async fn redis_secs(conn: &mut ConnectionManager) -> RedisResult<i64> {
 
 /// Deletes the other builds' libraries (`locketd_*`, not `ours`) whose last load is older
 /// than [`STALE_SECS`], and their records; records one that has none (now).
-async fn clean_up(conn: &mut ConnectionManager, ours: &str, now: i64) -> RedisResult<()> {
+async fn clean_up(
+    conn: &mut ConnectionManager,
+    records: &str,
+    ours: &str,
+    now: i64,
+) -> RedisResult<()> {
     let listed = send(
         conn,
         redis::cmd("FUNCTION")
@@ -160,25 +171,18 @@ async fn clean_up(conn: &mut ConnectionManager, ours: &str, now: i64) -> RedisRe
     )
     .await?;
     let names = library_names(&listed);
-    let seen: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(LIBRARIES_KEY)
-        .query_async(conn)
-        .await?;
+    let seen: HashMap<String, i64> = redis::cmd("HGETALL").arg(records).query_async(conn).await?;
     for name in names
         .iter()
         .filter(|n| *n != ours && n.starts_with("locketd_"))
     {
         match seen.get(name) {
             None => {
-                send(
-                    conn,
-                    redis::cmd("HSETNX").arg(LIBRARIES_KEY).arg(name).arg(now),
-                )
-                .await?;
+                send(conn, redis::cmd("HSETNX").arg(records).arg(name).arg(now)).await?;
             }
             Some(at) if now - at > STALE_SECS => {
                 send(conn, redis::cmd("FUNCTION").arg("DELETE").arg(name)).await?;
-                send(conn, redis::cmd("HDEL").arg(LIBRARIES_KEY).arg(name)).await?;
+                send(conn, redis::cmd("HDEL").arg(records).arg(name)).await?;
                 info!(target: "locketd::store", library = %name, last_loaded = at,
                     "deleted another build's FUNCTION library, not loaded for a day");
             }
@@ -188,7 +192,7 @@ async fn clean_up(conn: &mut ConnectionManager, ours: &str, now: i64) -> RedisRe
     // The records of libraries gone (a FUNCTION FLUSH, a restart), once stale.
     for (name, at) in &seen {
         if name != ours && !names.contains(name) && now - at > STALE_SECS {
-            send(conn, redis::cmd("HDEL").arg(LIBRARIES_KEY).arg(name)).await?;
+            send(conn, redis::cmd("HDEL").arg(records).arg(name)).await?;
         }
     }
     Ok(())
