@@ -103,17 +103,17 @@ impl Mode {
         let lib = &scripts().library;
         // Recorded before it is loaded: another build's clean-up never finds it loaded and
         // unrecorded. Best effort: a Redis that refuses the write gets no clean-up.
-        let records = self.1.get();
-        let now = match (records, redis_secs(conn).await) {
-            (Some(key), Ok(now)) => send(
-                conn,
-                redis::cmd("HSET").arg(key).arg(lib.name.as_str()).arg(now),
-            )
-            .await
-            .ok()
-            .map(|_| (key, now)),
-            _ => None,
-        };
+        let mut now = None;
+        if let Some(key) = self.1.get() {
+            if let Ok(secs) = redis_secs(conn).await {
+                let recorded = send(
+                    conn,
+                    redis::cmd("HSET").arg(key).arg(lib.name.as_str()).arg(secs),
+                )
+                .await;
+                now = recorded.ok().map(|_| (key, secs));
+            }
+        }
         let loaded = send(
             conn,
             redis::cmd("FUNCTION").arg("LOAD").arg(lib.source.as_str()),
