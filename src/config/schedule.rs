@@ -89,7 +89,8 @@ pub struct ScheduleConfig {
     /// Free text, shown by `locketd schedule`.
     #[serde(default)]
     pub description: Option<String>,
-    /// IANA zone of the cron expression (else `TZ`, else the system's).
+    /// IANA zone of the cron expression; absent: UTC, on every host (never `TZ` or the
+    /// system's zone, which may differ between the daemons of a fleet).
     #[serde(default)]
     pub tz: Option<String>,
 }
@@ -103,20 +104,18 @@ pub enum Timing {
     Every(u64),
 }
 
-/// A cron expression's zone.
+/// A cron expression's zone: the schedule's `tz`, else UTC. Never the host's: the daemons of
+/// a fleet may run in different zones and must name the same ticks (SC-11, SC-12).
 #[derive(Debug, Clone, Copy)]
 pub enum Zone {
     /// A named IANA zone.
     Named(chrono_tz::Tz),
-    /// The system's zone.
-    Local,
 }
 
 impl fmt::Display for Zone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Zone::Named(tz) => write!(f, "{}", tz.name()),
-            Zone::Local => f.write_str("local"),
         }
     }
 }
@@ -198,7 +197,7 @@ pub fn parse_every(text: &str) -> Result<u64, String> {
     Ok(total)
 }
 
-/// The zone named `tz`, else `TZ`'s, else the system's.
+/// The zone named `tz`, else UTC (not `TZ`, not the system's: see [`Zone`]).
 pub fn parse_zone(tz: Option<&str>) -> Result<Zone, String> {
     match tz {
         Some(name) => chrono_tz::Tz::from_str(name.trim())
@@ -206,10 +205,7 @@ pub fn parse_zone(tz: Option<&str>) -> Result<Zone, String> {
             .map_err(|_| {
                 format!("unknown time zone {name:?} (use an IANA name such as \"Europe/Berlin\")")
             }),
-        None => Ok(std::env::var("TZ")
-            .ok()
-            .and_then(|v| chrono_tz::Tz::from_str(v.trim_start_matches(':')).ok())
-            .map_or(Zone::Local, Zone::Named)),
+        None => Ok(Zone::Named(chrono_tz::UTC)),
     }
 }
 
@@ -268,7 +264,6 @@ impl Schedule {
         match &self.timing {
             Timing::Every(p) => Some(now.div_euclid(*p as i64) * *p as i64),
             Timing::Cron(cron, Zone::Named(tz)) => cron_prev(cron, tz, now),
-            Timing::Cron(cron, Zone::Local) => cron_prev(cron, &chrono::Local, now),
         }
     }
 
@@ -277,7 +272,6 @@ impl Schedule {
         match &self.timing {
             Timing::Every(p) => Some((after.div_euclid(*p as i64) + 1) * *p as i64),
             Timing::Cron(cron, Zone::Named(tz)) => cron_next(cron, tz, after),
-            Timing::Cron(cron, Zone::Local) => cron_next(cron, &chrono::Local, after),
         }
     }
 
@@ -296,10 +290,8 @@ impl Schedule {
             }
             Timing::Cron(_, zone) => {
                 let expr = self.config.cron.clone().unwrap_or_default();
-                let expr = match zone {
-                    Zone::Named(tz) => format!("{expr} {}", tz.name()),
-                    Zone::Local => expr,
-                };
+                let Zone::Named(tz) = zone;
+                let expr = format!("{expr} {}", tz.name());
                 m.insert("cron".into(), expr.into());
             }
         }

@@ -1,6 +1,7 @@
 //! Connecting to Redis: the client (TCP_NODELAY), the first connection with its bounded wait,
 //! the eviction check (S-7), `EVALSHA` with its NOSCRIPT retry (S-1), and which errors are
-//! refusals rather than outages (E-3). Nothing here knows a locket key.
+//! refusals rather than outages (E-3, [`classify`]: the one place that decides). Nothing here
+//! knows a locket key.
 
 mod url;
 
@@ -136,26 +137,69 @@ where
     }
 }
 
-/// Whether Redis refused a call in a way that sending it again cannot change (E-3): a key of
-/// another type (`WRONGTYPE`, or a script's own `LOCKET_STORE` check), a full Redis (`OOM`), a
-/// Lua error, a reply of an unexpected shape. Such a call is reported once and not resent in a
-/// loop. Everything else (the connection, `LOADING`, `BUSY`, `READONLY`, `MASTERDOWN`,
-/// `TRYAGAIN`, `MISCONF`, `NOSCRIPT` before its EVAL fallback) is an outage, retried with backoff.
-pub fn is_refusal(e: &redis::RedisError) -> bool {
-    match e.code() {
-        None => matches!(
-            e.kind(),
-            redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
-        ),
-        Some(
-            "LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "MISCONF"
-            | "NOSCRIPT" | "MOVED" | "ASK" | "NOREPLICAS" | "NOAUTH",
-        ) => false,
-        Some("ERR") => !e
-            .detail()
-            .is_some_and(|d| d.contains("max number of clients")),
-        Some(_) => true,
+/// What a Redis error means for the call that got it (E-3). Every caller that decides between
+/// sending a call again and giving it up asks [`classify`]: this is the one place that knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Redis cannot take the call now but may in a moment: the connection (dropped, refused,
+    /// timed out), a server loading its data (`LOADING`), running a long script (`BUSY`),
+    /// demoted to a replica by a failover (`READONLY`, a blocked call's `UNBLOCKED`), without
+    /// its master or enough replicas (`MASTERDOWN`, `NOREPLICAS`), full (`OOM`: memory is freed
+    /// by consumers and by expiring keys), unable to persist (`MISCONF`), a cluster moving or
+    /// down (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`), a script unknown before its load
+    /// (`NOSCRIPT`), too many clients. Sent again after a wait. A script refused for any of
+    /// these has written nothing: each is raised at its first write (S-6).
+    Outage,
+    /// A reply that sending the same call again cannot change: a key of another type
+    /// (`WRONGTYPE`, or a script's own `LOCKET_STORE` check), `ERR` and Lua errors, an ACL that
+    /// denies the call (`NOPERM`), a reply of an unexpected shape. Reported once, never resent
+    /// in a loop.
+    Refusal,
+}
+
+/// Classifies `e` by the redis crate's error kind, and for the server's error codes the crate
+/// has no kind for, by that code (the reply's first word), never by the message's text. The
+/// one exception is `ERR max number of clients reached`, which Redis sends with no code of its
+/// own.
+pub fn classify(e: &redis::RedisError) -> Failure {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    match e.kind() {
+        K::Server(
+            S::BusyLoading
+            | S::TryAgain
+            | S::ClusterDown
+            | S::MasterDown
+            | S::ReadOnly
+            | S::Moved
+            | S::Ask
+            | S::NoScript,
+        ) => Failure::Outage,
+        K::Server(S::ResponseError) => {
+            if e.detail()
+                .is_some_and(|d| d.starts_with("max number of clients"))
+            {
+                Failure::Outage
+            } else {
+                Failure::Refusal
+            }
+        }
+        K::Server(_) => Failure::Refusal,
+        K::Extension => match e.code() {
+            Some("OOM" | "BUSY" | "NOREPLICAS" | "MISCONF" | "UNBLOCKED" | "NOAUTH") => {
+                Failure::Outage
+            }
+            _ => Failure::Refusal,
+        },
+        K::UnexpectedReturnType | K::Parse | K::RESP3NotSupported => Failure::Refusal,
+        // The connection and its setup (I/O, authentication after a restart, a sentinel or a
+        // cluster node not found): Redis away, not this call refused.
+        _ => Failure::Outage,
     }
+}
+
+/// Whether `e` is a [`Failure::Refusal`]: reported once, not sent again in a loop.
+pub fn is_refusal(e: &redis::RedisError) -> bool {
+    classify(e) == Failure::Refusal
 }
 
 /// Whether a command is refused by this server for good, so that it is not worth sending
@@ -171,5 +215,61 @@ pub fn unavailable_command(e: &redis::RedisError) -> bool {
                 || detail.contains("wrong number of arguments")
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error Redis's reply `line` (without its leading `-`) becomes.
+    fn reply(line: &str) -> redis::RedisError {
+        let wire = format!("-{line}\r\n");
+        match redis::parse_redis_value(wire.as_bytes()).and_then(redis::Value::extract_error) {
+            Err(e) => e,
+            Ok(v) => panic!("{line}: not an error: {v:?}"),
+        }
+    }
+
+    // E-3, issue 23 finding 3: what waiting can change is an outage, whatever its kind in the
+    // redis crate (a known kind, or a code it has none for).
+    #[test]
+    fn errors_that_waiting_can_change_are_outages() {
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "NOREPLICAS Not enough good replicas to write.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's unable to persist",
+            "NOSCRIPT No matching script.",
+            "UNBLOCKED force unblock from blocking operation, instance state changed",
+            "MOVED 3999 127.0.0.1:6381",
+            "ERR max number of clients reached",
+        ] {
+            assert_eq!(classify(&reply(line)), Failure::Outage, "{line}");
+        }
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify(&io), Failure::Outage);
+    }
+
+    // E-3: what a resend cannot change is a refusal, reported once.
+    #[test]
+    fn errors_that_waiting_cannot_change_are_refusals() {
+        for line in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "LOCKET_STORE fire: WRONGTYPE resque:queues holds a string, not a set; nothing was changed",
+            "ERR user_script:1: Script attempted to access nonexistent global variable 'x'",
+            "NOPERM this user has no permissions to run the 'fcall' command",
+            "ERR unknown command 'FUNCTION'",
+            "EXECABORT Transaction discarded because of previous errors.",
+        ] {
+            assert_eq!(classify(&reply(line)), Failure::Refusal, "{line}");
+        }
+        let shape = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "shape"));
+        assert!(is_refusal(&shape));
     }
 }

@@ -221,6 +221,11 @@ impl Master {
                             }
                             return;
                         }
+                        Err(e) if crate::conn::is_refusal(&e) => {
+                            // Not resent in a loop (E-3): the janitor tries it once a pass.
+                            warn!(target: LOG_TARGET, error = %e, "recovering a dead worker: redis refused it; left to the janitor");
+                            return;
+                        }
                         Err(e) if attempt == 0 => {
                             warn!(target: LOG_TARGET, error = %e, "recovering a dead worker: redis error; retrying");
                         }

@@ -553,8 +553,9 @@ enum Tracking {
 }
 
 async fn track(url: &str, set: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking {
+    // A server that refuses RESP3 or tracking, not one loading or failing over (E-3).
     let classify = |e: redis::RedisError| {
-        if e.code().is_some() {
+        if crate::conn::is_refusal(&e) {
             Tracking::Refused(e)
         } else {
             Tracking::Lost(e)

@@ -1,7 +1,8 @@
 //! Delayed delivery (SC-4, SC-5): each due timestamp, oldest first, one `deliver.lua` call per
-//! batch of 100 items. A member that is not an integer, a bucket that is not a list, or an item
-//! kept back (no usable queue, a target key of another type) is logged once, listed for
-//! `status`, and that timestamp is not looked at again for a minute: never a tight loop.
+//! batch of 100 items (fewer when they pass 1 MiB, `store::schedule::BATCH_BYTES`). A member
+//! that is not an integer, a bucket that is not a list, or an item kept back (no usable queue,
+//! a target key of another type) is logged once, listed for `status`, and that timestamp is
+//! not looked at again for a minute: never a tight loop.
 
 use crate::resque::keys::Keys;
 use crate::store::schedule as st;
@@ -39,14 +40,15 @@ impl State {
         }
     }
 
-    /// One pass over the due timestamps; stops at `until` (the lock's local deadline).
+    /// One pass over the timestamps due at `now` (Redis's clock, Unix seconds); stops at
+    /// `until` (the lock's local deadline).
     pub async fn pass(
         &mut self,
         conn: &mut ConnectionManager,
         keys: &Keys,
+        now: i64,
         until: Instant,
     ) -> redis::RedisResult<u64> {
-        let now = super::unix_now();
         let mono = Instant::now();
         self.skip.retain(|_, t| *t > mono);
         let mut offset = 0;
@@ -75,7 +77,9 @@ impl State {
                 loop {
                     let d = match st::deliver_batch(conn, keys, &member, kept, BATCH).await {
                         Ok(d) => d,
-                        Err(e) if e.kind() == redis::ErrorKind::Io => return Err(e),
+                        // An outage (the connection, READONLY, LOADING, OOM, ...): this pass
+                        // ends and the next one, a second later, tries again.
+                        Err(e) if !crate::conn::is_refusal(&e) => return Err(e),
                         Err(e) => {
                             // A deterministic refusal (LOCKET_STORE, a Lua error): not resent.
                             self.report(format!("delayed:{member}"), e.to_string());

@@ -2,8 +2,9 @@
 //! master lock (SC-6 … SC-9), delivers resque-scheduler's due delayed items (SC-4, SC-5) and
 //! fires the `[schedule.<name>]` tables (SC-10 … SC-14), only while it holds the lock.
 //!
-//! Its cost when nothing is due: one `ZRANGEBYSCORE … LIMIT` a second and a lock renewal
-//! every few seconds (a standby: one `SET NX` a second).
+//! It goes by Redis's clock (`TIME`), not the host's (SC-4, SC-12). Its cost when nothing is
+//! due: one `TIME` and one `ZRANGEBYSCORE … LIMIT` a second and a lock renewal
+//! every few seconds (a standby: one `sched_lock.lua` acquire a second).
 
 pub mod deliver;
 pub mod ops;
@@ -21,12 +22,16 @@ use tracing::{debug, info, warn};
 /// A tick this young is fired even with `misfire_grace = 0`: it is on time, not missed.
 const ON_TIME: i64 = 5;
 
+/// How long a lock key Redis refuses (another type: E-3, S-6) is left alone before the next
+/// try: it is reported once, not resent in a loop.
+const LOCK_REFUSED_RETRY: Duration = Duration::from_secs(60);
+
 /// The value locketd writes into the lock key: never a Ruby process's `<host>:<pid>` (SC-8).
 pub fn lock_value() -> String {
     format!("locketd-{}:{}", crate::host::hostname(), std::process::id())
 }
 
-/// Unix seconds now.
+/// Unix seconds now, by this host's clock (the scheduler itself goes by Redis's clock).
 pub fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -93,6 +98,10 @@ struct Scheduler {
     reload_pending: bool,
     /// The next read of the delayed queue (just after the next whole second).
     next_poll: Instant,
+    /// Redis refuses the lock's commands (its key of another type): the refusal, logged once.
+    lock_refused: Option<String>,
+    /// Redis's clock minus this host's, in milliseconds, as last read (`TIME`).
+    offset_ms: i64,
 }
 
 impl Scheduler {
@@ -113,6 +122,8 @@ impl Scheduler {
             last_error: None,
             reload_pending: false,
             next_poll: Instant::now(),
+            lock_refused: None,
+            offset_ms: 0,
         }
     }
 
@@ -173,6 +184,7 @@ impl Scheduler {
     async fn run(&mut self) {
         info!(target: "locketd::scheduler", enabled = self.config.scheduler.enabled,
             schedules = self.schedules.len(), lock = %self.lock_key(), "scheduler started");
+        note_utc_default(&self.schedules);
         loop {
             if self.stop.is_cancelled() {
                 break;
@@ -216,6 +228,7 @@ impl Scheduler {
         self.next.clear();
         info!(target: "locketd::scheduler", schedules = self.schedules.len(),
             enabled = self.config.scheduler.enabled, "HUP: schedules reloaded");
+        note_utc_default(&self.schedules);
         if self.held.is_some() {
             self.on_became_master().await;
         }
@@ -224,7 +237,7 @@ impl Scheduler {
     /// The next instant to look: the next whole second (a due item waits at most that long),
     /// earlier for a renewal.
     fn wake_at(&self) -> Instant {
-        let mut wake = Instant::now() + to_next_second();
+        let mut wake = Instant::now() + to_next_second(self.offset_ms);
         if let Some(h) = &self.held {
             wake = wake.min(h.next_renew.max(Instant::now()));
         }
@@ -243,14 +256,17 @@ impl Scheduler {
         if Instant::now() + Duration::from_millis(100) < self.next_poll {
             return;
         }
-        self.next_poll = Instant::now() + to_next_second();
+        self.next_poll = Instant::now() + to_next_second(self.offset_ms);
+        let Some(now) = self.redis_now(&mut conn).await else {
+            return;
+        };
         let keys = self.keys();
         // A long drain stops for the next renewal (SC-8) and goes on after it.
         let until = self
             .held
             .as_ref()
             .map_or_else(Instant::now, |h| h.deadline.min(h.next_renew));
-        if let Err(e) = self.delivery.pass(&mut conn, &keys, until).await {
+        if let Err(e) = self.delivery.pass(&mut conn, &keys, now, until).await {
             self.error("scheduler: delivering delayed items", &e);
         }
         if self
@@ -258,7 +274,25 @@ impl Scheduler {
             .as_ref()
             .is_some_and(|h| Instant::now() < h.deadline)
         {
-            self.fire_due(&mut conn).await;
+            self.fire_due(&mut conn, now).await;
+        }
+    }
+
+    /// Redis's clock in Unix seconds (SC-12): every scheduler of the fleet goes by it, so a
+    /// host whose clock is off (or jumped) neither fires ticks early nor delivers items early.
+    /// None when Redis did not answer.
+    async fn redis_now(&mut self, conn: &mut ConnectionManager) -> Option<i64> {
+        let sent = local_ms();
+        match st::redis_time_ms(conn).await {
+            Ok(ms) => {
+                let back = local_ms();
+                self.offset_ms = ms - (sent + back) / 2;
+                Some(ms.div_euclid(1000))
+            }
+            Err(e) => {
+                self.error("scheduler: reading Redis's clock", &e);
+                None
+            }
         }
     }
 
@@ -296,6 +330,10 @@ impl Scheduler {
                             "scheduler lock key gone (expired, or Redis restarted): taking it again");
                         self.held = None;
                     }
+                    Err(e) if crate::conn::is_refusal(&e) => {
+                        self.lock_refused(&key, &e);
+                        self.held = None;
+                    }
                     Err(e) => {
                         self.error("scheduler: renewing the lock", &e);
                         if let Some(h) = self.held.as_mut() {
@@ -311,6 +349,9 @@ impl Scheduler {
             let got = st::lock_acquire(conn, &key, &self.value, secs).await;
             if got.is_ok() {
                 self.answered();
+                if self.lock_refused.take().is_some() {
+                    info!(target: "locketd::scheduler", lock = %key, "the scheduler lock key is usable again");
+                }
             }
             match got {
                 Ok(true) => {
@@ -326,9 +367,22 @@ impl Scheduler {
                 Ok(false) => {
                     debug!(target: "locketd::scheduler", lock = %key, "lock held elsewhere")
                 }
+                Err(e) if crate::conn::is_refusal(&e) => self.lock_refused(&key, &e),
                 Err(e) => self.error("scheduler: taking the lock", &e),
             }
         }
+    }
+
+    /// Redis refused the lock's script (a key of another type, S-6): logged once, tried
+    /// again in a minute, not a scheduler meanwhile.
+    fn lock_refused(&mut self, key: &str, e: &redis::RedisError) {
+        let text = e.to_string();
+        if self.lock_refused.as_deref() != Some(text.as_str()) {
+            warn!(target: "locketd::scheduler", lock = %key, error = %text,
+                "Redis refused the scheduler lock's script: no delivery or firing by this daemon until the key is mended; tried again every minute");
+            self.lock_refused = Some(text);
+        }
+        self.next_acquire = Instant::now() + LOCK_REFUSED_RETRY;
     }
 
     async fn release(&mut self) {
@@ -368,12 +422,19 @@ impl Scheduler {
                 self.error("scheduler: publishing schedules", &e);
             }
         }
-        let now = unix_now();
+        let Some(now) = self.redis_now(&mut conn).await else {
+            return;
+        };
         let grace = self.grace();
         for s in self.schedules.clone() {
             if let Some(prev) = s.prev_tick(now) {
                 if now - prev <= grace {
-                    let _ = self.fire(&mut conn, &s, prev).await;
+                    if self.fire(&mut conn, &s, prev).await == Fire::Again {
+                        // Redis could not take it now: tried again by `fire_due`, while it is
+                        // younger than the grace.
+                        self.next.insert(s.name.clone(), prev);
+                        continue;
+                    }
                 } else {
                     debug!(target: "locketd::scheduler", schedule = %s.name, tick = prev,
                         "the latest tick is older than misfire_grace: not fired");
@@ -389,8 +450,7 @@ impl Scheduler {
         (self.config.scheduler.misfire_grace.get().as_secs() as i64).max(ON_TIME)
     }
 
-    async fn fire_due(&mut self, conn: &mut ConnectionManager) {
-        let now = unix_now();
+    async fn fire_due(&mut self, conn: &mut ConnectionManager, now: i64) {
         let grace = self.grace();
         for s in self.schedules.clone() {
             let next = match self.next.get(&s.name) {
@@ -413,9 +473,9 @@ impl Scheduler {
                     "ticks missed (the scheduler was busy or paused): firing only the latest");
             }
             if now - tick <= grace {
-                if !self.fire(conn, &s, tick).await {
-                    // Redis did not answer: the tick is tried again at the next look, while
-                    // it is younger than the grace.
+                if self.fire(conn, &s, tick).await == Fire::Again {
+                    // Redis could not take it now: the tick is tried again at the next look,
+                    // while it is younger than the grace.
                     continue;
                 }
             } else {
@@ -429,11 +489,13 @@ impl Scheduler {
         }
     }
 
-    /// Fires `tick` of `s`; false when Redis did not answer (a refusal is logged and counts
-    /// as done: it is not retried in a loop).
-    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> bool {
+    /// Fires `tick` of `s`; [`Fire::Again`] when Redis could not take it now (an outage,
+    /// [`crate::conn::classify`]). A refusal is logged and counts as done: it is not retried
+    /// in a loop.
+    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> Fire {
         let keys = self.keys();
-        let stamp = crate::resque::time::started_at(SystemTime::now());
+        let at = UNIX_EPOCH + Duration::from_millis((local_ms() + self.offset_ms).max(0) as u64);
+        let stamp = crate::resque::time::started_at(at);
         match st::fire(
             conn,
             &keys,
@@ -445,32 +507,79 @@ impl Scheduler {
         )
         .await
         {
-            Ok(true) => {
+            Ok(st::Fired::Yes) => {
                 info!(target: "locketd::scheduler", schedule = %s.name, tick,
                     queue = %s.queue, class = %s.class, "schedule fired");
-                true
+                Fire::Done
             }
-            Ok(false) => {
+            Ok(st::Fired::Already) => {
                 debug!(target: "locketd::scheduler", schedule = %s.name, tick,
                     "tick fired already");
-                true
+                Fire::Done
+            }
+            Ok(st::Fired::AheadOfRedis) => {
+                // This scheduler reads Redis's clock each second, so only a clock read before
+                // Redis's own jumped back gets here: the tick is looked at again.
+                self.error(
+                    &format!("scheduler: firing {:?}", s.name),
+                    &format!("tick {tick} is ahead of Redis's clock: not fired (SC-12)"),
+                );
+                Fire::Again
             }
             Err(e) => {
                 self.error(&format!("scheduler: firing {:?}", s.name), &e);
-                // A refusal (a key of another type, S-6) is deterministic: not retried.
-                e.kind() != redis::ErrorKind::Io && !e.is_connection_dropped()
+                // A refusal (a key of another type, S-6) is deterministic: not retried. An
+                // outage (the connection, READONLY after a failover, LOADING, OOM, ...) is:
+                // the tick is tried again at the next look, while younger than the grace.
+                if crate::conn::is_refusal(&e) {
+                    Fire::Done
+                } else {
+                    Fire::Again
+                }
             }
         }
     }
 }
 
-/// From now to just after the next whole second of the wall clock: an item due at second T is
-/// looked for a few milliseconds after T.
-fn to_next_second() -> Duration {
-    let now = SystemTime::now()
+/// What became of a tick sent to FIRE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fire {
+    /// Fired, fired already, or refused for good (reported): the next tick is planned.
+    Done,
+    /// Redis could not take it now: tried again at the next look, within the grace.
+    Again,
+}
+
+/// On a host whose zone is not UTC, names the cron schedules without `tz`: they are read in
+/// UTC (SC-11), which a user who meant the host's zone wants to know.
+fn note_utc_default(schedules: &[Schedule]) {
+    let offset = chrono::Local::now().offset().local_minus_utc();
+    if offset == 0 {
+        return;
+    }
+    let names: Vec<&str> = schedules
+        .iter()
+        .filter(|s| s.config.cron.is_some() && s.config.tz.is_none())
+        .map(|s| s.name.as_str())
+        .collect();
+    if !names.is_empty() {
+        warn!(target: "locketd::scheduler", schedules = ?names, host_utc_offset_secs = offset,
+            "cron schedules without tz are read in UTC, not this host's zone: set tz to keep local times");
+    }
+}
+
+/// This host's clock in Unix milliseconds.
+fn local_ms() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos())) + Duration::from_millis(5)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// From now to just after the next whole second of Redis's clock (this host's plus
+/// `offset_ms`): an item due at second T is looked for a few milliseconds after T.
+fn to_next_second(offset_ms: i64) -> Duration {
+    let into = (local_ms() + offset_ms).rem_euclid(1000) as u64;
+    Duration::from_millis(1000 - into + 5)
 }
 
 /// How often a held lock is renewed: every sixth of its TTL, at most every 5 s (the gem's

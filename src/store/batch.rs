@@ -105,6 +105,13 @@ impl Conn {
         }
     }
 
+    /// Records its FUNCTION library's loads in `key` (`<ns>:locket:functions`) and deletes
+    /// other builds' libraries not loaded for a day (fcall.rs); a connection not told so
+    /// does neither.
+    pub fn record_libraries_in(&self, key: String) {
+        self.mode.record_libraries_in(key);
+    }
+
     /// Whether its job-path calls go out as FCALL of the locketd library (after the first
     /// call; false where Redis has no FUNCTION).
     pub fn uses_functions(&self) -> bool {

@@ -8,25 +8,47 @@
 //! connection to EVALSHA for good, with one log line. A library gone later (a restarted Redis
 //! without persistence, `FUNCTION FLUSH`) is loaded again on the `Function not found` reply,
 //! as a script is on `NOSCRIPT`.
+//!
+//! Each build has its own library (`locketd_<hash>`), so they would pile up in Redis, one per
+//! build. A worker's connection (given its record key, `<ns>:locket:functions`:
+//! [`Mode::record_libraries_in`]) records its library's load time there (before the load),
+//! then deletes the other builds' libraries that no connection of its namespace has loaded for
+//! [`STALE_SECS`]; one without a record (an older build's, or one of another namespace only) is
+//! given one, so it is kept that long too. A library deleted while a daemon of its build still
+//! runs costs that daemon one load (the `Function not found` path above), never a call: a
+//! rolling upgrade is safe whatever its length.
 
 use super::scripts::scripts;
 use crate::conn::is_refusal;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use tracing::{info, warn};
+use std::sync::OnceLock;
+use tracing::{debug, info, warn};
+
+/// Another build's library not loaded for this long is deleted by the next load.
+pub(super) const STALE_SECS: i64 = 86_400;
 
 const UNKNOWN: u8 = 0;
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
-/// Whether this connection's Redis runs the library (shared by a connection's clones).
+/// Whether this connection's Redis runs the library (shared by a connection's clones), and
+/// where its loads are recorded.
 #[derive(Debug, Default)]
-pub(crate) struct Mode(AtomicU8);
+pub(crate) struct Mode(AtomicU8, OnceLock<String>);
 
 impl Mode {
     fn get(&self) -> u8 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// Records the library's loads in `key` (a HASH, `<ns>:locket:functions`: library name →
+    /// Unix seconds of its last load, Redis's clock) and deletes other builds' stale libraries
+    /// at each load. Without it (a connection of a test, a tool), neither.
+    pub(crate) fn record_libraries_in(&self, key: String) {
+        let _ = self.1.set(key);
     }
 
     /// Whether job-path calls go out as FCALL (false until the first call has loaded the
@@ -79,6 +101,19 @@ impl Mode {
     /// (the caller retries the call as any other).
     async fn load(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
         let lib = &scripts().library;
+        // Recorded before it is loaded: another build's clean-up never finds it loaded and
+        // unrecorded. Best effort: a Redis that refuses the write gets no clean-up.
+        let mut now = None;
+        if let Some(key) = self.1.get() {
+            if let Ok(secs) = redis_secs(conn).await {
+                let recorded = send(
+                    conn,
+                    redis::cmd("HSET").arg(key).arg(lib.name.as_str()).arg(secs),
+                )
+                .await;
+                now = recorded.ok().map(|_| (key, secs));
+            }
+        }
         let loaded = send(
             conn,
             redis::cmd("FUNCTION").arg("LOAD").arg(lib.source.as_str()),
@@ -104,8 +139,89 @@ impl Mode {
             }
         };
         self.0.store(mode, Ordering::Relaxed);
+        if let (FUNCTIONS, Some((key, now))) = (mode, now) {
+            if let Err(e) = clean_up(conn, key, &lib.name, now).await {
+                debug!(target: "locketd::store", error = %e, "other builds' FUNCTION libraries not cleaned up");
+            }
+        }
         Ok(())
     }
+}
+
+/// Redis's clock, in Unix seconds.
+async fn redis_secs(conn: &mut ConnectionManager) -> RedisResult<i64> {
+    let (secs, _micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs)
+}
+
+/// Deletes the other builds' libraries (`locketd_*`, not `ours`) whose last load is older
+/// than [`STALE_SECS`], and their records; records one that has none (now).
+async fn clean_up(
+    conn: &mut ConnectionManager,
+    records: &str,
+    ours: &str,
+    now: i64,
+) -> RedisResult<()> {
+    let listed = send(
+        conn,
+        redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg("locketd_*"),
+    )
+    .await?;
+    let names = library_names(&listed);
+    let seen: HashMap<String, i64> = redis::cmd("HGETALL").arg(records).query_async(conn).await?;
+    for name in names
+        .iter()
+        .filter(|n| *n != ours && n.starts_with("locketd_"))
+    {
+        match seen.get(name) {
+            None => {
+                send(conn, redis::cmd("HSETNX").arg(records).arg(name).arg(now)).await?;
+            }
+            Some(at) if now - at > STALE_SECS => {
+                send(conn, redis::cmd("FUNCTION").arg("DELETE").arg(name)).await?;
+                send(conn, redis::cmd("HDEL").arg(records).arg(name)).await?;
+                info!(target: "locketd::store", library = %name, last_loaded = at,
+                    "deleted another build's FUNCTION library, not loaded for a day");
+            }
+            Some(_) => {}
+        }
+    }
+    // The records of libraries gone (a FUNCTION FLUSH, a restart), once stale.
+    for (name, at) in &seen {
+        if name != ours && !names.contains(name) && now - at > STALE_SECS {
+            send(conn, redis::cmd("HDEL").arg(records).arg(name)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The `library_name` of each library in a `FUNCTION LIST` reply (RESP2 arrays of fields and
+/// values, or RESP3 maps).
+fn library_names(listed: &Value) -> Vec<String> {
+    let Value::Array(libs) = listed else {
+        return Vec::new();
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    libs.iter()
+        .filter_map(|lib| match lib {
+            Value::Array(fields) => fields
+                .chunks(2)
+                .find(|kv| text(&kv[0]).as_deref() == Some("library_name"))
+                .and_then(|kv| kv.get(1).and_then(text)),
+            Value::Map(pairs) => pairs
+                .iter()
+                .find(|(k, _)| text(k).as_deref() == Some("library_name"))
+                .and_then(|(_, v)| text(v)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// One command; a refusal in the reply becomes an error.

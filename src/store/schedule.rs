@@ -1,6 +1,6 @@
 //! resque-scheduler's keys (scheduler-protocol.md): the delayed queue's due timestamps, the
 //! delivery of one batch (`deliver.lua`), one tick of a recurring schedule (`fire.lua`), and
-//! the master lock (`SET NX EX`, `sched_lock.lua`).
+//! the master lock (`sched_lock.lua`).
 
 use super::scripts::scripts;
 use crate::resque::keys::Keys;
@@ -40,6 +40,12 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// Redis's clock (`TIME`), in Unix milliseconds: the one clock of the fleet's schedulers.
+pub async fn redis_time_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
 /// Due members of `delayed_queue_schedule` (score ≤ `now`), with their scores, `limit` from
 /// `offset` in score order: one command.
 pub async fn due_timestamps<C: ConnectionLike + Send>(
@@ -61,7 +67,12 @@ pub async fn due_timestamps<C: ConnectionLike + Send>(
         .await
 }
 
-/// Delivers one batch (at most 100 items from `offset`) of the bucket of `ts` (SC-4, SC-5).
+/// The bytes of items one DELIVER call reads at most (plus the one item that crosses it):
+/// a batch of 100 items of several MB each would hold Redis for seconds.
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// Delivers one batch (at most 100 items from `offset`, at most [`BATCH_BYTES`] of them plus
+/// one item) of the bucket of `ts` (SC-4, SC-5).
 pub async fn deliver_batch<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -78,6 +89,7 @@ pub async fn deliver_batch<C: ConnectionLike + Send>(
         .arg(ts)
         .arg(offset)
         .arg(batch.clamp(1, 100))
+        .arg(BATCH_BYTES)
         .invoke_async(conn)
         .await?;
     let mut out = Delivered {
@@ -94,8 +106,24 @@ pub async fn deliver_batch<C: ConnectionLike + Send>(
     Ok(out)
 }
 
+/// How many seconds a tick may be ahead of Redis's clock (SC-12): the scheduler reads the time
+/// from Redis, so a tick is at most a round trip ahead of it; a larger lead is a clock that
+/// jumped ahead.
+pub const TICK_AHEAD: i64 = 5;
+
+/// What FIRE did with a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    /// Enqueued (and recorded).
+    Yes,
+    /// Not later than the recorded tick: fired already.
+    Already,
+    /// Later than Redis's clock by more than [`TICK_AHEAD`]: neither enqueued nor recorded.
+    AheadOfRedis,
+}
+
 /// One tick of schedule `name` (SC-12): `payload` pushed to `queue` unless `tick` is not later
-/// than the recorded one. `tick` None: a manual run, not recorded. True when pushed.
+/// than the recorded one, or ahead of Redis's clock. `tick` None: a manual run, not recorded.
 #[allow(clippy::too_many_arguments)]
 pub async fn fire<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -105,7 +133,7 @@ pub async fn fire<C: ConnectionLike + Send>(
     queue: &str,
     payload: &str,
     ruby_now: &str,
-) -> RedisResult<bool> {
+) -> RedisResult<Fired> {
     let n: i64 = scripts()
         .fire
         .key(keys.schedule_last())
@@ -117,27 +145,33 @@ pub async fn fire<C: ConnectionLike + Send>(
         .arg(queue)
         .arg(payload)
         .arg(ruby_now)
+        .arg(TICK_AHEAD)
         .invoke_async(conn)
         .await?;
-    Ok(n == 1)
+    Ok(match n {
+        1 => Fired::Yes,
+        0 => Fired::Already,
+        _ => Fired::AheadOfRedis,
+    })
 }
 
-/// Takes the master lock if free (`SET NX EX`, SC-8). True when taken.
+/// Takes the master lock if free, or if it still holds `value` (SC-8, SC-9): `SET EX` in
+/// `sched_lock.lua`. True when taken.
 pub async fn lock_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     key: &str,
     value: &str,
     ttl_secs: u64,
 ) -> RedisResult<bool> {
-    let r: Option<String> = redis::cmd("SET")
-        .arg(key)
+    let n: i64 = scripts()
+        .sched_lock
+        .key(key)
+        .arg("acquire")
         .arg(value)
-        .arg("NX")
-        .arg("EX")
         .arg(ttl_secs.max(1))
-        .query_async(conn)
+        .invoke_async(conn)
         .await?;
-    Ok(r.is_some())
+    Ok(n == 1)
 }
 
 /// What a renewal found.

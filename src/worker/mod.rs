@@ -230,6 +230,7 @@ impl Worker {
         } else {
             Conn::direct(conn)
         };
+        conn.record_libraries_in(keys.locket("functions"));
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
             unreadable_warned: Default::default(),

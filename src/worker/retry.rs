@@ -21,7 +21,7 @@ pub(super) enum GaveUp {
 }
 
 /// Retries a Redis step with capped backoff (E-3) until it succeeds, the control asks to stop,
-/// or ten minutes pass. A refusal ([`crate::conn::is_refusal`]: a key of another type, a full Redis, a
+/// or ten minutes pass. A refusal ([`crate::conn::is_refusal`]: a key of another type, a
 /// Lua error) is logged once and ends it at once: the same call is never resent in a loop.
 pub(super) async fn retry<T, F, Fut>(
     conn: &mut Conn,

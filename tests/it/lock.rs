@@ -1060,6 +1060,78 @@ async fn the_job_path_calls_the_function_library_or_falls_back_to_scripts() {
     }
 }
 
+// Issue 23: FUNCTION libraries `locketd_<hash>`, one per build, do not pile up in Redis: a
+// worker's connection that loads its own deletes the other builds' libraries that no
+// connection has loaded for 24 hours (`<ns>:locket:functions` records each library's last
+// load; a library without a record is given one, so an older build's library is kept for 24
+// hours during a rolling upgrade). A library of another build still in use is left alone;
+// another tool's library too.
+#[tokio::test]
+async fn stale_function_libraries_of_other_builds_are_deleted_on_load() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    if redis_major(c).await < 7 {
+        eprintln!("note: Redis < 7 has no FUNCTION");
+        return;
+    }
+    let lib = |name: &str| {
+        format!("#!lua name={name}\nredis.register_function('{name}_f', function() return 1 end)")
+    };
+    let now: i64 = {
+        let (s, _us): (i64, i64) = rcmd!(c, "TIME");
+        s
+    };
+    for name in [
+        "locketd_00000000000000aa",
+        "locketd_00000000000000bb",
+        "locketd_00000000000000cc",
+        "otherapp",
+    ] {
+        let _: String = rcmd!(c, "FUNCTION", "LOAD", lib(name));
+    }
+    // aa: last loaded two days ago; bb: an hour ago (a build still running); cc: no record.
+    let _: i64 = rcmd!(
+        c,
+        "HSET",
+        k.locket("functions"),
+        "locketd_00000000000000aa",
+        now - 2 * 86_400,
+        "locketd_00000000000000bb",
+        now - 3600
+    );
+    let manager = server
+        .client()
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let mut conn = locketd::store::batch::Conn::direct(manager);
+    conn.record_libraries_in(k.locket("functions"));
+    let slot = Slot::new("p:1:0", "testhost:1:q");
+    mark_alive(c, &slot.slot_key).await;
+    let r = store::reserve(&mut conn, &slot.r(), &random_hex(8), &["q".into()], false)
+        .await
+        .expect("RESERVE");
+    assert!(matches!(r, Reserved::Nothing { .. }), "{r:?}");
+    assert!(conn.uses_functions());
+    let libs: redis::Value = rcmd!(c, "FUNCTION", "LIST");
+    let libs = format!("{libs:?}");
+    assert!(!libs.contains("locketd_00000000000000aa"), "{libs}");
+    for kept in [
+        "locketd_00000000000000bb",
+        "locketd_00000000000000cc",
+        "otherapp",
+    ] {
+        assert!(libs.contains(kept), "{kept}: {libs}");
+    }
+    let ours = locketd::store::scripts::scripts().library.name.clone();
+    assert!(libs.contains(&ours), "{libs}");
+    let seen: std::collections::HashMap<String, i64> = rcmd!(c, "HGETALL", k.locket("functions"));
+    assert!(!seen.contains_key("locketd_00000000000000aa"), "{seen:?}");
+    assert!(seen["locketd_00000000000000cc"] >= now, "{seen:?}");
+    assert!(seen[&ours] >= now, "{seen:?}");
+}
+
 // locking-semantics.md A-1 (resque-protocol.md pause rule)
 #[tokio::test]
 async fn reserve_returns_paused_while_pause_all_workers_is_set() {

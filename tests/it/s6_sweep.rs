@@ -3,7 +3,8 @@
 //! a hash), and separately Redis is full (`maxmemory` reached, `noeviction`); the step must
 //! then either have changed nothing (and answered an error) or have applied, and in both cases
 //! the job must be visible in exactly one place (a queue, an inflight record, `delayed`, or
-//! `<ns>:failed`). A new step is covered by adding a row.
+//! `<ns>:failed`). A new step is covered by adding a row. The scheduler's scripts (DELIVER,
+//! FIRE, the lock's) and PARK are rows too (issue 23 item 3).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -42,7 +43,26 @@ enum Step {
     RecoverRunning,
     /// RECOVER of a dead process's reserved job.
     RecoverReserved,
+    /// DELIVER of a due resque-scheduler item (SC-4, SC-5).
+    Deliver,
+    /// FIRE of a recurring schedule's tick (SC-12).
+    Fire,
+    /// The scheduler's lock taken (SC-8).
+    LockAcquire,
+    /// The scheduler's lock renewed (SC-8).
+    LockRenew,
+    /// The scheduler's lock released (SC-8).
+    LockRelease,
+    /// PARK of a slot whose FINISH was refused (E-3).
+    Park,
 }
+
+/// The due bucket of [`Step::Deliver`] and its item, in the gem's format (SC-1).
+const TS: &str = "100";
+const ITEM: &str = r#"{"class":"Sweep","args":["s6"],"queue":"q"}"#;
+/// The scheduler's lock key (SC-6), without the namespace's first `resque:`.
+const LOCK: &str = "resque:resque_scheduler_master_lock";
+const LOCK_VALUE: &str = "locketd-sweep:1";
 
 /// Each step with the keys, written by other tools too, that it pushes to.
 const STEPS: &[(Step, &[&str])] = &[
@@ -54,6 +74,24 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::Promote, &["queue:q", "queues"]),
     (Step::RecoverRunning, &["failed"]),
     (Step::RecoverReserved, &["queue:q", "queues"]),
+    (
+        Step::Deliver,
+        &[
+            "queue:q",
+            "queues",
+            "delayed_queue_schedule",
+            r#"timestamps:{"class":"Sweep","args":["s6"],"queue":"q"}"#,
+        ],
+    ),
+    (
+        Step::Fire,
+        &["queue:q", "queues", "delayed:last_enqueued_at"],
+    ),
+    (Step::LockAcquire, &[LOCK]),
+    (Step::LockRenew, &[LOCK]),
+    (Step::LockRelease, &[LOCK]),
+    // Its one key is the job's inflight record: `park_on_a_record_of_another_type_changes_nothing`.
+    (Step::Park, &[]),
 ];
 
 /// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or
@@ -102,6 +140,7 @@ const OWN_KEYS: &[(Step, &[&str])] = &[
         Step::RecoverReserved,
         &["locket:processes", "locket:slots:sweep:1:aaaaaaaa"],
     ),
+    (Step::Fire, &["locket:schedule:last"]),
 ];
 
 fn keys() -> Keys {
@@ -187,7 +226,29 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
         }
     };
     match step {
-        Step::Enqueue => Prepared::default(),
+        Step::Enqueue | Step::Fire | Step::LockAcquire => Prepared::default(),
+        Step::Deliver => {
+            cmd(c, &["RPUSH", &k.delayed_bucket(TS), ITEM]).await;
+            cmd(
+                c,
+                &["SADD", &k.delayed_index(ITEM), &format!("delayed:{TS}")],
+            )
+            .await;
+            cmd(c, &["ZADD", &k.delayed_schedule(), TS, TS]).await;
+            Prepared::default()
+        }
+        Step::LockRenew | Step::LockRelease => {
+            cmd(c, &["SET", &format!("{NS}:{LOCK}"), LOCK_VALUE, "EX", "60"]).await;
+            Prepared::default()
+        }
+        Step::Park => {
+            push(c).await;
+            let rid = reserve(c, k).await;
+            Prepared {
+                rid,
+                token: String::new(),
+            }
+        }
         Step::Promote => {
             let member = serde_json::json!({"rid": "r1", "queue": "q", "payload": PAYLOAD,
                 "reason": "lock", "resource": "L", "attempt": 1})
@@ -269,6 +330,36 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
             assert!(matches!(a, store::Acquired::Conflict { .. }), "{a:?}");
         }),
         Step::Promote => store::promote_delayed(c, k, 100, None).await.map(drop),
+        Step::Deliver => {
+            let d = store::schedule::deliver_batch(c, k, TS, 0, 100).await;
+            // An item kept back (its queue of another type) is left in place, untouched.
+            d.map(drop)
+        }
+        Step::Fire => store::schedule::fire(
+            c,
+            k,
+            "sweep",
+            Some(100),
+            "q",
+            PAYLOAD,
+            "2026-11-23 20:33:03 +0000",
+        )
+        .await
+        .map(drop),
+        Step::LockAcquire => {
+            store::schedule::lock_acquire(c, &format!("{NS}:{LOCK}"), LOCK_VALUE, 60)
+                .await
+                .map(drop)
+        }
+        Step::LockRenew => store::schedule::lock_renew(c, &format!("{NS}:{LOCK}"), LOCK_VALUE, 60)
+            .await
+            .map(drop),
+        Step::LockRelease => store::schedule::lock_release(c, &format!("{NS}:{LOCK}"), LOCK_VALUE)
+            .await
+            .map(drop),
+        Step::Park => store::park(c, &slot(k), &p.rid, "now", "WRONGTYPE")
+            .await
+            .map(drop),
         Step::RecoverRunning | Step::RecoverReserved => {
             let _: redis::Value = redis::cmd("DEL")
                 .arg(k.alive(PROCESS))
@@ -357,8 +448,9 @@ async fn check_with(step: Step, what: &str, atomic: bool, spoil: impl AsyncFnOnc
         );
     }
     let visible = places(c).await;
-    // Enqueue has no job before it runs; every other step keeps its one job visible.
-    let want = if matches!(step, Step::Enqueue) {
+    // Enqueue and Fire have no job before they run; every other step keeps its one job (or,
+    // the lock's steps, none) visible.
+    let want = if matches!(step, Step::Enqueue | Step::Fire) {
         usize::from(result.is_ok())
     } else {
         visible_before
@@ -436,5 +528,31 @@ async fn s6_every_step_on_a_full_redis_applies_or_changes_nothing() {
             cmd(c, &["CONFIG", "SET", "maxmemory", "1"]).await;
         })
         .await;
+    }
+}
+
+// S-6, E-3: PARK's one key is the job's inflight record: spoiled (another type), PARK raises
+// and has written nothing.
+#[tokio::test]
+async fn park_on_a_record_of_another_type_changes_nothing() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let p = prepare(c, &k, Step::Park).await;
+    let record = k.inflight(SLOT);
+    for spoil in [
+        &["SET", record.as_str(), "x"][..],
+        &["RPUSH", record.as_str(), "x"],
+    ] {
+        cmd(c, &["DEL", &record]).await;
+        cmd(c, spoil).await;
+        let before = snapshot(c).await;
+        let r = run(c, &k, Step::Park, &p).await;
+        assert!(r.is_err(), "{spoil:?}: {r:?}");
+        assert_eq!(
+            snapshot(c).await,
+            before,
+            "{spoil:?}: PARK wrote before raising"
+        );
     }
 }

@@ -11,14 +11,17 @@
 -- ARGV[2]  the ZSET member <ts>, as stored
 -- ARGV[3]  offset: items at the head of the bucket kept back by earlier batches of this pass
 -- ARGV[4]  batch size (at most 100)
+-- ARGV[5]  bytes: no item is read once the batch's items add up to this many (at least one
+--          item is read, so a batch reads at most this plus one item)
 --
 -- Returns {delivered, kept, left, i1, why1, i2, why2, ...}: items pushed, items now kept at
 -- the head (offset included), LLEN after (-1: the bucket is not a list), then each item this
 -- batch kept (its index in the bucket and why). A kept item (no usable queue, unreadable, a
 -- target key of another type) stays in place, untouched. Every check is made before the
 -- first write (S-6); raises a LOCKET_STORE error, having changed nothing, when `queues` is not
--- a set.
+-- a set or `delayed_queue_schedule` not a sorted set (its ZREM comes after the writes).
 
+must_be('deliver', KEYS[1], 'zset')
 must_be('deliver', KEYS[2], 'set')
 local prefix, bucket = ARGV[1], KEYS[3]
 local btype = redis.call('TYPE', bucket)['ok']
@@ -110,8 +113,17 @@ local function parse_item(item)
   return d['queue'], '{"class":' .. m['"class"'] .. ',"args":' .. args .. '}', nil
 end
 
-local offset = tonumber(ARGV[3])
-local items = redis.call('LRANGE', bucket, offset, offset + tonumber(ARGV[4]) - 1)
+-- The batch, read one item at a time until ARGV[4] items or ARGV[5] bytes: a bucket of items
+-- of several MB each must not hold Redis (and Lua's memory) for a whole batch of 100.
+local offset, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[5])
+local items, bytes = {}, 0
+for i = 0, tonumber(ARGV[4]) - 1 do
+  if bytes >= max_bytes then break end
+  local item = redis.call('LINDEX', bucket, offset + i)
+  if not item then break end
+  items[#items + 1] = item
+  bytes = bytes + #item
+end
 local member = 'delayed:' .. ARGV[2]
 -- First pass: every check, no write.
 local plan, kept, types = {}, {}, {}
