@@ -19,7 +19,8 @@
 -- ARGV[2]      token (32 hex chars, new for this attempt)
 -- ARGV[3]      lock_ttl in ms
 -- ARGV[4]      counter_ttl in ms
--- ARGV[5]      fallback for a lock conflict: "requeue", "delay", "discard", "fail" or "none"
+-- ARGV[5]      fallback for a lock conflict: "park", "requeue", "delay", "discard", "fail" or
+--              "none"
 -- ARGV[6]      Resque working-on JSON for KEYS[5]
 -- ARGV[7]      lockinfo JSON object (holder metadata; limit, times and source are added here)
 -- ARGV[8]      counter key prefix, "<ns>:locket:counter:" (the locket prefix is derived from it)
@@ -40,6 +41,8 @@
 --                wait           true when a policy is wait: a kept job is marked "waiting"
 --                last_wait      true on the last try of a wait (counts wait_timeout)
 --                attempts       true: HDEL attempts <digest> on start (A-8)
+--                max_parked     most entries of one parked list (PK-7), default 100000
+--                park_full      the fallback when it is full, default "requeue"
 -- ARGV[13]     the worker's clock in ms (acquired_at, started_at: shown, never a deadline)
 -- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
 -- ARGV[13+2i]  lock id i       for i = 1..n
@@ -52,7 +55,8 @@
 --        when a lock of a larger limit was taken, else the worker's clock + lock_ttl (a
 --        limit-1 lock's lease is its key's PX, and no server time is read).
 --   {"conflict", action, due_ms, attempt, kind_1, id_1, holders_1, limit_1, earliest_1, ...}
---        action: "requeued", "delayed", "discarded", "failed" or "none" (still reserved);
+--        action: "parked", "requeued", "delayed", "discarded", "failed" or "none" (still
+--        reserved);
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
 --        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
@@ -192,9 +196,20 @@ local function id_json_of(i, id)
   return j
 end
 
+-- The job's payload, read once when needed (a conflict, or a handoff to check).
+local payload_read = nil
+local function job_payload()
+  if payload_read == nil then payload_read = redis.call('HGET', inflight, 'payload') or false end
+  return payload_read
+end
+local payload_sha = nil
+
 -- Limit-1 locks: SET NX PX takes each (nothing else is read); if one is held, the ones just
--- taken are deleted again in this step, so nobody saw them (L-4).
+-- taken are deleted again in this step, so nobody saw them (L-4). A lock handed to this job's
+-- payload by a release (PK-3, lib.lua lock1_handoff) is taken over; if another lock is held,
+-- the handoff is put back.
 local taken = {}
+local handoffs = {}
 local fences = {}
 -- Lock conflicts are reported before dependency ones, in lock order.
 local nlock = 0
@@ -226,9 +241,26 @@ for i = 1, n do
         taken[#taken + 1] = lk
         fences[i] = fence
       else
-        if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
-        nlock = nlock + 1
-        table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
+        local hv = sget(lk)
+        local took = false
+        if hv and string.sub(hv, 23, 23) == '~' and job_payload() then
+          if payload_sha == nil then payload_sha = redis.sha1hex(job_payload()) end
+          if string.sub(hv, 24, 63) == payload_sha then
+            -- PK-3: the unit was handed to this payload; the parked flag goes on with it.
+            local nv = '{"blocked":' .. (lock1_parked(hv) and '2' or '0') .. string.sub(v, 13)
+            redis.call('SET', lk, nv, 'PX', int(ttl))
+            known[lk] = nv
+            taken[#taken + 1] = lk
+            handoffs[lk] = hv
+            fences[i] = fence
+            took = true
+          end
+        end
+        if not took then
+          if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
+          nlock = nlock + 1
+          table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
+        end
       end
     end
   end
@@ -236,6 +268,10 @@ end
 if #conflicts > 0 and #taken > 0 then
   redis.call('DEL', unpack(taken))
   for _, lk in ipairs(taken) do known[lk] = false end
+  for lk, hv in pairs(handoffs) do
+    redis.call('SET', lk, hv, 'PX', int(ttl))
+    known[lk] = hv
+  end
   for i, f in pairs(fences) do redis.call('HINCRBY', prefix .. 'fence', ARGV[13 + 2 * i], -1) end
 end
 
@@ -243,6 +279,20 @@ if #conflicts > 0 then
   local now = now_ms()
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
+  -- PK-1, PK-7: the job parks on the first resource that refused it, unless its list holds
+  -- another type (PK-6: the old path, requeue, instead) or is full (on_park_full).
+  local park_key, park_len, park_res = nil, 0, nil
+  if fallback == 'park' then
+    park_res = conflicts[1][1] .. ':' .. conflicts[1][2]
+    park_key = prefix .. 'parked:' .. park_res
+    park_len = redis.pcall('LLEN', park_key)
+    if type(park_len) ~= 'number' then
+      fallback = 'requeue'
+    elseif park_len >= tonumber(opt['max_parked'] or 100000) then
+      fallback = opt['park_full'] or 'requeue'
+      count(prefix, now, 'park_full', class)
+    end
+  end
   -- S-6: the keys this fallback may push to are checked before its first write.
   if fallback == 'requeue' then
     must_be('acquire', KEYS[2], 'list')
@@ -257,8 +307,7 @@ if #conflicts > 0 then
   local action, due, attempt = 'none', 0, 0
   count(prefix, now, 'conflict', class)
   if opt['last_wait'] then count(prefix, now, 'wait_timeout', class) end
-  local payload = redis.call('HGET', inflight, 'payload')
-  local resource = conflicts[1][1] .. ':' .. conflicts[1][2]
+  local payload = job_payload()
   local function fail(message)
     local rec = opt['failure'] or ''
     local a, b = string.find(rec, '"__LOCKET_CONFLICT__"', 1, true)
@@ -282,7 +331,21 @@ if #conflicts > 0 then
   else
     what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
   end
-  if fallback == 'requeue' then
+  if fallback == 'park' then
+    -- PK-1: the entry is pushed before the record goes; nothing touches the queue, its
+    -- counter or stat:*.
+    redis.call('RPUSH', park_key, cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
+      parked_at = now, class = class, attempt = 1, ttl = ttl, limit = tonumber(c1[4]) or 0}))
+    redis.call('DEL', inflight)
+    if park_len == 0 then
+      -- The janitor looks at the resource when its earliest holder's lease ends (PK-4).
+      redis.pcall('ZADD', prefix .. 'parked', 'NX', int(tonumber(c1[5]) or now), park_res)
+    end
+    if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
+    redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
+    count(prefix, now, 'parked', class)
+    action = 'parked'
+  elseif fallback == 'requeue' then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
     -- reserved and is returned or recovered, never lost.
     redis.call('RPUSH', KEYS[2], payload)
