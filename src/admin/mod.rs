@@ -404,6 +404,7 @@ impl Admin {
                 rows.push(vec![
                     l["lock_id"].as_str().unwrap_or("").to_string(),
                     h["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
+                    l["parked"].as_u64().unwrap_or(0).to_string(),
                     s("resque_worker"),
                     s("class"),
                     s("queue"),
@@ -422,7 +423,8 @@ impl Admin {
         } else {
             table(
                 &[
-                    "LOCK", "LIMIT", "WORKER", "CLASS", "QUEUE", "AGE", "LEFT", "FENCE", "TOKEN",
+                    "LOCK", "LIMIT", "PARKED", "WORKER", "CLASS", "QUEUE", "AGE", "LEFT", "FENCE",
+                    "TOKEN",
                 ],
                 &rows,
             );
