@@ -111,12 +111,14 @@ end
 
 -- A conflict on a lock whose key is a limit-1 holder's STRING (or, for a limit-1 lock, a
 -- larger lock's ZSET, which counts as full too): its holders, the limit asked for, and its
--- deadline from the key's PTTL.
+-- deadline from the key's PTTL. With the park policy the deadline is read only when the
+-- parked index needs it (the reply then says 0).
 local function lock1_conflict(lk, id, limit)
   local holders = 1
   if not sget(lk) then
     holders = tonumber(redis.pcall('ZCARD', lk)) or 1
   end
+  if ARGV[5] == 'park' then return {'lock', id, holders, limit, '0', lk} end
   local left = redis.call('PTTL', lk)
   return {'lock', id, holders, limit, int(now_ms() + math.max(left, 0))}
 end
@@ -202,12 +204,11 @@ local function job_payload()
   if payload_read == nil then payload_read = redis.call('HGET', inflight, 'payload') or false end
   return payload_read
 end
-local payload_sha = nil
 
--- Limit-1 locks: SET NX PX takes each (nothing else is read); if one is held, the ones just
--- taken are deleted again in this step, so nobody saw them (L-4). A lock handed to this job's
--- payload by a release (PK-3, lib.lua lock1_handoff) is taken over; if another lock is held,
--- the handoff is put back.
+-- Limit-1 locks: SET NX PX takes each free one (their values were read with the lease, in
+-- one MGET); if one is held, the ones just taken are deleted again in this step, so nobody saw
+-- them (L-4). A lock handed to this job's digest by a release (PK-3, lib.lua lock1_handoff)
+-- is taken over; if another lock is held, the handoff is put back.
 local taken = {}
 local handoffs = {}
 local fences = {}
@@ -236,16 +237,16 @@ for i = 1, n do
       local v = LOCK1_HEAD .. ARGV[2] .. '"' .. info_sep .. info_inner .. ',"acquired_at":' ..
         int(wnow) .. ',"limit":1,"lock_id":' .. id_json .. ',"lock_id_source":' ..
         source_json(i, id_json) .. fence_field .. '}'
-      if redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
+      local hv = sget(lk)
+      if not hv and redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
         known[lk] = v
         taken[#taken + 1] = lk
         fences[i] = fence
       else
-        local hv = sget(lk)
+        hv = hv or sget(lk)
         local took = false
-        if hv and string.sub(hv, 23, 23) == '~' and job_payload() then
-          if payload_sha == nil then payload_sha = redis.sha1hex(job_payload()) end
-          if string.sub(hv, 24, 63) == payload_sha then
+        if hv and string.sub(hv, 23, 23) == '~' then
+          if string.sub(hv, 24, 24 + #digest) == digest .. '"' then
             -- PK-3: the unit was handed to this payload; the parked flag goes on with it.
             local nv = '{"blocked":' .. (lock1_parked(hv) and '2' or '0') .. string.sub(v, 13)
             redis.call('SET', lk, nv, 'PX', int(ttl))
@@ -276,19 +277,27 @@ if #conflicts > 0 and #taken > 0 then
 end
 
 if #conflicts > 0 then
-  local now = now_ms()
+  -- The server's time, read only where a rule needs it (a delay's due time, the parked
+  -- index's score); the counts of the job path need none.
+  local now = nil
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
   -- PK-1, PK-7: the job parks on the first resource that refused it, unless its list holds
   -- another type (PK-6: the old path, requeue, instead) or is full (on_park_full).
+  -- The entry is pushed first: its RPUSH is the check of the list's type (a refused push
+  -- writes nothing) and its reply the list's length; a push past max_parked is taken back.
   local park_key, park_len, park_res = nil, 0, nil
   if fallback == 'park' then
-    park_res = conflicts[1][1] .. ':' .. conflicts[1][2]
+    local c1 = conflicts[1]
+    park_res = c1[1] .. ':' .. c1[2]
     park_key = prefix .. 'parked:' .. park_res
-    park_len = redis.pcall('LLEN', park_key)
+    park_len = redis.pcall('RPUSH', park_key, cjson.encode({rid = ARGV[1], queue = queue,
+      payload = job_payload(), parked_at = wnow, class = class, digest = digest, attempt = 1,
+      ttl = ttl, limit = tonumber(c1[4]) or 0}))
     if type(park_len) ~= 'number' then
       fallback = 'requeue'
-    elseif park_len >= tonumber(opt['max_parked'] or 100000) then
+    elseif park_len > tonumber(opt['max_parked'] or 100000) then
+      redis.call('RPOP', park_key)
       fallback = opt['park_full'] or 'requeue'
       count(prefix, now, 'park_full', class)
     end
@@ -332,14 +341,15 @@ if #conflicts > 0 then
     what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
   end
   if fallback == 'park' then
-    -- PK-1: the entry is pushed before the record goes; nothing touches the queue, its
-    -- counter or stat:*.
-    redis.call('RPUSH', park_key, cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
-      parked_at = now, class = class, attempt = 1, ttl = ttl, limit = tonumber(c1[4]) or 0}))
+    -- PK-1: the entry was pushed above, before the record goes; nothing touches the queue,
+    -- its counter or stat:*.
     redis.call('DEL', inflight)
-    if park_len == 0 then
+    if park_len == 1 then
       -- The janitor looks at the resource when its earliest holder's lease ends (PK-4).
-      redis.pcall('ZADD', prefix .. 'parked', 'NX', int(tonumber(c1[5]) or now), park_res)
+      local due = tonumber(c1[5]) or 0
+      if c1[6] then due = now_ms() + math.max(redis.call('PTTL', c1[6]), 0) end
+      if due <= 0 then due = now_ms() end
+      redis.pcall('ZADD', prefix .. 'parked', 'NX', int(due), park_res)
     end
     if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
     redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
@@ -380,6 +390,7 @@ if #conflicts > 0 then
       local base, cap = tonumber(d['base'] or 5000), tonumber(d['max'] or 300000)
       local wait = base * math.pow(2, math.min(attempt - 1, 40))
       if wait > cap then wait = cap end
+      now = now_ms()
       due = now + math.floor(wait * (1 + tonumber(d['r'] or 0)))
       local member = cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
         reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt})

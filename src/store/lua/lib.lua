@@ -461,11 +461,14 @@ local function finish_reads(K, A)
   end
   return out
 end
--- ACQUIRE: the lease and the queue's counter.
+-- ACQUIRE: the lease, the queue's counter and the job's limit-1 locks.
 local function acquire_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
   out[#out + 1] = K[4]
+  for i = 1, (#A - 14) / 2 do
+    if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
+  end
   return out
 end
 
@@ -637,8 +640,9 @@ end
 
 -- PK-2, PK-3 for a limit-1 lock whose unit is free (its holder left, or its lease lapsed):
 -- wakes the first job parked on it and hands the unit to it: the lock's value becomes a
--- handoff, `~` and the SHA1 of that job's payload in place of a token, for the job's lock_ttl.
--- Only an ACQUIRE of that payload takes it over (acquire.lua); every other job meets the lock
+-- handoff, `~` and that job's payload digest in place of a token, for the job's lock_ttl.
+-- Only an ACQUIRE of that digest (that job, or one with the same class and args) takes it
+-- over (acquire.lua); every other job meets the lock
 -- full and parks behind the others, so the jobs of one key run in parking order. The handoff
 -- keeps the parked flag while jobs stay parked, and passes it on to the job that takes it.
 -- Returns true when a job was woken (the key was written), false when none could be (the key
@@ -647,8 +651,9 @@ lock1_handoff = function(prefix, lk, id)
   local moved, left = parked_wake(prefix, 'lock:' .. id, 1)
   if #moved == 0 then return false end
   local d = moved[1]
-  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' ..
-    redis.sha1hex(d['payload']) .. '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
+  local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
+  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. who ..
+    '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
   redis.call('SET', lk, v, 'PX', int(tonumber(d['ttl']) or 35000))
   known[lk] = v
   return true
