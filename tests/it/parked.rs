@@ -235,13 +235,24 @@ fn pk4_parked_jobs_run_soon_after_the_lease_of_a_sigkilled_holder_lapses() {
     let mut holder = Daemon::start(&redis, &config, &[]);
     r.push("q", r#"{"class":"Hot","args":[1,"holder"]}"#);
     wait_until(LONG, "the holder runs", || started(&log).len() == 1);
-    let mut other = Daemon::start(&redis, &config, &[]);
+    let mut other = Daemon::builder(&redis)
+        .config(&format!("{config}\n"))
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .start();
     for i in 0..5 {
         r.push("q", &format!(r#"{{"class":"Hot","args":[1,"w{i}"]}}"#));
     }
     let parked = format!("{NS}:locket:parked:lock:user:1");
     wait_until(LONG, "five jobs parked", || r.llen(&parked) == 5);
     assert_eq!(r.llen(&format!("{NS}:queue:q")), 0);
+    // PK-8: /metrics shows them (the parks' count is written within a second).
+    let addr = crate::service::metrics_addr(&other);
+    wait_until(LONG, "the parks in /metrics", || {
+        let body = crate::service::scrape(&addr).unwrap_or_default();
+        body.contains("locketd_parked_jobs{queue=\"q\"} 5")
+            && body.contains("locketd_parks_total 5")
+    });
     let killed = Instant::now();
     holder.kill_master_and_workers();
     wait_until(LONG, "the parked jobs ran", || ended(&log) == 5);
