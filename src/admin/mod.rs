@@ -14,8 +14,10 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+mod parked;
 mod read;
 mod schedule;
+pub use parked::{ParkedArgs, UnparkArgs};
 pub use read::{
     now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
     Listing,
@@ -47,6 +49,9 @@ pub const EVENTS: &[&str] = &[
     "recovered_running",
     "returned",
     "finished_after_recovery",
+    "parked",
+    "woken",
+    "park_full",
 ];
 
 /// The operator subcommands, flattened into the binary's command enum.
@@ -67,6 +72,11 @@ pub enum AdminCommand {
     /// The [schedule.*] tables: next fire, last enqueue, the scheduler lock's holder;
     /// `schedule run NAME` enqueues one tick now.
     Schedule(ScheduleArgs),
+    /// List the jobs parked on locks and holds (PK-8), by lock or by queue.
+    Parked(ParkedArgs),
+    /// Move parked jobs back to the heads of their queues (PK-9), e.g. before stopping a
+    /// fleet for good.
+    Unpark(UnparkArgs),
 }
 
 /// `locketd schedule [run NAME]`.
@@ -252,6 +262,8 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Delayed(d) => a.delayed(d).await,
             AdminCommand::Stats(s) => a.stats(s).await,
             AdminCommand::Schedule(s) => a.schedule(s, config).await,
+            AdminCommand::Parked(p) => a.parked(p).await,
+            AdminCommand::Unpark(u) => a.unpark(u).await,
         }
     })
 }
@@ -392,6 +404,7 @@ impl Admin {
                 rows.push(vec![
                     l["lock_id"].as_str().unwrap_or("").to_string(),
                     h["limit"].as_u64().map_or("-".into(), |l| l.to_string()),
+                    l["parked"].as_u64().unwrap_or(0).to_string(),
                     s("resque_worker"),
                     s("class"),
                     s("queue"),
@@ -410,7 +423,8 @@ impl Admin {
         } else {
             table(
                 &[
-                    "LOCK", "LIMIT", "WORKER", "CLASS", "QUEUE", "AGE", "LEFT", "FENCE", "TOKEN",
+                    "LOCK", "LIMIT", "PARKED", "WORKER", "CLASS", "QUEUE", "AGE", "LEFT", "FENCE",
+                    "TOKEN",
                 ],
                 &rows,
             );

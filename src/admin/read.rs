@@ -170,6 +170,18 @@ pub async fn read_locks<C: ConnectionLike + Send>(
             .unwrap_or(i64::MAX)
     });
     out.rows.truncate(limit);
+    // PK-8: the jobs parked on each lock.
+    let resources: Vec<String> = out
+        .rows
+        .iter()
+        .map(|r| format!("lock:{}", r["lock_id"].as_str().unwrap_or("")))
+        .collect();
+    let parked = crate::store::parked_counts(conn, keys, &resources)
+        .await
+        .unwrap_or_default();
+    for (row, n) in out.rows.iter_mut().zip(parked) {
+        row["parked"] = json!(n);
+    }
     Ok(out)
 }
 

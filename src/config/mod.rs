@@ -345,8 +345,8 @@ pub struct Locket {
     /// Run even if Redis may evict keys (S-7).
     #[serde(default)]
     pub allow_evicting_redis: bool,
-    /// Policy for execution-lock conflicts (P-1..P-5).
-    #[serde(default)]
+    /// Policy for execution-lock conflicts (P-1..P-5, PK-1): `park` unless set.
+    #[serde(default = "policy_park")]
     pub on_conflict: Policy,
     /// Policy for `locked_by` conflicts (D-10).
     #[serde(default = "policy_delay")]
@@ -375,6 +375,17 @@ pub struct Locket {
     /// Lifetime of a dependency hold (§8).
     #[serde(default = "d24h")]
     pub hold_ttl: Secs,
+    // -- parked waits (parked-waits.md, issue 25) --
+    /// Most jobs parked on one lock or hold (PK-7).
+    #[serde(default = "d_max_parked")]
+    pub max_parked: u64,
+    /// What a conflict does when the resource's parked list is full: `requeue`, `delay`,
+    /// `discard` or `fail` (PK-7).
+    #[serde(default)]
+    pub on_park_full: Policy,
+    /// How often the janitor looks for parked jobs whose holder's lease lapsed (PK-4).
+    #[serde(default = "d1s")]
+    pub park_check_interval: Secs,
 }
 
 impl Default for Locket {
@@ -401,7 +412,7 @@ fn unreachable_defaults() -> Locket {
         max_recoveries: 3,
         shutdown_timeout: d25s(),
         allow_evicting_redis: false,
-        on_conflict: Policy::Requeue,
+        on_conflict: Policy::Park,
         on_dependency_conflict: Policy::Delay,
         wait_timeout: d5s(),
         wait_then: Policy::Requeue,
@@ -411,6 +422,9 @@ fn unreachable_defaults() -> Locket {
         max_delays: 0,
         fencing: false,
         hold_ttl: d24h(),
+        max_parked: d_max_parked(),
+        on_park_full: Policy::Requeue,
+        park_check_interval: d1s(),
     }
 }
 
@@ -489,6 +503,13 @@ pub struct ClassConfig {
     /// The `[handlers.<name>]` table that runs this class (instead of `command`/`builtin`).
     #[serde(default)]
     pub handler: Option<String>,
+    // -- parked waits (parked-waits.md, issue 25) --
+    /// Per-class override of `locket.max_parked`.
+    #[serde(default)]
+    pub max_parked: Option<u64>,
+    /// Per-class override of `locket.on_park_full`.
+    #[serde(default)]
+    pub on_park_full: Option<Policy>,
 }
 
 pub use crate::locks::Policy;
@@ -554,6 +575,16 @@ fn jitter() -> f64 {
 }
 fn policy_delay() -> Policy {
     Policy::Delay
+}
+// -- parked waits (issue 25) --
+fn policy_park() -> Policy {
+    Policy::Park
+}
+fn d_max_parked() -> u64 {
+    100_000
+}
+fn d1s() -> Secs {
+    Secs(Duration::from_secs(1))
 }
 
 impl Default for Config {

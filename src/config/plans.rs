@@ -108,6 +108,10 @@ pub struct ClassPlan {
     pub holds: Vec<HoldPlan>,
     /// Hold names waited for.
     pub locked_by: Vec<Template>,
+    /// Most jobs parked on one resource (PK-7).
+    pub max_parked: u64,
+    /// The policy when the parked list is full (PK-7).
+    pub on_park_full: Policy,
 }
 
 /// A class plan rendered for one payload.
@@ -297,7 +301,7 @@ fn compile_class(
     if wait_then == Policy::Wait {
         return Err(invalid(
             &format!("{setting}.wait_then"),
-            "must be requeue, delay, discard or fail",
+            "must be park, requeue, delay, discard or fail",
         ));
     }
     let delay = DelaySettings {
@@ -333,6 +337,17 @@ fn compile_class(
             release_on: h.release_on,
         });
     }
+    let on_park_full = c.on_park_full.unwrap_or(l.on_park_full);
+    if matches!(on_park_full, Policy::Park | Policy::Wait) {
+        return Err(invalid(
+            &format!("{setting}.on_park_full"),
+            "must be requeue, delay, discard or fail",
+        ));
+    }
+    let max_parked = c.max_parked.unwrap_or(l.max_parked);
+    if max_parked == 0 {
+        return Err(invalid(&format!("{setting}.max_parked"), "must be above 0"));
+    }
     let mut locked_by = Vec::new();
     for (i, t) in c.locked_by.iter().enumerate() {
         locked_by.push(template(&format!("{setting}.locked_by[{i}]"), t)?);
@@ -348,6 +363,8 @@ fn compile_class(
         hold_ttl,
         holds,
         locked_by,
+        max_parked,
+        on_park_full,
     })
 }
 
@@ -408,7 +425,7 @@ mod tests {
         assert_eq!(a.on_dependency_conflict, Policy::Delay);
         assert!(p.get("B").locks.is_empty());
         assert_eq!(p.get("Other").locks[0].0.source(), DEFAULT_TEMPLATE);
-        assert_eq!(p.get("Other").on_conflict, Policy::Requeue);
+        assert_eq!(p.get("Other").on_conflict, Policy::Park);
         assert_eq!(p.get("Other").wait_timeout, Duration::from_secs(5));
         let none = plans("[locket]\nlock_all = false").unwrap();
         assert!(none.get("Other").locks.is_empty());

@@ -25,6 +25,9 @@ pub enum Policy {
     /// Back to the tail of its queue, counted (P-1).
     #[default]
     Requeue,
+    /// Parked on the resource that refused it, woken by the step that frees a unit of it
+    /// (PK-1..PK-7): the default for execution locks.
+    Park,
     /// Dropped on purpose, logged and counted, not a failure (P-2).
     Discard,
     /// Keep the reservation and retry for up to `wait_timeout` (P-3).
@@ -40,6 +43,7 @@ impl Policy {
     pub fn script_word(self) -> &'static str {
         match self {
             Policy::Requeue => "requeue",
+            Policy::Park => "park",
             Policy::Discard => "discard",
             Policy::Wait => "none",
             Policy::Delay => "delay",
@@ -51,6 +55,7 @@ impl Policy {
     pub fn name(self) -> &'static str {
         match self {
             Policy::Requeue => "requeue",
+            Policy::Park => "park",
             Policy::Discard => "discard",
             Policy::Wait => "wait",
             Policy::Delay => "delay",

@@ -4,16 +4,17 @@
 //! queue, the locket counter of each queue, `workers` with each worker's `worker:<id>`,
 //! `:started` and heartbeat, `locket:processes` (which workers are locketd's) with each
 //! process's `slots:` and their inflight records' parked marks (E-3), `locket:locks`, the
-//! failure list(s) and the global stats.
+//! failure list(s), the global stats, and the jobs parked per queue (`locket:parked_queues`,
+//! PK-8).
 //!
 //! ```text
 //! $ locketd status
 //! redis redis://127.0.0.1:6379/0  namespace resque  at 2026-11-21T13:58:02Z
 //! processed 12  failed 2  failures listed 2  locks held 1
 //!
-//! QUEUE     LENGTH  COUNTER  STATE
-//! high           3        3  skipped (every job waits on a lock)
-//! low            0        -  ok
+//! QUEUE     LENGTH  PARKED  COUNTER  STATE
+//! high           3       0        3  skipped (every job waits on a lock)
+//! low            0      12        -  ok
 //! ```
 
 use crate::config::Config;
@@ -68,6 +69,9 @@ pub struct QueueStatus {
     pub skipped: bool,
     /// Whether the config's queue list matches it (false: known to Redis, not worked here).
     pub configured: bool,
+    /// Jobs of this queue parked on a lock or hold (PK-8): not in `LLEN`, nor in Resque's
+    /// queue sizes, and back at the head of the queue when woken.
+    pub parked_jobs: u64,
 }
 
 /// One registered worker.
@@ -166,11 +170,15 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     names.extend(rest.into_iter().map(|q| (q.clone(), false)));
     let queue_names: Vec<String> = names.iter().map(|(q, _)| q.clone()).collect();
     let lens = super::queue_lengths(conn, &k, &queue_names).await?;
+    let parked_jobs = crate::store::parked_per_queue(conn, &k)
+        .await
+        .unwrap_or_default();
     let queues = names
         .into_iter()
         .zip(lens)
         .map(|((name, configured), (length, counter))| QueueStatus {
             skipped: length > 0 && counter.is_some_and(|c| c >= length),
+            parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
             name,
             length,
             counter,
@@ -436,6 +444,7 @@ impl Status {
                     vec![
                         q.name.clone(),
                         q.length.to_string(),
+                        q.parked_jobs.to_string(),
                         q.counter.map(|c| c.to_string()).unwrap_or("-".into()),
                         if q.configured {
                             state.to_string()
@@ -445,7 +454,11 @@ impl Status {
                     ]
                 })
                 .collect();
-            table(&mut out, &["QUEUE", "LENGTH", "COUNTER", "STATE"], &rows);
+            table(
+                &mut out,
+                &["QUEUE", "LENGTH", "PARKED", "COUNTER", "STATE"],
+                &rows,
+            );
         }
         out.push('\n');
         if self.workers.is_empty() {

@@ -44,6 +44,20 @@ pub struct RedisGauges {
     pub workers_registered: u64,
     /// resque-scheduler's delayed queue (SC-3 readers' numbers).
     pub delayed: crate::scheduler::ops::DelayedCounts,
+    /// Parked waits (PK-8): jobs parked per queue, and the fleet's parks and wakes
+    /// (`stat:parked`, `stat:woken`).
+    pub parked: ParkedGauges,
+}
+
+/// Parked waits' numbers at scrape time (PK-8).
+#[derive(Debug, Clone, Default)]
+pub struct ParkedGauges {
+    /// Jobs parked per queue.
+    pub per_queue: std::collections::BTreeMap<String, u64>,
+    /// Parks so far (`stat:parked`).
+    pub parks: u64,
+    /// Wakes so far (`stat:woken`).
+    pub wakes: u64,
 }
 
 /// Reads the scrape-time gauges (bounded: a handful of commands plus two per queue).
@@ -95,7 +109,22 @@ async fn read_redis_inner(
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await
         .unwrap_or_default();
+    // Parked waits (PK-8): the per-queue counts the park and wake steps keep, and the totals.
+    let (parks, wakes): (Option<u64>, Option<u64>) = redis::pipe()
+        .get(k.stat("parked"))
+        .get(k.stat("woken"))
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let parked = ParkedGauges {
+        per_queue: crate::store::parked_per_queue(conn, &k)
+            .await
+            .unwrap_or_default(),
+        parks: parks.unwrap_or(0),
+        wakes: wakes.unwrap_or(0),
+    };
     Ok(RedisGauges {
+        parked,
         delayed,
         up: true,
         queues: names
@@ -407,6 +436,29 @@ impl Collector for Scrape {
                     .iter()
                     .map(|(q, _, c)| (l(&[("queue", q)]), as_i64(*c)))
                     .collect::<Vec<_>>(),
+            )?;
+            // Parked waits (PK-8).
+            gauge_family(
+                &mut enc,
+                "locketd_parked_jobs",
+                "Jobs of the queue parked on a lock or hold (not in LLEN nor in Resque's queue sizes).",
+                &r.parked
+                    .per_queue
+                    .iter()
+                    .map(|(q, n)| (l(&[("queue", q)]), as_i64(*n)))
+                    .collect::<Vec<_>>(),
+            )?;
+            counter_family(
+                &mut enc,
+                "locketd_parks",
+                "Jobs parked on a lock or hold, fleet-wide (stat:parked).",
+                &[(Vec::new(), r.parked.parks)],
+            )?;
+            counter_family(
+                &mut enc,
+                "locketd_wakes",
+                "Parked jobs moved back to their queues, fleet-wide (stat:woken).",
+                &[(Vec::new(), r.parked.wakes)],
             )?;
             let d = &r.delayed;
             gauge_family(

@@ -98,6 +98,10 @@ pub struct AcquireOptions<'a> {
     pub backend: FailureBackend,
     /// Last try of a wait: a conflict counts `wait_timeout`.
     pub last_wait: bool,
+    /// Most jobs parked on one resource (PK-7).
+    pub max_parked: u64,
+    /// The policy when the resource's parked list is full (PK-7).
+    pub on_park_full: Policy,
 }
 
 impl Default for AcquireOptions<'_> {
@@ -115,9 +119,14 @@ impl Default for AcquireOptions<'_> {
             failure_record: None,
             backend: FailureBackend::Redis,
             last_wait: false,
+            max_parked: DEFAULT_MAX_PARKED,
+            on_park_full: Policy::Requeue,
         }
     }
 }
+
+/// `max_parked`'s default, which acquire.lua assumes when it is not sent.
+const DEFAULT_MAX_PARKED: u64 = 100_000;
 
 /// Kind of a conflicting resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +167,8 @@ pub struct Conflict {
 pub enum Settled {
     /// Still reserved (`wait`).
     None,
+    /// Parked on the first resource that refused it, woken when it frees a unit (PK-1).
+    Parked,
     /// Tail of its queue, counter bumped (P-1).
     Requeued,
     /// In `delayed` until `due_ms` (P-4).
@@ -307,6 +318,12 @@ fn extras(slot: &SlotRef<'_>, req: &AcquireRequest<'_>, o: &AcquireOptions<'_>) 
     if o.last_wait {
         m.insert("last_wait".into(), true.into());
     }
+    if o.max_parked != DEFAULT_MAX_PARKED {
+        m.insert("max_parked".into(), o.max_parked.into());
+    }
+    if o.on_park_full != Policy::Requeue {
+        m.insert("park_full".into(), o.on_park_full.script_word().into());
+    }
     if o.on_lock_conflict == Policy::Wait || o.on_dep_conflict == Policy::Wait {
         m.insert("wait".into(), true.into());
     }
@@ -329,6 +346,7 @@ fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
             let (due_ms, attempt) = (int(&reply[2]), int(&reply[3]));
             let action = match text(&reply[1]).as_str() {
                 "requeued" => Settled::Requeued,
+                "parked" => Settled::Parked,
                 "delayed" => Settled::Delayed { due_ms, attempt },
                 "discarded" => Settled::Discarded,
                 "failed" => Settled::Failed { attempt },

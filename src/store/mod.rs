@@ -8,6 +8,7 @@ mod acquire;
 pub mod batch;
 mod fcall;
 mod finish;
+mod parked;
 pub mod registry;
 mod reserve;
 pub mod schedule;
@@ -18,6 +19,7 @@ mod upkeep;
 // The typed API, one module per group of steps; callers name it `store::<fn>`.
 pub use acquire::*;
 pub use finish::*;
+pub use parked::*;
 pub use reserve::*;
 pub use upkeep::*;
 

@@ -186,6 +186,10 @@ pub struct Scripts {
     pub admin: Script,
     /// Mark an inflight record whose FINISH Redis refused (E-3).
     pub park: Script,
+    /// Wake the jobs parked on resources whose holders lapsed (PK-4, PK-7).
+    pub wake_due: Script,
+    /// Move parked jobs back to their queues (PK-9).
+    pub unpark: Script,
     /// The job-path scripts that write their O-3 counts themselves.
     pub direct: JobScripts,
     /// The same, handing their O-3 counts back with the reply: what a worker's connection
@@ -246,6 +250,8 @@ pub fn scripts() -> &'static Scripts {
         enqueue: Script::new(ENQUEUE_SOURCE),
         admin: Script::new(script!("admin.lua")),
         park: Script::new(script!("park.lua")),
+        wake_due: Script::new(script!("wake_due.lua")),
+        unpark: Script::new(script!("unpark.lua")),
         direct: JobScripts::new(false),
         tallied: JobScripts::new(true),
         library: JobLibrary::new(),
@@ -256,7 +262,7 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 22] {
+pub fn sources() -> [(&'static str, &'static str); 24] {
     [
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
@@ -275,6 +281,8 @@ pub fn sources() -> [(&'static str, &'static str); 22] {
         ("enqueue.lua", script!("enqueue.lua")),
         ("admin.lua", script!("admin.lua")),
         ("park.lua", script!("park.lua")),
+        ("wake_due.lua", script!("wake_due.lua")),
+        ("unpark.lua", script!("unpark.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
         ("deliver.lua", script!("deliver.lua")),

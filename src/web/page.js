@@ -38,7 +38,7 @@
         var state = q.skipped ? "skipped (every job waits on a lock)" : q.length === 0 ? "empty"
           : q.counter > 0 ? "draining (" + q.counter + " of " + q.length + " wait on a lock)" : "ok";
         if (q.configured === false) state += "; not worked here";
-        return [q.name, s(q.length), q.counter === null ? "-" : s(q.counter), state,
+        return [q.name, s(q.length), s(q.parked_jobs || 0), q.counter === null ? "-" : s(q.counter), state,
                 s(q.head_class), secs(q.oldest_age_secs),
                 actions && q.counter !== null ? button("reset counter", "/api/counters/reset", {queue: q.name}) : ""];
       });

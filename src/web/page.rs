@@ -39,6 +39,7 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
             &[
                 "queue",
                 "length",
+                "parked",
                 "lock counter",
                 "state",
                 "head job",
@@ -148,6 +149,7 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                 vec![
                     t(&q["name"]),
                     t(&q["length"]),
+                    html(&q["parked_jobs"].as_u64().unwrap_or(0).to_string()),
                     if q["counter"].is_null() {
                         "-".into()
                     } else {

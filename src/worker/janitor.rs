@@ -27,6 +27,8 @@ pub struct JanitorReport {
     pub holds_expired: u64,
     /// Per recovered slot: (slot key, result of the recover script).
     pub recovered: Vec<(String, String)>,
+    /// Parked jobs woken because their resource had a free unit (PK-4).
+    pub woken: u64,
 }
 
 const RELEASE_MUTEX: &str = r"
@@ -75,6 +77,7 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         &mut first_error,
         store::unblock_lapsed(conn, keys, 10).await,
     );
+    report.woken = keep_first(&mut first_error, wake_parked(conn, keys, config).await).unwrap_or(0);
     keep_first(
         &mut first_error,
         recover_dead(conn, keys, config, &mut report).await,
@@ -274,7 +277,24 @@ async fn recover_slot<C: ConnectionLike + Send>(
     Ok(result)
 }
 
-/// Runs janitor passes every `janitor_interval` until `stop`.
+/// PK-4: wakes the jobs parked on resources whose holder lapsed (the `parked` index, at most
+/// 100 resources a call), and reports at error each resource whose jobs cannot move (PK-6:
+/// the script makes such a resource due again a minute later, so once a minute).
+pub(super) async fn wake_parked<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    config: &Config,
+) -> RedisResult<u64> {
+    let every = config.locket.park_check_interval.get();
+    let r = store::wake_due(conn, keys, 100, every).await?;
+    for res in &r.stuck {
+        tracing::error!(resource = %res, "parked jobs cannot go back to their queue: a key holds another type (its parked list, its lock or the queue); they stay parked until it is mended");
+    }
+    Ok(r.woken)
+}
+
+/// Runs janitor passes every `janitor_interval` until `stop`, and the parked jobs' check
+/// (PK-4) every `park_check_interval` between them.
 pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
     conn: C,
     keys: Keys,
@@ -283,13 +303,24 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
 ) {
     let token = crate::store::random_hex(16);
     let every = config.locket.janitor_interval.get();
+    let park_every = config.locket.park_check_interval.get().min(every);
     // One warning per outage, not one per pass.
     let mut failing = false;
+    let mut next_pass = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(park_every) => {}
             _ = stop.cancelled() => return,
         }
+        if tokio::time::Instant::now() < next_pass {
+            // PK-4 between passes: one script call, idempotent, so no mutex (two processes
+            // that run it at once find the second's resources rescheduled by the first).
+            if let Err(e) = wake_parked(&mut conn.clone(), &keys, &config).await {
+                debug!(error = %e, "parked check failed");
+            }
+            continue;
+        }
+        next_pass = tokio::time::Instant::now() + every;
         let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
         match &pass {
             Ok(r)
@@ -297,12 +328,14 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
                     && (r.expired > 0
                         || r.promoted > 0
                         || r.holds_expired > 0
+                        || r.woken > 0
                         || !r.recovered.is_empty()) =>
             {
                 debug!(
                     expired = r.expired,
                     promoted = r.promoted,
                     holds_expired = r.holds_expired,
+                    woken = r.woken,
                     recovered = r.recovered.len(),
                     "janitor pass"
                 );

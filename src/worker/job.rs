@@ -188,6 +188,10 @@ impl Worker {
         if waits {
             policies.push(plan.wait_then);
         }
+        // PK-7: a full parked list settles the job by on_park_full.
+        if policies.contains(&Policy::Park) {
+            policies.push(plan.on_park_full);
+        }
         let delay_possible = policies.contains(&Policy::Delay);
         let failure_record =
             if policies.contains(&Policy::Fail) || (delay_possible && plan.delay.max_delays > 0) {
@@ -232,6 +236,8 @@ impl Worker {
             failure_record: setup.failure_record.as_deref(),
             backend: self.config.failure_backend,
             last_wait: false,
+            max_parked: plan.max_parked,
+            on_park_full: plan.on_park_full,
         }
     }
 
@@ -593,6 +599,7 @@ impl Worker {
             Settled::None if counted_wait => None,
             Settled::None => Some("wait"),
             Settled::Requeued => Some("requeue"),
+            Settled::Parked => Some("park"),
             Settled::Discarded => Some("discard"),
             Settled::Delayed { .. } => Some("delay"),
             Settled::Failed { .. } => Some("fail"),
@@ -601,6 +608,9 @@ impl Worker {
             self.metrics.lock_conflict(action);
         }
         match action {
+            Settled::Parked => {
+                debug!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, "lock conflict: job parked")
+            }
             Settled::Requeued | Settled::None => {
                 debug!(target: LOG_TARGET, queue = %queue, class = %class, lock_id = %lock_id, digest = %digest, resources = ?resources, action = ?action, "lock conflict: job requeued")
             }

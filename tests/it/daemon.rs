@@ -498,7 +498,11 @@ echo "hold-end $tag" >> {runs}
             runs.display()
         ),
     );
-    let classes = |c: Cfg| c.class("Hold", &hold, "").class("Quick", &quick, "");
+    // The skip rule is the requeue policy's: set it, as park is the default.
+    let classes = |c: Cfg| {
+        c.class("Hold", &hold, "on_conflict = \"requeue\"")
+            .class("Quick", &quick, "")
+    };
 
     // Process A takes the holder job and keeps its lock until released.
     let mut a = Daemon::start(&redis, &classes(cfg("high")).render(), &[]);

@@ -18,6 +18,7 @@ mod lock;
 mod logs;
 mod node_interop;
 mod ops;
+mod parked;
 mod persistent;
 mod pickup;
 mod policies;

@@ -55,6 +55,17 @@ enum Step {
     LockRelease,
     /// PARK of a slot whose FINISH was refused (E-3).
     Park,
+    // -- parked waits (issue 25): every step that parks or wakes --
+    /// ACQUIRE whose lock is held elsewhere, park fallback (PK-1).
+    AcquirePark,
+    /// FINISH (a failure) of the holder of a lock another job is parked on: the wake (PK-2).
+    FinishWake,
+    /// The janitor's wake of a job parked on a lock whose holder lapsed (PK-4).
+    WakeDue,
+    /// `locketd unpark` of a parked job (PK-9).
+    Unpark,
+    /// The janitor's purge of an expired hold, which wakes the job parked on it (PK-2).
+    PurgeHoldWake,
 }
 
 /// The due bucket of [`Step::Deliver`] and its item, in the gem's format (SC-1).
@@ -92,6 +103,10 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::LockRelease, &[LOCK]),
     // Its one key is the job's inflight record: `park_on_a_record_of_another_type_changes_nothing`.
     (Step::Park, &[]),
+    (Step::FinishWake, &["queue:q2", "queues", "failed"]),
+    (Step::WakeDue, &["queue:q2", "queues"]),
+    (Step::Unpark, &["queue:q2", "queues"]),
+    (Step::PurgeHoldWake, &["queue:q2", "queues"]),
 ];
 
 /// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or
@@ -141,7 +156,61 @@ const OWN_KEYS: &[(Step, &[&str])] = &[
         &["locket:processes", "locket:slots:sweep:1:aaaaaaaa"],
     ),
     (Step::Fire, &["locket:schedule:last"]),
+    (
+        Step::AcquirePark,
+        &[
+            "locket:lock:L",
+            "locket:parked:lock:L",
+            "locket:parked",
+            "locket:parked_queues",
+        ],
+    ),
+    (
+        Step::FinishWake,
+        &["locket:lock:L", "locket:parked", "locket:parked_queues"],
+    ),
+    (
+        Step::WakeDue,
+        &["locket:lock:L", "locket:parked", "locket:parked_queues"],
+    ),
+    (Step::Unpark, &["locket:parked", "locket:parked_queues"]),
+    (
+        Step::PurgeHoldWake,
+        &[
+            "locket:dep:h",
+            "locket:deps",
+            "locket:parked",
+            "locket:parked_queues",
+        ],
+    ),
 ];
+
+// (A step that wakes a job finds it in its parked list, so that list is spoiled only where
+// the job parks: spoiling it by hand where a job is parked would be deleting the job by hand.)
+
+/// A second job, parked on lock L by a job of queue q2 (parked-waits.md: the entry's shape).
+const PARKED_PAYLOAD: &str = r#"{"class":"Sweep","args":["parked"]}"#;
+
+async fn park_second_job(c: &mut Conn, k: &Keys) {
+    let entry = serde_json::json!({"rid": "rb", "queue": "q2", "payload": PARKED_PAYLOAD,
+        "parked_at": 1, "class": "Sweep", "attempt": 1, "ttl": 30000, "limit": 1})
+    .to_string();
+    cmd(c, &["RPUSH", &k.locket("parked:lock:L"), &entry]).await;
+    cmd(c, &["ZADD", &k.locket("parked"), "0", "lock:L"]).await;
+    cmd(c, &["HSET", &k.locket("parked_queues"), "q2", "1"]).await;
+}
+
+/// Sets the parked bit of lock L's limit-1 holder (lib.lua), as a park on it does.
+async fn mark_parked(c: &mut Conn, k: &Keys) {
+    let v: Option<String> = redis::cmd("GET")
+        .arg(k.lock("L"))
+        .query_async(c)
+        .await
+        .unwrap();
+    let v = v.expect("lock L held");
+    let marked = format!("{}2{}", &v[..11], &v[12..]);
+    cmd(c, &["SET", &k.lock("L"), &marked, "KEEPTTL"]).await;
+}
 
 fn keys() -> Keys {
     Keys::new(NS)
@@ -282,6 +351,43 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
                 token: random_hex(16),
             }
         }
+        Step::AcquirePark => {
+            // Another limit-1 holder has lock L (lib.lua's value).
+            let v = r#"{"blocked":0,"token":"other","queue":"q"}"#;
+            cmd(c, &["SET", &k.lock("L"), v, "PX", "600000"]).await;
+            push(c).await;
+            let rid = reserve(c, k).await;
+            Prepared {
+                rid,
+                token: random_hex(16),
+            }
+        }
+        Step::FinishWake => {
+            push(c).await;
+            let rid = reserve(c, k).await;
+            let token = random_hex(16);
+            let a = acquire(c, k, &rid, &token, false).await.expect("ACQUIRE");
+            assert!(matches!(a, store::Acquired::Started { .. }), "{a:?}");
+            park_second_job(c, k).await;
+            mark_parked(c, k).await;
+            Prepared { rid, token }
+        }
+        Step::WakeDue | Step::Unpark => {
+            park_second_job(c, k).await;
+            Prepared::default()
+        }
+        Step::PurgeHoldWake => {
+            // Hold h lapsed (deadline 1 ms after the epoch); a job is parked on it.
+            cmd(c, &["HSET", &k.dep("h"), "d", "1:1"]).await;
+            cmd(c, &["ZADD", &k.deps(), "1", "h"]).await;
+            let entry = serde_json::json!({"rid": "rb", "queue": "q2",
+                "payload": PARKED_PAYLOAD, "parked_at": 1, "class": "Sweep", "attempt": 1,
+                "ttl": 30000, "limit": 0})
+            .to_string();
+            cmd(c, &["RPUSH", &k.locket("parked:dep:h"), &entry]).await;
+            cmd(c, &["ZADD", &k.locket("parked"), "0", "dep:h"]).await;
+            Prepared::default()
+        }
     }
 }
 
@@ -358,6 +464,47 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
             .await
             .map(drop),
         Step::Park => store::park(c, &slot(k), &p.rid, "now", "WRONGTYPE")
+            .await
+            .map(drop),
+        Step::AcquirePark => {
+            let locks = [LockSpec {
+                id: "L".into(),
+                limit: 1,
+            }];
+            let working = working_on(PAYLOAD, "q", SystemTime::now());
+            let req = AcquireRequest {
+                rid: &p.rid,
+                token: &p.token,
+                queue: "q",
+                class: "Sweep",
+                digest: "d",
+                locks: &locks,
+                lock_ttl: Duration::from_secs(30),
+                counter_ttl: Duration::from_secs(10),
+                requeue_on_conflict: false,
+                working_on: &working,
+                lockinfo: "{}",
+                resent: false,
+            };
+            let o = store::AcquireOptions {
+                on_lock_conflict: locketd::locks::Policy::Park,
+                ..store::AcquireOptions::default()
+            };
+            store::acquire_with(c, &slot(k), &req, Some(&o))
+                .await
+                .map(|a| {
+                    assert!(matches!(a, store::AcquireOutcome::Conflict { .. }), "{a:?}");
+                })
+        }
+        Step::FinishWake => {
+            let record = format!("{{\"exception\":\"E\",\"payload\":{PAYLOAD}}}");
+            finish(Finish::Failure(record)).await
+        }
+        Step::WakeDue => store::wake_due(c, k, 100, Duration::from_secs(1))
+            .await
+            .map(drop),
+        Step::PurgeHoldWake => store::purge_holds(c, k, 100).await.map(drop),
+        Step::Unpark => store::unpark(c, k, &["lock:L".to_string()], None)
             .await
             .map(drop),
         Step::RecoverRunning | Step::RecoverReserved => {

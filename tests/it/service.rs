@@ -523,7 +523,10 @@ fn metrics_count_lock_conflicts_and_queue_skips() {
     let holder_b = Daemon::builder(&redis);
     // The holder keeps its lock until `holder.kill()` at the end, however slow the machine.
     let slow = write_script(holder_b.dir(), "slow.sh", "sleep 60\n");
-    let config = cfg("q").class("Sync", &slow, "").render();
+    // The counter and the skip rule are the requeue policy's (park is the default).
+    let config = cfg("q")
+        .class("Sync", &slow, "on_conflict = \"requeue\"")
+        .render();
     let mut holder = holder_b.config(&config).start();
     r.push("q", r#"{"class":"Sync","args":[1]}"#);
     wait_until(SHORT, "the first job holds its lock", || {
@@ -537,7 +540,7 @@ fn metrics_count_lock_conflicts_and_queue_skips() {
                 .top("metrics = \"127.0.0.1:0\"")
                 // Workers report once a second: the counter must outlive the report.
                 .locket("counter_ttl", "\"10s\"")
-                .class("Sync", &slow, "")
+                .class("Sync", &slow, "on_conflict = \"requeue\"")
                 .render(),
         )
         .start();

@@ -764,8 +764,8 @@ fn a_waiting_job_returns_to_the_head_on_shutdown_and_on_a_crash() {
     holder.kill();
 }
 
-/// NEVER-2, NEVER-3, P-1..P-4, R-4: jobs of four classes sharing one lock key with different
-/// policies (requeue, discard, delay, wait then delay), three daemons, one SIGKILLed mid-run and
+/// NEVER-2, NEVER-3, P-1..P-4, PK-6, R-4: jobs of five classes sharing one lock key with
+/// different policies (park, requeue, discard, delay, wait then delay), three daemons, one SIGKILLed mid-run and
 /// replaced. At quiescence every job ran exactly once, was discarded (counted), or was failed
 /// once; nothing is left queued, delayed or in flight.
 #[test]
@@ -786,7 +786,8 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
         .top("log_level = \"debug\"")
         .locket("delay_base", "\"50ms\"")
         .locket("delay_max", "\"200ms\"")
-        .class("Req", &h, "lock = \"k:{args[0]}\"")
+        .class("Req", &h, "lock = \"k:{args[0]}\"\non_conflict = \"requeue\"")
+        .class("Par", &h, "lock = \"k:{args[0]}\"")
         .class("Dis", &h, "lock = \"k:{args[0]}\"\non_conflict = \"discard\"")
         .class("Del", &h, "lock = \"k:{args[0]}\"\non_conflict = \"delay\"")
         .class(
@@ -796,10 +797,10 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
         )
         .render();
     let mut ds = start_daemons(&redis, &mut r, &config, 3);
-    let classes = ["Req", "Dis", "Del", "Wai"];
-    let total = 48;
+    let classes = ["Req", "Par", "Dis", "Del", "Wai"];
+    let total = 50;
     for i in 0..total {
-        let class = classes[i % 4];
+        let class = classes[i % 5];
         r.push(
             "q",
             &format!(r#"{{"class":"{class}","args":[{},{i}]}}"#, i % 2),
@@ -844,6 +845,7 @@ fn never2_mixed_policies_and_a_sigkill_lose_and_duplicate_nothing() {
     let logged = |ds: &[Daemon], needle: &str| ds.iter().any(|d| d.log().contains(needle));
     for (ev, needle) in [
         ("requeued", "action=Requeued"),
+        ("parked", "lock conflict: job parked"),
         ("discarded", "lock conflict: job discarded"),
         ("delayed", "lock conflict: job delayed"),
         ("promoted", ""),

@@ -908,10 +908,10 @@ fn a_starting_worker_leaves_a_running_multi_slot_process_registered() {
 
 /// The multi-slot mode batches the job-path scripts of a process's slots (src/store/batch.rs):
 /// two processes of eight slots on 900 jobs over 12 keys, so batches mix starts, conflicts
-/// (requeues) and finishes. Every job runs exactly once, no two jobs of a key overlap
+/// (parks and wakes) and finishes. Every job runs exactly once, no two jobs of a key overlap
 /// (NEVER-1), and the counts each script summed and wrote once per batch add up: Resque's
 /// processed total and per-slot totals, and the locket O-3 totals (`started`, `acquired`,
-/// `released`; every reservation either started or was requeued).
+/// `released`; every reservation either started or was parked, and every park woken).
 #[test]
 fn batched_slots_run_each_job_once_and_keep_every_count() {
     let redis = RedisServer::start();
@@ -952,9 +952,12 @@ fn batched_slots_run_each_job_once_and_keep_every_count() {
     assert_eq!(stat(&mut r, "started"), i64::from(n));
     assert_eq!(stat(&mut r, "acquired"), i64::from(n));
     assert_eq!(stat(&mut r, "released"), i64::from(n));
+    // Every conflict requeued or parked its job, and each was reserved once more (PK-2).
     let requeued = stat(&mut r, "requeued");
-    assert_eq!(stat(&mut r, "reserved"), i64::from(n) + requeued);
-    assert_eq!(stat(&mut r, "conflict"), requeued);
+    let parked = stat(&mut r, "parked");
+    assert_eq!(stat(&mut r, "reserved"), i64::from(n) + requeued + parked);
+    assert_eq!(stat(&mut r, "conflict"), requeued + parked);
+    assert_eq!(stat(&mut r, "woken"), parked);
     // The per-minute buckets hold the same totals, per event and per event and class.
     let mut bucket_started = 0;
     let mut bucket_class = 0;
@@ -968,14 +971,16 @@ fn batched_slots_run_each_job_once_and_keep_every_count() {
     assert_eq!((bucket_started, bucket_class), (i64::from(n), i64::from(n)));
     assert!(r.keys(&format!("{NS}:locket:lock:*")).is_empty());
     // Batches did form: one at a time, the job path alone costs two script calls per job and
-    // two per requeue (ACQUIRE, then a plain RESERVE); heartbeats add a few more.
+    // two per requeue or park (ACQUIRE, then a plain RESERVE); heartbeats add a few more.
     let info: String = r.cmd(&["INFO", "commandstats"]);
     let evalsha = crate::support::script_calls(&info);
-    eprintln!("batched slots: {n} jobs, {requeued} requeued, {evalsha} script calls");
-    let one_at_a_time = 2 * (i64::from(n) + requeued);
+    eprintln!(
+        "batched slots: {n} jobs, {requeued} requeued, {parked} parked, {evalsha} script calls"
+    );
+    let one_at_a_time = 2 * (i64::from(n) + requeued + parked);
     assert!(
         evalsha * 10 < one_at_a_time * 9,
-        "{evalsha} script calls for {n} jobs and {requeued} requeues: no batching"
+        "{evalsha} script calls for {n} jobs, {requeued} requeues and {parked} parks: no batching"
     );
 }
 

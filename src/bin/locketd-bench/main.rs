@@ -10,6 +10,7 @@
 
 mod delayed;
 mod floor;
+mod hotkey;
 mod idle;
 mod peers;
 mod persistent;
@@ -61,6 +62,10 @@ enum Scenario {
     HandlerLatency,
     /// resque-scheduler delayed items (100,000 over 1,000 timestamps) delivered by the scheduler.
     Delayed,
+    /// parked-waits.md §1: N jobs for one user (limit 1, 20 ms) before 2,000 free jobs,
+    /// `--workers 2`: a hot job's Redis cost against a free job's, and the wall times
+    /// (N = 200 and 2,000, or `--jobs N`).
+    HotKey,
     /// Everything above, then one Markdown table against the targets (ruby, python and
     /// handler-latency only when their interpreters are installed).
     All,
@@ -567,6 +572,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::Python => persistent::scenario_python(&opts, &exe, &mut rows)?,
         Scenario::HandlerLatency => persistent::scenario_handler_latency(&opts, &exe, &mut rows)?,
         Scenario::Delayed => delayed::scenario_delayed(&opts, &exe, &mut rows)?,
+        Scenario::HotKey => hotkey::scenario_hot_key(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,

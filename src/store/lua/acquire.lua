@@ -19,7 +19,8 @@
 -- ARGV[2]      token (32 hex chars, new for this attempt)
 -- ARGV[3]      lock_ttl in ms
 -- ARGV[4]      counter_ttl in ms
--- ARGV[5]      fallback for a lock conflict: "requeue", "delay", "discard", "fail" or "none"
+-- ARGV[5]      fallback for a lock conflict: "park", "requeue", "delay", "discard", "fail" or
+--              "none"
 -- ARGV[6]      Resque working-on JSON for KEYS[5]
 -- ARGV[7]      lockinfo JSON object (holder metadata; limit, times and source are added here)
 -- ARGV[8]      counter key prefix, "<ns>:locket:counter:" (the locket prefix is derived from it)
@@ -40,6 +41,8 @@
 --                wait           true when a policy is wait: a kept job is marked "waiting"
 --                last_wait      true on the last try of a wait (counts wait_timeout)
 --                attempts       true: HDEL attempts <digest> on start (A-8)
+--                max_parked     most entries of one parked list (PK-7), default 100000
+--                park_full      the fallback when it is full, default "requeue"
 -- ARGV[13]     the worker's clock in ms (acquired_at, started_at: shown, never a deadline)
 -- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
 -- ARGV[13+2i]  lock id i       for i = 1..n
@@ -52,7 +55,8 @@
 --        when a lock of a larger limit was taken, else the worker's clock + lock_ttl (a
 --        limit-1 lock's lease is its key's PX, and no server time is read).
 --   {"conflict", action, due_ms, attempt, kind_1, id_1, holders_1, limit_1, earliest_1, ...}
---        action: "requeued", "delayed", "discarded", "failed" or "none" (still reserved);
+--        action: "parked", "requeued", "delayed", "discarded", "failed" or "none" (still
+--        reserved);
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
 --        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
@@ -107,12 +111,14 @@ end
 
 -- A conflict on a lock whose key is a limit-1 holder's STRING (or, for a limit-1 lock, a
 -- larger lock's ZSET, which counts as full too): its holders, the limit asked for, and its
--- deadline from the key's PTTL.
+-- deadline from the key's PTTL. With the park policy the deadline is read only when the
+-- parked index needs it (the reply then says 0).
 local function lock1_conflict(lk, id, limit)
   local holders = 1
   if not sget(lk) then
     holders = tonumber(redis.pcall('ZCARD', lk)) or 1
   end
+  if ARGV[5] == 'park' then return {'lock', id, holders, limit, '0', lk} end
   local left = redis.call('PTTL', lk)
   return {'lock', id, holders, limit, int(now_ms() + math.max(left, 0))}
 end
@@ -192,9 +198,19 @@ local function id_json_of(i, id)
   return j
 end
 
--- Limit-1 locks: SET NX PX takes each (nothing else is read); if one is held, the ones just
--- taken are deleted again in this step, so nobody saw them (L-4).
+-- The job's payload, read once when needed (a conflict, or a handoff to check).
+local payload_read = nil
+local function job_payload()
+  if payload_read == nil then payload_read = redis.call('HGET', inflight, 'payload') or false end
+  return payload_read
+end
+
+-- Limit-1 locks: SET NX PX takes each free one (their values were read with the lease, in
+-- one MGET); if one is held, the ones just taken are deleted again in this step, so nobody saw
+-- them (L-4). A lock handed to this job's digest by a release (PK-3, lib.lua lock1_handoff)
+-- is taken over; if another lock is held, the handoff is put back.
 local taken = {}
+local handoffs = {}
 local fences = {}
 -- Lock conflicts are reported before dependency ones, in lock order.
 local nlock = 0
@@ -221,14 +237,31 @@ for i = 1, n do
       local v = LOCK1_HEAD .. ARGV[2] .. '"' .. info_sep .. info_inner .. ',"acquired_at":' ..
         int(wnow) .. ',"limit":1,"lock_id":' .. id_json .. ',"lock_id_source":' ..
         source_json(i, id_json) .. fence_field .. '}'
-      if redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
+      local hv = sget(lk)
+      if not hv and redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
         known[lk] = v
         taken[#taken + 1] = lk
         fences[i] = fence
       else
-        if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
-        nlock = nlock + 1
-        table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
+        hv = hv or sget(lk)
+        local took = false
+        if hv and string.sub(hv, 23, 23) == '~' then
+          if string.sub(hv, 24, 24 + #digest) == digest .. '"' then
+            -- PK-3: the unit was handed to this payload; the parked flag goes on with it.
+            local nv = '{"blocked":' .. (lock1_parked(hv) and '2' or '0') .. string.sub(v, 13)
+            redis.call('SET', lk, nv, 'PX', int(ttl))
+            known[lk] = nv
+            taken[#taken + 1] = lk
+            handoffs[lk] = hv
+            fences[i] = fence
+            took = true
+          end
+        end
+        if not took then
+          if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
+          nlock = nlock + 1
+          table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
+        end
       end
     end
   end
@@ -236,13 +269,39 @@ end
 if #conflicts > 0 and #taken > 0 then
   redis.call('DEL', unpack(taken))
   for _, lk in ipairs(taken) do known[lk] = false end
+  for lk, hv in pairs(handoffs) do
+    redis.call('SET', lk, hv, 'PX', int(ttl))
+    known[lk] = hv
+  end
   for i, f in pairs(fences) do redis.call('HINCRBY', prefix .. 'fence', ARGV[13 + 2 * i], -1) end
 end
 
 if #conflicts > 0 then
-  local now = now_ms()
+  -- The server's time, read only where a rule needs it (a delay's due time, the parked
+  -- index's score); the counts of the job path need none.
+  local now = nil
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
+  -- PK-1, PK-7: the job parks on the first resource that refused it, unless its list holds
+  -- another type (PK-6: the old path, requeue, instead) or is full (on_park_full).
+  -- The entry is pushed first: its RPUSH is the check of the list's type (a refused push
+  -- writes nothing) and its reply the list's length; a push past max_parked is taken back.
+  local park_key, park_len, park_res = nil, 0, nil
+  if fallback == 'park' then
+    local c1 = conflicts[1]
+    park_res = c1[1] .. ':' .. c1[2]
+    park_key = prefix .. 'parked:' .. park_res
+    park_len = redis.pcall('RPUSH', park_key, cjson.encode({rid = ARGV[1], queue = queue,
+      payload = job_payload(), parked_at = wnow, class = class, digest = digest, attempt = 1,
+      ttl = ttl, limit = tonumber(c1[4]) or 0}))
+    if type(park_len) ~= 'number' then
+      fallback = 'requeue'
+    elseif park_len > tonumber(opt['max_parked'] or 100000) then
+      redis.call('RPOP', park_key)
+      fallback = opt['park_full'] or 'requeue'
+      count(prefix, now, 'park_full', class)
+    end
+  end
   -- S-6: the keys this fallback may push to are checked before its first write.
   if fallback == 'requeue' then
     must_be('acquire', KEYS[2], 'list')
@@ -257,8 +316,7 @@ if #conflicts > 0 then
   local action, due, attempt = 'none', 0, 0
   count(prefix, now, 'conflict', class)
   if opt['last_wait'] then count(prefix, now, 'wait_timeout', class) end
-  local payload = redis.call('HGET', inflight, 'payload')
-  local resource = conflicts[1][1] .. ':' .. conflicts[1][2]
+  local payload = job_payload()
   local function fail(message)
     local rec = opt['failure'] or ''
     local a, b = string.find(rec, '"__LOCKET_CONFLICT__"', 1, true)
@@ -282,7 +340,22 @@ if #conflicts > 0 then
   else
     what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
   end
-  if fallback == 'requeue' then
+  if fallback == 'park' then
+    -- PK-1: the entry was pushed above, before the record goes; nothing touches the queue,
+    -- its counter or stat:*.
+    redis.call('DEL', inflight)
+    if park_len == 1 then
+      -- The janitor looks at the resource when its earliest holder's lease ends (PK-4).
+      local due = tonumber(c1[5]) or 0
+      if c1[6] then due = now_ms() + math.max(redis.call('PTTL', c1[6]), 0) end
+      if due <= 0 then due = now_ms() end
+      redis.pcall('ZADD', prefix .. 'parked', 'NX', int(due), park_res)
+    end
+    if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
+    redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
+    count(prefix, now, 'parked', class)
+    action = 'parked'
+  elseif fallback == 'requeue' then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
     -- reserved and is returned or recovered, never lost.
     redis.call('RPUSH', KEYS[2], payload)
@@ -317,6 +390,7 @@ if #conflicts > 0 then
       local base, cap = tonumber(d['base'] or 5000), tonumber(d['max'] or 300000)
       local wait = base * math.pow(2, math.min(attempt - 1, 40))
       if wait > cap then wait = cap end
+      now = now_ms()
       due = now + math.floor(wait * (1 + tonumber(d['r'] or 0)))
       local member = cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
         reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt})

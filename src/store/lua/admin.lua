@@ -24,9 +24,12 @@ if op == 'lock_token' then
   return n
 elseif op == 'lock_force' then
   if sget(lk) then
-    -- a limit-1 lock (lib.lua): its one holder
-    redis.call('DEL', lk)
-    known[lk] = false
+    -- a limit-1 lock (lib.lua): its one holder; a job parked on it gets the unit (PK-2)
+    local v = sget(lk)
+    if not (lock1_parked(v) and lock1_handoff(prefix, lk, id)) then
+      redis.call('DEL', lk)
+      known[lk] = false
+    end
     reset_blocked(bk, counter_prefix)
     count(prefix, now, 'force_released', '', 1)
     return 1

@@ -17,6 +17,10 @@ local function must_be(step, key, want)
   end
 end
 
+-- Parked waits (PK-*): defined at the end of this file, named here so that the release
+-- helpers below can wake the jobs parked on what they free.
+local parked_wake, lock1_handoff, parked_wake_freed
+
 -- HDEL of every field in `fields`, 1,000 at a time: `unpack()` of a long list raises ("too
 -- many results to unpack") past Lua's stack limit of about 8,000 values.
 local function hdel_all(key, fields)
@@ -166,6 +170,8 @@ local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefi
   redis.call('ZREMRANGEBYSCORE', lock_key, '-inf', int(now))
   hdel_all(info_key, expired)
   reset_blocked(blocked_key, counter_prefix)
+  -- PK-2: an expiry purge frees units; as many parked jobs wake.
+  parked_wake_freed(lock_key, counter_prefix, #expired)
   return #expired, false
 end
 
@@ -200,8 +206,11 @@ end
 -- nothing but the A-14 reset.
 local function release_token(lock_key, info_key, blocked_key, locks_index, lock_id, token, counter_prefix)
   local removed = redis.call('ZREM', lock_key, token)
-  -- The common case, the last holder leaving a lock that blocked no queue: one EXISTS tells.
-  if redis.call('EXISTS', lock_key, blocked_key) == 0 then
+  local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
+  local parked_key = p .. 'parked:lock:' .. lock_id
+  -- The common case, the last holder leaving a lock that blocked no queue and has no job
+  -- parked on it: one EXISTS tells.
+  if redis.call('EXISTS', lock_key, blocked_key, parked_key) == 0 then
     redis.call('DEL', info_key)
     redis.call('ZREM', locks_index, lock_id)
     return removed
@@ -211,10 +220,12 @@ local function release_token(lock_key, info_key, blocked_key, locks_index, lock_
     -- The last holder left: both keys and the index entry go (no per-field delete needed).
     redis.call('DEL', info_key)
     redis.call('ZREM', locks_index, lock_id)
-    return removed
+  else
+    redis.call('HDEL', info_key, token)
+    fix_lock(lock_key, info_key, locks_index, lock_id)
   end
-  redis.call('HDEL', info_key, token)
-  fix_lock(lock_key, info_key, locks_index, lock_id)
+  -- PK-2: the unit freed wakes one parked job.
+  parked_wake_freed(lock_key, counter_prefix, removed)
   return removed
 end
 
@@ -231,28 +242,55 @@ local function lock1_holds(v, token)
   return v and string.sub(v, 23, 22 + #token) == token and
     string.sub(v, 23 + #token, 23 + #token) == '"'
 end
+-- The flag is a digit of two bits: 1, a requeue named a queue in blocked:lock:<id> (A-14);
+-- 2, jobs are parked on the lock (PK-2): 0 neither, 3 both.
 local function lock1_flagged(v)
-  return v and string.sub(v, 12, 12) == '1'
+  if not v then return false end
+  local c = string.sub(v, 12, 12)
+  return c == '1' or c == '3'
 end
--- A-14 for a conflict on a limit-1 lock: flag its holder (the expiry is kept).
-local function lock1_flag(lk)
+local function lock1_parked(v)
+  if not v then return false end
+  local c = string.sub(v, 12, 12)
+  return c == '2' or c == '3'
+end
+-- Sets bit `bit` (1 or 2) of a limit-1 holder's flag (the expiry is kept).
+local function lock1_set_bit(lk, bit)
   local v = sget(lk)
-  if v and not lock1_flagged(v) then
-    local nv = '{"blocked":1' .. string.sub(v, 13)
-    redis.call('SET', lk, nv, 'KEEPTTL')
-    known[lk] = nv
-  end
+  if not v or string.sub(v, 1, 11) ~= '{"blocked":' then return end
+  local c = tonumber(string.sub(v, 12, 12)) or 0
+  if math.floor(c / bit) % 2 == 1 then return end
+  local nv = '{"blocked":' .. int(c + bit) .. string.sub(v, 13)
+  redis.call('SET', lk, nv, 'KEEPTTL')
+  known[lk] = nv
+end
+-- A-14 for a conflict on a limit-1 lock: flag its holder.
+local function lock1_flag(lk)
+  lock1_set_bit(lk, 1)
+end
+-- PK-1 for a park on a limit-1 lock: flag its holder, so that its release wakes (PK-2).
+local function lock1_mark_parked(lk)
+  lock1_set_bit(lk, 2)
 end
 -- L-5 for a limit-1 lock: compare-and-delete, and A-14 when the holder was flagged. The key is
 -- appended to `dels` when given (the caller deletes it with its own keys, in one DEL, before
 -- anything else in the run touches it), else deleted here. `bk`, the lock's blocked set, is
 -- named from `lk` when nil ("<prefix>lock:<id>" -> "<prefix>blocked:lock:<id>"). Returns 1 when
 -- released.
+-- A holder flagged as parked on (PK-2) hands the lock to the first parked job instead
+-- (lock1_handoff): the key is then rewritten, not deleted.
 local function lock1_release(lk, bk, token, counter_prefix, dels)
   local v = sget(lk)
   if not lock1_holds(v, token) then return 0 end
-  if dels then dels[#dels + 1] = lk else redis.call('DEL', lk) end
-  known[lk] = false
+  local handed = false
+  if lock1_parked(v) then
+    local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
+    handed = lock1_handoff(p, lk, string.sub(lk, #p + 6))
+  end
+  if not handed then
+    if dels then dels[#dels + 1] = lk else redis.call('DEL', lk) end
+    known[lk] = false
+  end
   if lock1_flagged(v) then
     if bk == nil then
       local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
@@ -423,11 +461,14 @@ local function finish_reads(K, A)
   end
   return out
 end
--- ACQUIRE: the lease and the queue's counter.
+-- ACQUIRE: the lease, the queue's counter and the job's limit-1 locks.
 local function acquire_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
   out[#out + 1] = K[4]
+  for i = 1, (#A - 14) / 2 do
+    if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
+  end
   return out
 end
 
@@ -482,6 +523,12 @@ local function dep_state(prefix, name, now)
     if #all > 0 then redis.call('DEL', key) end
     redis.call('ZREM', prefix .. 'deps', name)
     reset_blocked(prefix .. 'blocked:dep:' .. name, prefix .. 'counter:')
+    -- PK-2, PK-7: a released hold wakes every job parked on it, 1,000 a call; the janitor
+    -- moves the rest (the index entry is due now).
+    if redis.call('EXISTS', prefix .. 'parked:dep:' .. name) == 1 then
+      local _, left = parked_wake(prefix, 'dep:' .. name, 1000)
+      if left > 0 then redis.pcall('ZADD', prefix .. 'parked', 'XX', int(now), 'dep:' .. name) end
+    end
   else
     redis.call('PEXPIREAT', key, latest)
     redis.call('ZADD', prefix .. 'deps', earliest, name)
@@ -515,6 +562,111 @@ local function hold_release(prefix, name, digest, now)
   end
   dep_state(prefix, name, now)
   return released
+end
+
+-- Parked waits (PK-1..PK-7). A job whose lock or hold is taken, with the `park` policy, waits
+-- in a list of its own, `<prefix>parked:lock:<id>` or `<prefix>parked:dep:<name>`, of JSON
+-- entries {rid, queue, payload, parked_at, class, attempt, ttl, limit} (payload: the job's
+-- exact bytes), oldest at the head. The ZSET `<prefix>parked` indexes the lists that have
+-- entries (member "lock:<id>" or "dep:<name>", score: when the janitor should look at it next)
+-- and the HASH `<prefix>parked_queues` counts the parked jobs per queue.
+
+-- PK-2, PK-6: moves up to `max` entries from the head of the list of `res` ("lock:<id>" or
+-- "dep:<name>") back to the heads of their queues, in parking order. It stops before the
+-- first entry that cannot move (it does not decode, or its queue key holds another type):
+-- that one stays parked, with its index entry, for the janitor to report. It never raises,
+-- and it writes nothing before every check of what it moves was made. Returns the entries
+-- moved (decoded), how many stay (counted up to one past `max`), and whether it stopped at
+-- one that cannot move.
+parked_wake = function(prefix, res, max)
+  local pk = prefix .. 'parked:' .. res
+  local raw = redis.pcall('LRANGE', pk, 0, max)
+  if type(raw) ~= 'table' or raw.err then return {}, 1, true end
+  local ns = string.sub(prefix, 1, #prefix - 7)
+  local moved = {}
+  local want = math.min(max, #raw)
+  local bad = false
+  local types = {}
+  for i = 1, want do
+    local ok, d = pcall(cjson.decode, raw[i])
+    if not ok or type(d) ~= 'table' or type(d['queue']) ~= 'string' or
+        type(d['payload']) ~= 'string' then
+      bad = true
+      break
+    end
+    local qk = ns .. 'queue:' .. d['queue']
+    -- One entry is pushed with pcall (a refused push writes nothing); a run of them is
+    -- checked first, so that none is pushed when a later one would be refused.
+    if want > 1 then
+      if types[qk] == nil then
+        local t = redis.call('TYPE', qk)['ok']
+        types[qk] = (t == 'none' or t == 'list')
+      end
+      if not types[qk] then
+        bad = true
+        break
+      end
+    end
+    d['qk'] = qk
+    moved[#moved + 1] = d
+  end
+  local n = #moved
+  if n == 1 and want == 1 then
+    local r = redis.pcall('LPUSH', moved[1]['qk'], moved[1]['payload'])
+    if type(r) == 'table' and r.err then
+      n = 0
+      moved = {}
+      bad = true
+    end
+  else
+    for i = n, 1, -1 do redis.call('LPUSH', moved[i]['qk'], moved[i]['payload']) end
+  end
+  local left = #raw - n
+  if n == 0 then return moved, left, bad end
+  if n == 1 then redis.call('LPOP', pk) else redis.call('LTRIM', pk, n, -1) end
+  local per_queue = {}
+  for i = 1, n do
+    local d = moved[i]
+    per_queue[d['queue']] = (per_queue[d['queue']] or 0) + 1
+    count(prefix, nil, 'woken', type(d['class']) == 'string' and d['class'] or '')
+  end
+  for q, c in pairs(per_queue) do
+    redis.pcall('SADD', ns .. 'queues', q)
+    redis.pcall('HINCRBY', prefix .. 'parked_queues', q, int(-c))
+  end
+  if left == 0 then redis.pcall('ZREM', prefix .. 'parked', res) end
+  return moved, left, bad
+end
+
+-- PK-2, PK-3 for a limit-1 lock whose unit is free (its holder left, or its lease lapsed):
+-- wakes the first job parked on it and hands the unit to it: the lock's value becomes a
+-- handoff, `~` and that job's payload digest in place of a token, for the job's lock_ttl.
+-- Only an ACQUIRE of that digest (that job, or one with the same class and args) takes it
+-- over (acquire.lua); every other job meets the lock
+-- full and parks behind the others, so the jobs of one key run in parking order. The handoff
+-- keeps the parked flag while jobs stay parked, and passes it on to the job that takes it.
+-- Returns true when a job was woken (the key was written), false when none could be (the key
+-- is left as it was).
+lock1_handoff = function(prefix, lk, id)
+  local moved, left = parked_wake(prefix, 'lock:' .. id, 1)
+  if #moved == 0 then return false end
+  local d = moved[1]
+  local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
+  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. who ..
+    '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
+  redis.call('SET', lk, v, 'PX', int(tonumber(d['ttl']) or 35000))
+  known[lk] = v
+  return true
+end
+
+-- PK-2, PK-5 for a lock of a larger limit (a ZSET) that lost `freed` holders: as many parked
+-- jobs wake (to the heads of their queues; the first to come takes the unit).
+parked_wake_freed = function(lock_key, counter_prefix, freed)
+  if freed <= 0 then return end
+  local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
+  local id = string.sub(lock_key, #p + 6)
+  if redis.call('EXISTS', p .. 'parked:lock:' .. id) == 0 then return end
+  parked_wake(p, 'lock:' .. id, freed)
 end
 
 -- Every per-run value above back to its start. A script's chunk runs anew for each EVALSHA,

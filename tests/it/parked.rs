@@ -1,0 +1,495 @@
+//! Parked waits (parked-waits.md, locking-semantics.md PK-1..PK-10): the `park` conflict
+//! policy at the script level and through the real daemon, against a real redis-server.
+
+use std::time::Duration;
+
+use locketd::locks::Policy;
+use locketd::store::{self, AcquireOutcome, Finish, Settled};
+use redis::aio::MultiplexedConnection as Conn;
+use serde_json::json;
+
+use crate::policies::{cmd, exists, keys, lrange, opts, reserve_next, reserved, spec};
+use crate::support::RedisServer;
+
+async fn llen(c: &mut Conn, key: &str) -> i64 {
+    cmd(c, &["LLEN", key]).await
+}
+
+fn parked_key(res: &str) -> String {
+    keys().locket(&format!("parked:{res}"))
+}
+
+// PK-1, PK-2, PK-3: a conflicting job parks on the lock (not its queue, no counter), the
+// holder's release wakes it to the head of its queue with the unit handed to it, and a third
+// job of the key meets the handoff and parks behind.
+#[tokio::test]
+async fn pk1_pk2_a_conflict_parks_and_the_release_hands_the_lock_to_the_first_parked_job() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let lock = [spec("user:1", 1)];
+    let mut a = reserved(&mut c, "pa", "q", "Hot", json!([1, "a"])).await;
+    assert!(matches!(
+        a.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    let mut b = reserved(&mut c, "pb", "q", "Hot", json!([1, "b"])).await;
+    match b.acquire(&mut c, &lock, &opts(Policy::Park)).await {
+        AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+        other => panic!("{other:?}"),
+    }
+    assert!(!exists(&mut c, &b.inflight()).await, "the record went");
+    assert_eq!(llen(&mut c, &k.queue("q")).await, 0, "not requeued");
+    assert!(!exists(&mut c, &k.counter("q")).await, "no counter");
+    assert_eq!(llen(&mut c, &parked_key("lock:user:1")).await, 1);
+    let score: Option<f64> = cmd(&mut c, &["ZSCORE", &k.locket("parked"), "lock:user:1"]).await;
+    assert!(score.is_some(), "indexed");
+    let per_q: Option<i64> = cmd(&mut c, &["HGET", &k.locket("parked_queues"), "q"]).await;
+    assert_eq!(per_q, Some(1));
+    // The holder's release wakes b: head of its queue, the lock handed to it.
+    assert!(a.finish(&mut c, &lock, Finish::Success, &[]).await);
+    assert_eq!(lrange(&mut c, &k.queue("q")).await, vec![b.payload.clone()]);
+    assert_eq!(llen(&mut c, &parked_key("lock:user:1")).await, 0);
+    assert!(exists(&mut c, &k.lock("user:1")).await, "handed, not freed");
+    let score: Option<f64> = cmd(&mut c, &["ZSCORE", &k.locket("parked"), "lock:user:1"]).await;
+    assert!(score.is_none(), "out of the index");
+    // A fresh job of the key meets the handoff and parks.
+    let mut d = reserved(&mut c, "pd", "q2", "Hot", json!([1, "d"])).await;
+    match d.acquire(&mut c, &lock, &opts(Policy::Park)).await {
+        AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+        other => panic!("{other:?}"),
+    }
+    // b takes its handoff over.
+    let mut b2 = reserve_next(&mut c, "pb", "q").await;
+    assert_eq!(b2.payload, b.payload);
+    assert!(matches!(
+        b2.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    // b's release wakes d in turn.
+    assert!(b2.finish(&mut c, &lock, Finish::Success, &[]).await);
+    assert_eq!(
+        lrange(&mut c, &k.queue("q2")).await,
+        vec![d.payload.clone()]
+    );
+    let per_q: Vec<String> = cmd(&mut c, &["HGETALL", &k.locket("parked_queues")]).await;
+    assert_eq!(per_q, vec!["q", "0", "q2", "0"]);
+    let mut d2 = reserve_next(&mut c, "pd", "q2").await;
+    assert!(matches!(
+        d2.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    assert!(d2.finish(&mut c, &lock, Finish::Success, &[]).await);
+    assert!(!exists(&mut c, &k.lock("user:1")).await, "free at last");
+}
+
+// PK-4: a holder that lapses wakes nobody by itself; the janitor's pass over the index does.
+#[tokio::test]
+async fn pk4_the_janitor_wakes_the_jobs_of_a_lapsed_holder() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let lock = [spec("user:2", 1)];
+    let mut a = reserved(&mut c, "pa", "q", "Hot", json!([2, "a"])).await;
+    assert!(matches!(
+        a.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    let mut b = reserved(&mut c, "pb", "q", "Hot", json!([2, "b"])).await;
+    b.acquire(&mut c, &lock, &opts(Policy::Park)).await;
+    // The holder's host died: its lease lapses.
+    let _: i64 = cmd(&mut c, &["PEXPIRE", &k.lock("user:2"), "1"]).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _: i64 = cmd(&mut c, &["ZADD", &k.locket("parked"), "0", "lock:user:2"]).await;
+    let r = store::wake_due(&mut c, &k, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(r.woken, 1, "{r:?}");
+    assert_eq!(lrange(&mut c, &k.queue("q")).await, vec![b.payload.clone()]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the daemon
+// ---------------------------------------------------------------------------------------------
+
+use crate::daemon::{cfg, workdir, NS, R};
+use crate::support::{read_lossy, wait_until, write_script, Daemon};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A handler that logs `start <args>` and `end <args>` around `body` (shell), to `log`.
+fn handler(dir: &Path, name: &str, log: &Path, body: &str) -> PathBuf {
+    write_script(
+        dir,
+        name,
+        &format!(
+            "cat >/dev/null\necho \"start $LOCKETD_ARGS\" >> {log}\n{body}\nrc=$?\n\
+             echo \"end $LOCKETD_ARGS\" >> {log}\nexit $rc\n",
+            log = log.display()
+        ),
+    )
+}
+
+/// The `start` lines of a handler log, in order: each job's args.
+fn started(log: &Path) -> Vec<String> {
+    read_lossy(log)
+        .lines()
+        .filter_map(|l| l.strip_prefix("start ").map(str::to_string))
+        .collect()
+}
+
+fn ended(log: &Path) -> usize {
+    read_lossy(log)
+        .lines()
+        .filter(|l| l.starts_with("end "))
+        .count()
+}
+
+/// The most runs at once in a handler log (lines are appended in the order they happened).
+fn max_running(log: &Path) -> usize {
+    let (mut cur, mut max) = (0i64, 0i64);
+    for l in read_lossy(log).lines() {
+        if l.starts_with("start ") {
+            cur += 1;
+        } else if l.starts_with("end ") {
+            cur -= 1;
+        }
+        max = max.max(cur);
+    }
+    max as usize
+}
+
+fn stat(r: &mut R, event: &str) -> i64 {
+    r.int(&format!("{NS}:locket:stat:{event}"))
+}
+
+// PK-3: 50 jobs of one key, parked behind a running holder, run in the order they parked, and
+// jobs of the key that arrive on a higher queue meanwhile (while they wait, and while they run)
+// park behind them instead of jumping ahead. Two workers park them, so the parking order is
+// read from the parked list before the holder ends.
+#[test]
+fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queue() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let release = work.path().join("release");
+    let h = handler(
+        work.path(),
+        "hot.sh",
+        &log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"h\"'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
+             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.02;; esac",
+            release.display()
+        ),
+    );
+    let config = |queues: &str| {
+        cfg(queues)
+            .locket("lock_ttl", "\"10s\"")
+            .locket("process_ttl", "\"20s\"")
+            .class("Hot", &h, "lock = \"user:{args[0]}\"")
+            .render()
+    };
+    // The holder runs on a daemon of its own queue.
+    let mut holder = Daemon::start(&redis, &config("hold"), &[]);
+    r.push("hold", r#"{"class":"Hot","args":[1,"h"]}"#);
+    wait_until(LONG, "the holder runs", || started(&log).len() == 1);
+    for i in 0..50 {
+        r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    let mut d = Daemon::start(&redis, &config("high,low"), &["--workers", "2"]);
+    let parked = format!("{NS}:locket:parked:lock:user:1");
+    wait_until(LONG, "the backlog parked", || r.llen(&parked) == 50);
+    for j in 0..10 {
+        r.push(
+            "high",
+            &format!(r#"{{"class":"Hot","args":[1,{}]}}"#, 100 + j),
+        );
+    }
+    wait_until(LONG, "the higher queue's jobs parked", || {
+        r.llen(&parked) == 60
+    });
+    let entries: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
+    let parking_order: Vec<i64> = entries
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            let p: serde_json::Value =
+                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
+            p["args"][1].as_i64().unwrap()
+        })
+        .collect();
+    let mut lows: Vec<i64> = parking_order.iter().copied().filter(|i| *i < 100).collect();
+    lows.sort();
+    assert_eq!(lows, (0..50).collect::<Vec<_>>());
+    assert!(
+        parking_order[..50].iter().all(|i| *i < 100),
+        "the higher queue's jobs parked behind: {parking_order:?}"
+    );
+    std::fs::write(&release, "").unwrap();
+    // More jobs of the key on the higher queue while the backlog runs.
+    wait_until(LONG, "ten jobs ran", || ended(&log) >= 11);
+    for j in 0..5 {
+        r.push(
+            "high",
+            &format!(r#"{{"class":"Hot","args":[1,{}]}}"#, 200 + j),
+        );
+    }
+    wait_until(LONG, "every job ran", || ended(&log) == 66);
+    let order: Vec<i64> = started(&log)[1..]
+        .iter()
+        .map(|a| {
+            let v: serde_json::Value = serde_json::from_str(a).unwrap();
+            v[1].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(order[..60], parking_order[..], "parking order");
+    let mut late = order[60..].to_vec();
+    late.sort();
+    assert_eq!(late, (200..205).collect::<Vec<_>>());
+    assert_eq!(max_running(&log), 1);
+    // The job path's counts are written once a second, and at the stop.
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(holder.terminate(LONG).code(), Some(0));
+    assert_eq!(stat(&mut r, "requeued"), 0);
+    assert!(stat(&mut r, "parked") >= 65, "{}", stat(&mut r, "parked"));
+}
+
+// PK-4: the holder's whole daemon is SIGKILLed (no release ever runs, and its process lease
+// outlives the lock's): the jobs parked on its lock run within lock_ttl + 2 s after the kill,
+// woken by the janitor of another daemon.
+#[test]
+fn pk4_parked_jobs_run_soon_after_the_lease_of_a_sigkilled_holder_lapses() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = handler(
+        work.path(),
+        "hot.sh",
+        &log,
+        "case \"$LOCKETD_ARGS\" in *holder*) sleep 60;; esac",
+    );
+    let config = cfg("q")
+        .locket("lock_ttl", "\"2s\"")
+        .locket("process_ttl", "\"30s\"")
+        .class("Hot", &h, "lock = \"user:{args[0]}\"")
+        .render();
+    let mut holder = Daemon::start(&redis, &config, &[]);
+    r.push("q", r#"{"class":"Hot","args":[1,"holder"]}"#);
+    wait_until(LONG, "the holder runs", || started(&log).len() == 1);
+    let mut other = Daemon::builder(&redis)
+        .config(&format!("{config}\n"))
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .start();
+    for i in 0..5 {
+        r.push("q", &format!(r#"{{"class":"Hot","args":[1,"w{i}"]}}"#));
+    }
+    let parked = format!("{NS}:locket:parked:lock:user:1");
+    wait_until(LONG, "five jobs parked", || r.llen(&parked) == 5);
+    assert_eq!(r.llen(&format!("{NS}:queue:q")), 0);
+    // PK-8: /metrics shows them (the parks' count is written within a second).
+    let addr = crate::service::metrics_addr(&other);
+    wait_until(LONG, "the parks in /metrics", || {
+        let body = crate::service::scrape(&addr).unwrap_or_default();
+        body.contains("locketd_parked_jobs{queue=\"q\"} 5")
+            && body.contains("locketd_parks_total 5")
+    });
+    let killed = Instant::now();
+    holder.kill_master_and_workers();
+    wait_until(LONG, "the parked jobs ran", || ended(&log) == 5);
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(2 + 2 + 1),
+        "parked jobs ran {took:?} after their holder died (lock_ttl 2s)"
+    );
+    holder.kill();
+    assert_eq!(other.terminate(LONG).code(), Some(0));
+    assert_eq!(stat(&mut r, "requeued"), 0);
+}
+
+// PK-5, NEVER-1: a limit-3 lock with 30 parked jobs: never more than 3 run at once, all 30 run.
+#[test]
+fn pk5_a_limit_three_lock_with_thirty_parked_jobs_runs_them_all_three_at_a_time() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = handler(work.path(), "hot.sh", &log, "sleep 0.1");
+    let config = cfg("q")
+        .class("Hot", &h, "lock = \"user:{args[0]}\"\nlimit = 3")
+        .render();
+    for i in 0..33 {
+        r.push("q", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    let mut ds: Vec<Daemon> = (0..2)
+        .map(|_| Daemon::start(&redis, &config, &["--workers", "3"]))
+        .collect();
+    let mut max_seen = 0;
+    wait_until(LONG, "every job ran", || {
+        max_seen = max_seen.max(r.lock_holders(&format!("{NS}:locket:lock:user:1")).len());
+        ended(&log) == 33
+    });
+    assert!(max_running(&log) <= 3, "{}", max_running(&log));
+    assert!(max_seen <= 3, "{max_seen}");
+    assert_eq!(started(&log).len(), 33);
+    for d in &mut ds {
+        assert_eq!(d.terminate(LONG).code(), Some(0));
+    }
+    assert_eq!(stat(&mut r, "requeued"), 0);
+    assert!(stat(&mut r, "parked") > 0);
+}
+
+// PK-7, PK-2 for holds: 2,500 dependents parked on a hold all run after its release, woken in
+// batches of 1,000 (the release's own step, then the janitor).
+#[test]
+fn pk7_a_hold_with_2500_parked_dependents_wakes_them_all_in_batches() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let a = handler(work.path(), "a.sh", &log, "sleep 3");
+    let config = cfg("q")
+        .class(
+            "Import",
+            &a,
+            "lock = false\nholds = [{ name = \"batch:{args[0]}\", when = \"start\", release_on = \"completion\" }]",
+        )
+        .render()
+        + "\n[classes.Report]\nbuiltin = \"noop\"\nlock = false\n\
+           locked_by = [\"batch:{args[0]}\"]\non_dependency_conflict = \"park\"\n";
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    r.push("q", r#"{"class":"Import","args":[7]}"#);
+    wait_until(LONG, "the import runs", || started(&log).len() == 1);
+    let mut pipe = redis::pipe();
+    for i in 0..2500 {
+        pipe.cmd("RPUSH")
+            .arg(format!("{NS}:queue:q"))
+            .arg(format!(r#"{{"class":"Report","args":[7,{i}]}}"#))
+            .ignore();
+    }
+    let _: () = pipe.query(&mut r.0).unwrap();
+    let parked = format!("{NS}:locket:parked:dep:batch:7");
+    wait_until(LONG, "every report ran", || r.processed() == 2501);
+    assert_eq!(r.llen(&parked), 0);
+    assert!(r.failures().is_empty());
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert!(stat(&mut r, "parked") >= 1000, "{}", stat(&mut r, "parked"));
+    assert_eq!(stat(&mut r, "requeued"), 0);
+    assert_eq!(stat(&mut r, "delayed"), 0);
+}
+
+// Section 1's shape, small: one queue, jobs of one user behind a limit-1 lock and free jobs:
+// no job is ever requeued, all run (the cost per job is locketd-bench's `hot-key`).
+#[test]
+fn pk1_a_hot_key_backlog_is_parked_not_cycled() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let config = cfg("q").render()
+        + "\n[classes.Hot]\nbuiltin = \"sleep\"\nlock = \"user:{args[1]}\"\n\
+           \n[classes.Free]\nbuiltin = \"noop\"\nlock = false\n";
+    let mut pipe = redis::pipe();
+    for i in 0..100 {
+        pipe.cmd("RPUSH")
+            .arg(format!("{NS}:queue:q"))
+            .arg(format!(r#"{{"class":"Hot","args":[0.02,"u1",{i}]}}"#))
+            .ignore();
+        for j in 0..2 {
+            pipe.cmd("RPUSH")
+                .arg(format!("{NS}:queue:q"))
+                .arg(format!(r#"{{"class":"Free","args":[{i},{j}]}}"#))
+                .ignore();
+        }
+    }
+    pipe.cmd("SADD")
+        .arg(format!("{NS}:queues"))
+        .arg("q")
+        .ignore();
+    let _: () = pipe.query(&mut r.0).unwrap();
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    wait_until(LONG, "every job ran", || r.processed() == 300);
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(stat(&mut r, "requeued"), 0);
+    assert!(stat(&mut r, "parked") > 0);
+}
+
+fn cli(redis: &RedisServer, dir: &Path, args: &[&str]) -> std::process::Output {
+    let config = dir.join("locketd.toml");
+    std::fs::write(&config, "queues = \"*\"\n").unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .output()
+        .expect("run locketd")
+}
+
+// PK-8, PK-9: with jobs parked on three locks, `locketd parked` lists them (per lock and per
+// queue) and `locketd unpark --all` puts every one back in its queue exactly once, leaving no
+// parked list, index entry or count behind.
+#[tokio::test]
+async fn pk9_unpark_all_moves_every_parked_job_back_to_its_queue_once() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let work = workdir();
+    let mut want: Vec<String> = Vec::new();
+    for (n, lock) in ["a", "b", "c"].iter().enumerate() {
+        let l = [spec(&format!("user:{lock}"), 1)];
+        let mut holder = reserved(&mut c, &format!("h{n}"), "q", "Hot", json!([lock, "h"])).await;
+        assert!(matches!(
+            holder.acquire(&mut c, &l, &opts(Policy::Park)).await,
+            AcquireOutcome::Started { .. }
+        ));
+        for i in 0..(n + 2) {
+            let q = if i % 2 == 0 { "q" } else { "q2" };
+            let mut j = reserved(&mut c, &format!("w{n}{i}"), q, "Hot", json!([lock, i])).await;
+            match j.acquire(&mut c, &l, &opts(Policy::Park)).await {
+                AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+                other => panic!("{other:?}"),
+            }
+            want.push(j.payload.clone());
+        }
+    }
+    assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
+    let out = cli(&r, work.path(), &["parked", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 9, "{v}");
+    assert_eq!(v["resources"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["queues"]["q"], 5, "{v}");
+    assert_eq!(v["queues"]["q2"], 4, "{v}");
+    let out = cli(&r, work.path(), &["parked", "--queue", "q2", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 4, "{v}");
+    let out = cli(&r, work.path(), &["status"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("PARKED"),
+        "{out:?}"
+    );
+
+    let out = cli(&r, work.path(), &["unpark", "--all"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut back = lrange(&mut c, &k.queue("q")).await;
+    back.extend(lrange(&mut c, &k.queue("q2")).await);
+    back.sort();
+    want.sort();
+    assert_eq!(back, want, "every job back once");
+    for lock in ["a", "b", "c"] {
+        assert!(!exists(&mut c, &parked_key(&format!("lock:user:{lock}"))).await);
+    }
+    let n: i64 = cmd(&mut c, &["ZCARD", &k.locket("parked")]).await;
+    assert_eq!(n, 0);
+    let per_q = store::parked_per_queue(&mut c, &k).await.unwrap();
+    assert!(per_q.is_empty(), "{per_q:?}");
+    // The holders' releases then find nobody to wake: plain releases.
+    let out = cli(&r, work.path(), &["unpark", "--all"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("moved 0"));
+}
