@@ -213,3 +213,119 @@ fn a_master_recovers_only_its_own_worker_when_pids_collide_across_namespaces() {
     x.kill();
     y.kill();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 23 and finding #8: a handler is dead before its lock's lease ends, measured against
+// Redis's own clock.
+// ---------------------------------------------------------------------------------------------
+
+/// Redis's clock and the lease end of limit-1 lock `key` (its PX), in Redis milliseconds.
+const LEASE_END_LUA: &str = r"local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local left = redis.call('PTTL', KEYS[1])
+return {now, now + left, left}";
+
+/// Redis's clock less this host's wall clock, in ms (the midpoint of the round trip).
+fn redis_clock_offset(r: &mut R) -> i64 {
+    let before = wall_ms();
+    let t: Vec<String> = r.cmd(&["TIME"]);
+    let after = wall_ms();
+    let server = t[0].parse::<i64>().unwrap() * 1000 + t[1].parse::<i64>().unwrap() / 1000;
+    server - (before + after) / 2
+}
+
+fn wall_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+/// Polls `pids` (a handler group's members) every 2 ms until none is alive (a zombie is dead),
+/// at most `limit`; the wall-clock ms at which they were seen dead.
+fn wait_dead(pids: &[i32], limit: Duration) -> Option<i64> {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if pids.iter().all(|p| !crate::support::pid_alive(*p)) {
+            return Some(wall_ms());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// A command handler that ignores SIGTERM and leaves a child in its group; pid and child in
+/// `<dir>/pid.<queue>` and `<dir>/child.<queue>`.
+fn stubborn_group_handler(dir: &std::path::Path) -> std::path::PathBuf {
+    write_script(
+        dir,
+        "stubborn.sh",
+        &format!(
+            "trap '' TERM\ncat >/dev/null\nsleep 60 &\necho $! > {d}/child.$LOCKETD_QUEUE\n\
+             echo $$ > {d}/pid.$LOCKETD_QUEUE\nwhile :; do wait; done\n",
+            d = dir.display()
+        ),
+    )
+}
+
+// Issue 23, L-9, A-11: Redis stops answering (its server SIGSTOPped, as in a partition) while a
+// locked job runs whose handler ignores SIGTERM and has a child. The polite stop comes
+// kill_grace before the lease's local end and the hard stop at it, so the handler's group is
+// dead before the lock key's PX runs out by Redis's clock (read when it resumes). Before, the
+// hard stop came kill_grace after the local end: beside the next holder.
+#[test]
+fn a_partition_kills_the_handler_group_before_the_lease_ends_by_redis_clock() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let h = stubborn_group_handler(work.path());
+    let config = cfg("q")
+        .locket("lock_ttl", "\"6s\"")
+        .locket("heartbeat_interval", "\"2s\"")
+        .locket("kill_grace", "\"2s\"")
+        .locket("process_ttl", "\"60s\"")
+        .class("Stubborn", &h, "lock = \"stubborn\"")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    r.push("q", r#"{"class":"Stubborn","args":[]}"#);
+    let pid = crate::daemon::wait_pid(&work.path().join("pid.q"), LONG);
+    let child = crate::daemon::wait_pid(&work.path().join("child.q"), LONG);
+    let key = format!("{NS}:locket:lock:stubborn");
+    wait_until(LONG, "the lock is held", || r.exists(&key));
+    let server = redis.pid().expect("redis-server pid");
+    // The lease end by Redis's clock, right before it freezes: an EXTEND that lands between
+    // this read and the freeze only moves the real end later (so the gap below is a lower
+    // bound); none can land after it.
+    let v: Vec<i64> = r.cmd(&["EVAL", LEASE_END_LUA, "1", &key]);
+    // SAFETY: plain kill(2) of the test's own redis-server.
+    unsafe { libc::kill(server, libc::SIGSTOP) };
+    let end = v[1];
+    // Redis frozen, the lease can end only by its clock: at most lock_ttl from now.
+    let died = wait_dead(&[pid, child], Duration::from_secs(20));
+    // SAFETY: as above.
+    unsafe { libc::kill(server, libc::SIGCONT) };
+    let died = died.unwrap_or_else(|| panic!("the handler outlived its lease:\n{}", d.log()));
+    // Redis's clock after it resumes, against this host's: when the group died by Redis's.
+    let offset = redis_clock_offset(&mut r);
+    let gap = end - (died + offset);
+    eprintln!(
+        "partition: the handler group was dead {gap} ms before the lock key's PX ran out \
+         (by Redis's clock; PX left at the freeze {} ms, clock offset {offset} ms)",
+        v[2]
+    );
+    assert!(
+        gap > 0,
+        "the handler group died {} ms after its lease ended:\n{}",
+        -gap,
+        d.log()
+    );
+    assert!(crate::support::process_group_members(pid).is_empty());
+    wait_until(LONG, "LockLost recorded", || !r.failures().is_empty());
+    assert_eq!(r.failures()[0]["exception"], "Locket::LockLost");
+    assert!(
+        d.log().contains("lease ends within kill_grace"),
+        "{}",
+        d.log()
+    );
+    d.kill();
+}
