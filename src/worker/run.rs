@@ -82,6 +82,14 @@ pub(super) struct Supervision {
 /// a handler that this task (stalled) did not stop.
 const WATCHDOG_MARGIN: Duration = Duration::from_secs(1);
 
+/// The master's backstop kills a handler group this long (at most; half of kill_grace when
+/// that is shorter) before the lease's local end, so that the group is dead, not just
+/// signalled, by then, even on a loaded host (finding #8, L-9).
+const MASTER_MARGIN: Duration = Duration::from_millis(250);
+
+/// A lease end this far away is no lease end (unlocked, or kept running after a loss).
+const NO_LEASE: Duration = Duration::from_secs(86400 * 30);
+
 /// L-9: the local deadline never falls after the server's.
 fn local_deadline(t: Instant, ttl: Duration) -> Instant {
     t + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
@@ -107,16 +115,23 @@ struct Running {
     /// (up to the 30 s response timeout) must not hold up the lease end, the signals or the
     /// handler's exit (NEVER-1).
     extension: Extension,
-    /// The lease's backstop on its own thread, armed [`WATCHDOG_MARGIN`] after `lease_end`.
+    /// The lease's backstops: the thread of this process, armed [`WATCHDOG_MARGIN`] after
+    /// `lease_end`, and the master, told `lease_end` less `master_margin` (watchdog.rs).
     watch: Watch,
+    /// How long before `lease_end` the master kills.
+    master_margin: Duration,
     kills: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Running {
-    /// Moves the watchdog to a margin after the lease's current end (L-9).
+    /// Moves the backstops to the lease's current end: the watchdog thread's a margin after
+    /// it, the master's a margin before it (L-9).
     fn arm(&self) {
         let end = self.lease_end.into_std();
         self.watch.kill_at(end + WATCHDOG_MARGIN);
+        let known = self.lease_end < Instant::now() + NO_LEASE;
+        self.watch
+            .lease_ends(known.then(|| end.checked_sub(self.master_margin).unwrap_or(end)));
     }
 }
 
@@ -129,8 +144,9 @@ impl Supervision {
         dead: &CancellationToken,
     ) -> RunEnd {
         let locked = !self.locks.is_empty();
-        // The backstop of the deadline below, on a thread no I/O of this one can block: it
-        // follows `lease_end` (a margin after it, so that this task acts first whenever it
+        // The backstops of the deadline below: a thread no I/O of this one can block, and the
+        // master, which no stall of this process can hold up (watchdog.rs). They follow
+        // `lease_end` (the thread a margin after it, so that this task acts first whenever it
         // runs at all).
         let watch = if locked {
             Watch::new()
@@ -158,6 +174,7 @@ impl Supervision {
             },
             extension: Fuse::terminated(),
             watch,
+            master_margin: (self.kill_grace / 2).min(MASTER_MARGIN),
             kills,
         };
         let end = match self.until_end(&mut r, control, dead).await {

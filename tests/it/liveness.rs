@@ -329,3 +329,150 @@ fn a_partition_kills_the_handler_group_before_the_lease_ends_by_redis_clock() {
     );
     d.kill();
 }
+
+/// Finding #8: the worker process is frozen (SIGSTOP) while its handler, a process of its own,
+/// is not. Its master, told the handler's group and lease end on every ACQUIRE and EXTEND,
+/// kills the group before the lease ends by Redis's clock; a second daemon's job under the
+/// same limit-1 lock then runs, never beside it. `handler` is "command" or "persistent".
+fn frozen_worker_case(handler: &str) {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let events = dir.join("events.jsonl");
+    // A long process lease, so that the frozen worker is not recovered as dead meanwhile (that
+    // releases its locks at once, R-4: another path).
+    let table = match handler {
+        "command" => format!(
+            "[classes.\"Excl\"]\ncommand = [\"{}\"]\nlock = \"excl\"\non_conflict = \"wait\"\n\
+             wait_timeout = \"20s\"\n",
+            stubborn_group_handler(dir).display()
+        ),
+        _ => format!(
+            "[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
+             env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Sleep\"]\nhandler = \"t\"\nlock = \"excl\"\n\
+             on_conflict = \"wait\"\nwait_timeout = \"20s\"\n",
+            crate::support::manifest_dir()
+                .join("tests/it/fixtures/protocol_handler.py")
+                .display(),
+            events.display()
+        ),
+    };
+    let config = |queue: &str| {
+        format!(
+            "{}\n{table}",
+            cfg(queue)
+                .locket("lock_ttl", "\"5s\"")
+                .locket("heartbeat_interval", "\"1s\"")
+                .locket("kill_grace", "\"1s\"")
+                .locket("process_ttl", "\"60s\"")
+                .render()
+        )
+    };
+    let payload = match handler {
+        "command" => r#"{"class":"Excl","args":[]}"#,
+        _ => r#"{"class":"Sleep","args":[60]}"#,
+    };
+    let mut first = Daemon::start(&redis, &config("a"), &[]);
+    let mut second = Daemon::start(&redis, &config("b"), &[]);
+    r.push("a", payload);
+    let key = format!("{NS}:locket:lock:excl");
+    let group: Vec<i32> = match handler {
+        "command" => vec![
+            crate::daemon::wait_pid(&dir.join("pid.a"), LONG),
+            crate::daemon::wait_pid(&dir.join("child.a"), LONG),
+        ],
+        _ => {
+            let mut pid = 0;
+            wait_until(LONG, "the persistent handler runs the job", || {
+                pid = read_lossy(&events)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .find(|e| e["event"] == "job")
+                    .and_then(|e| e["pid"].as_i64())
+                    .unwrap_or(0) as i32;
+                pid > 0
+            });
+            vec![pid]
+        }
+    };
+    wait_until(LONG, "the lock is held", || r.exists(&key));
+    let worker = first.worker_pid();
+    // SAFETY: kill(2) of the first daemon's worker process.
+    unsafe { libc::kill(worker, libc::SIGSTOP) };
+    // An EXTEND the worker sent just before it froze lands within this while.
+    std::thread::sleep(Duration::from_millis(200));
+    let v: Vec<i64> = r.cmd(&["EVAL", LEASE_END_LUA, "1", &key]);
+    let end = v[1];
+    r.push("b", payload);
+    let jobs_seen = |events: &std::path::Path| {
+        read_lossy(events)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "job")
+            .count()
+    };
+    let second_ran = || match handler {
+        "command" => dir.join("pid.b").exists(),
+        _ => jobs_seen(&events) >= 2,
+    };
+    // Until the group is dead: the second daemon's handler must not have started.
+    let mut died = None;
+    let limit = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < limit {
+        let started = second_ran();
+        if group.iter().all(|p| !crate::support::pid_alive(*p)) {
+            died = Some(wall_ms());
+            break;
+        }
+        assert!(
+            !started,
+            "the second daemon's job ran beside the frozen worker's handler"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let offset = redis_clock_offset(&mut r);
+    // SAFETY: as above.
+    unsafe { libc::kill(worker, libc::SIGCONT) };
+    let died = died.unwrap_or_else(|| {
+        panic!(
+            "the frozen worker's handler outlived its lease:\n{}",
+            first.log()
+        )
+    });
+    let gap = end - (died + offset);
+    eprintln!(
+        "frozen worker ({handler} handler): the handler group was dead {gap} ms before the \
+         lock key's PX ran out (by Redis's clock; PX left 200 ms after the freeze {} ms, clock \
+         offset {offset} ms)",
+        v[2]
+    );
+    assert!(
+        gap > 0,
+        "the handler group died {} ms after its lease ended:\n{}",
+        -gap,
+        first.log()
+    );
+    assert!(crate::support::process_group_members(group[0]).is_empty());
+    // The second daemon takes the lock once the lease has ended, and runs its job.
+    wait_until(LONG, "the second daemon's job runs", second_ran);
+    assert!(
+        first
+            .log()
+            .contains("the master killed the handler's process group"),
+        "{}",
+        first.log()
+    );
+    first.kill();
+    second.kill();
+}
+
+#[test]
+fn a_frozen_workers_command_handler_is_killed_by_its_master_before_the_lease_ends() {
+    frozen_worker_case("command");
+}
+
+#[test]
+fn a_frozen_workers_persistent_handler_is_killed_by_its_master_before_the_lease_ends() {
+    frozen_worker_case("persistent");
+}
