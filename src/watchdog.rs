@@ -43,6 +43,9 @@ struct Entry {
     serial: u64,
     /// The lease end last reported (CLOCK_MONOTONIC ns; 0: none yet, [`NEVER`]: no end).
     reported: AtomicU64,
+    /// The same end as nanoseconds after [`base`]: stable for one `Instant`, unlike its
+    /// conversion to CLOCK_MONOTONIC (two clock reads), so an unchanged end is not resent.
+    reported_key: AtomicU64,
     /// Whose entry it is.
     role: Role,
 }
@@ -217,6 +220,7 @@ impl Watch {
                 fired: AtomicBool::new(false),
                 serial,
                 reported: AtomicU64::new(0),
+                reported_key: AtomicU64::new(0),
                 role,
             })),
         }
@@ -240,10 +244,15 @@ impl Watch {
     /// run goes on without one. Only a change is sent, and only once a group is attached.
     pub fn lease_ends(&self, end: Option<Instant>) {
         let Some(entry) = &self.entry else { return };
-        let ns = end.map_or(NEVER, |e| monotonic_ns(e).max(1));
-        if entry.reported.swap(ns, Ordering::SeqCst) == ns {
+        let key = end.map_or(NEVER, |e| {
+            let after = e.saturating_duration_since(base()).as_nanos();
+            u64::try_from(after).unwrap_or(NEVER - 1).max(1)
+        });
+        if entry.reported_key.swap(key, Ordering::SeqCst) == key {
             return;
         }
+        let ns = end.map_or(NEVER, |e| monotonic_ns(e).max(1));
+        entry.reported.store(ns, Ordering::SeqCst);
         let pgid = entry.pgid.load(Ordering::SeqCst);
         if pgid > 0 {
             report(LeaseNote::Lease {
@@ -448,6 +457,52 @@ mod tests {
         let status = wait_for(&mut child, Duration::from_secs(5)).expect("killed");
         assert_eq!(status.signal(), Some(libc::SIGKILL));
         drop(stale);
+    }
+
+    /// Finding #8: an attached run reports its group and lease end once per change (the
+    /// supervisor re-arms on every turn of its loop), and its end when dropped.
+    #[test]
+    fn an_attached_run_reports_each_change_and_its_end() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        set_reporter(tx);
+        let child = group();
+        let pgid = child.id() as i32;
+        let w = Watch::new();
+        let serial = w.entry.as_ref().expect("entry").serial;
+        let end = Instant::now() + Duration::from_secs(60);
+        w.lease_ends(Some(end));
+        w.attach(pgid);
+        w.lease_ends(Some(end));
+        w.lease_ends(Some(end));
+        w.lease_ends(Some(end + Duration::from_secs(1)));
+        w.lease_ends(None);
+        drop(w);
+        let mut notes = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            let mine = match n {
+                LeaseNote::Lease { serial: s, .. } | LeaseNote::Forget { serial: s } => s,
+            };
+            if mine == serial {
+                notes.push(n);
+            }
+        }
+        let ends: Vec<Option<u64>> = notes
+            .iter()
+            .filter_map(|n| match n {
+                LeaseNote::Lease {
+                    pgid: p, until_ns, ..
+                } if *p == pgid => Some(*until_ns),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends.len(), 3, "{notes:?}");
+        let first = ends[0].expect("an end");
+        let ahead = instant_of(first).saturating_duration_since(Instant::now());
+        assert!(ahead > Duration::from_secs(58), "{ahead:?}");
+        assert!(ends[1].expect("an end") > first);
+        assert_eq!(ends[2], None);
+        assert_eq!(notes.last(), Some(&LeaseNote::Forget { serial }));
+        cleanup(child);
     }
 
     // No async runtime runs in these tests: the kill comes from the watchdog's thread alone.
