@@ -476,3 +476,47 @@ fn a_frozen_workers_command_handler_is_killed_by_its_master_before_the_lease_end
 fn a_frozen_workers_persistent_handler_is_killed_by_its_master_before_the_lease_ends() {
     frozen_worker_case("persistent");
 }
+
+/// Finding #8, the other side: a locked job that ends is forgotten by the master, so the
+/// persistent handler that ran it, idle past that job's lease, is not killed (and the same
+/// process runs the next job).
+#[test]
+fn the_master_leaves_a_persistent_handler_alone_once_its_job_ended() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let events = work.path().join("events.jsonl");
+    let config = format!(
+        "{}\n[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
+         env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Ok\"]\nhandler = \"t\"\nlock = \"ok\"\n",
+        cfg("q").render(),
+        crate::support::manifest_dir()
+            .join("tests/it/fixtures/protocol_handler.py")
+            .display(),
+        events.display()
+    );
+    let mut d = Daemon::start(&redis, &config, &[]);
+    let job_pids = || -> Vec<i64> {
+        read_lossy(&events)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "job")
+            .filter_map(|e| e["pid"].as_i64())
+            .collect()
+    };
+    r.push("q", r#"{"class":"Ok","args":[1]}"#);
+    wait_until(LONG, "the first job done", || r.processed() == 1);
+    let first = job_pids()[0];
+    // Past the lease (lock_ttl 2 s) the first job had, and its master backstop.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        crate::support::pid_alive(i32::try_from(first).unwrap()),
+        "the idle handler was killed:\n{}",
+        d.log()
+    );
+    r.push("q", r#"{"class":"Ok","args":[2]}"#);
+    wait_until(LONG, "the second job done", || r.processed() == 2);
+    assert_eq!(job_pids(), vec![first, first], "one handler ran both");
+    assert!(!d.log().contains("the master killed"), "{}", d.log());
+    d.kill();
+}
