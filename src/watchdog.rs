@@ -11,10 +11,21 @@
 //! A [`Watch`] is one run's entry: the supervisor moves its deadline on every lock extension,
 //! the command handler attaches the process group it started (which puts the entry on the
 //! list), and dropping the last clone takes the entry off the list at the thread's next look.
+//!
+//! A thread of the worker does nothing when the whole worker is frozen (SIGSTOP, a cgroup
+//! freezer, a debugger) while its handler, a process of its own, runs on (finding #8). So each
+//! attached entry is also reported, through the hook a worker installs ([`set_reporter`]), to
+//! a process outside it: the group, and the lease's local end as an absolute CLOCK_MONOTONIC
+//! time (the same clock for every process of the host, so no message delay moves it), on every
+//! change; and its end when the last clone is dropped. The master (`master/pickup.rs`) keeps
+//! one entry of its own per reported run on this same list, of its own process
+//! ([`Watch::guard`]), and kills the group at that end if it still lives. Its entries carry the
+//! group leader's start time: a group id the kernel reused for another process is never killed.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// How long the thread sleeps at most between two looks at the list.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -28,6 +39,124 @@ struct Entry {
     /// The process group to kill (0: none attached yet).
     pgid: AtomicI32,
     fired: AtomicBool,
+    /// This process's number for the run, named in its reports.
+    serial: u64,
+    /// The lease end last reported (CLOCK_MONOTONIC ns; 0: none yet, [`NEVER`]: no end).
+    reported: AtomicU64,
+    /// The same end as nanoseconds after [`base`]: stable for one `Instant`, unlike its
+    /// conversion to CLOCK_MONOTONIC (two clock reads), so an unchanged end is not resent.
+    reported_key: AtomicU64,
+    /// Whose entry it is.
+    role: Role,
+}
+
+#[derive(Clone, Copy)]
+enum Role {
+    /// A worker's own run.
+    Own,
+    /// The master's guard over a worker's run: the worker's pid, and the group leader's start
+    /// time (`/proc/<pid>/stat` field 22) when the worker reported it.
+    Guard { worker: u32, start: u64 },
+}
+
+/// What a worker tells the master about its runs (see the module's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseNote {
+    /// Run `serial`'s handler group is `pgid`; its lease ends at `until_ns` (CLOCK_MONOTONIC
+    /// nanoseconds; `None`: no end, the run keeps going without its lock).
+    Lease {
+        /// The run's number in this process.
+        serial: u64,
+        /// The handler's process group.
+        pgid: i32,
+        /// The lease's local end.
+        until_ns: Option<u64>,
+    },
+    /// Run `serial` is over: its group is no longer the lease's.
+    Forget {
+        /// The run's number in this process.
+        serial: u64,
+    },
+}
+
+/// Where [`LeaseNote`]s go in this process (none until a worker installs it).
+static REPORTER: OnceLock<UnboundedSender<LeaseNote>> = OnceLock::new();
+
+/// Sends every attached run's [`LeaseNote`]s to `to` from now on (once per process; a second
+/// call is ignored).
+pub fn set_reporter(to: UnboundedSender<LeaseNote>) {
+    let _ = REPORTER.set(to);
+}
+
+fn report(note: LeaseNote) {
+    if let Some(to) = REPORTER.get() {
+        let _ = to.send(note);
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let attached = *self.pgid.get_mut() > 0 && *self.reported.get_mut() != 0;
+        if attached && matches!(self.role, Role::Own) {
+            report(LeaseNote::Forget {
+                serial: self.serial,
+            });
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock std's `Instant` reads on Linux, and the
+/// same for every process of the host (and its time namespace).
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// `at` as CLOCK_MONOTONIC nanoseconds, to be read by another process of this host.
+pub fn monotonic_ns(at: Instant) -> u64 {
+    let (now, now_ns) = (Instant::now(), monotonic_now_ns());
+    match at.checked_duration_since(now) {
+        Some(ahead) => now_ns.saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX)),
+        None => now_ns.saturating_sub(
+            u64::try_from(now.saturating_duration_since(at).as_nanos()).unwrap_or(u64::MAX),
+        ),
+    }
+}
+
+/// The `Instant` of CLOCK_MONOTONIC nanoseconds `ns` (as [`monotonic_ns`] gave them).
+pub fn instant_of(ns: u64) -> Instant {
+    let (now, now_ns) = (Instant::now(), monotonic_now_ns());
+    if ns >= now_ns {
+        now + Duration::from_nanos(ns - now_ns)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_ns - ns))
+            .unwrap_or(now)
+    }
+}
+
+/// A process's parent, process group and start time (`/proc/<pid>/stat` fields 4, 5, 22),
+/// if it exists.
+pub fn proc_identity(pid: i32) -> Option<(u32, i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    // stime cutime cstime priority nice threads itrealvalue starttime ...", comm may hold
+    // spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the comm: f[0] is field 3 (state).
+    Some((
+        f.get(1)?.parse().ok()?,
+        f.get(2)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
 }
 
 struct Board {
@@ -79,12 +208,58 @@ impl Watch {
     /// when a process group is attached, so a run without one (an in-process handler) costs
     /// one allocation and never touches the list or its thread.
     pub fn new() -> Watch {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        Watch::with_role(Role::Own, SERIAL.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    fn with_role(role: Role, serial: u64) -> Watch {
         Watch {
             entry: Some(Arc::new(Entry {
                 deadline_ms: AtomicU64::new(NEVER),
                 pgid: AtomicI32::new(0),
                 fired: AtomicBool::new(false),
+                serial,
+                reported: AtomicU64::new(0),
+                reported_key: AtomicU64::new(0),
+                role,
             })),
+        }
+    }
+
+    /// The master's guard over run `serial` of worker `worker`, whose handler group `pgid`
+    /// the worker reported: `None` unless that group's leader lives, leads it, and is the
+    /// worker's child (or, the worker gone, this process's adopted one). Its start time is
+    /// kept, and checked again before the kill. Without a deadline until [`Watch::kill_at`].
+    pub fn guard(worker: u32, serial: u64, pgid: i32) -> Option<Watch> {
+        let (ppid, pgrp, start) = proc_identity(pgid)?;
+        if pgrp != pgid || (ppid != worker && ppid != std::process::id()) {
+            return None;
+        }
+        let w = Watch::with_role(Role::Guard { worker, start }, serial);
+        w.attach(pgid);
+        Some(w)
+    }
+
+    /// Reports the lease's local end to the master (see the module's text): `None` when the
+    /// run goes on without one. Only a change is sent, and only once a group is attached.
+    pub fn lease_ends(&self, end: Option<Instant>) {
+        let Some(entry) = &self.entry else { return };
+        let key = end.map_or(NEVER, |e| {
+            let after = e.saturating_duration_since(base()).as_nanos();
+            u64::try_from(after).unwrap_or(NEVER - 1).max(1)
+        });
+        if entry.reported_key.swap(key, Ordering::SeqCst) == key {
+            return;
+        }
+        let ns = end.map_or(NEVER, |e| monotonic_ns(e).max(1));
+        entry.reported.store(ns, Ordering::SeqCst);
+        let pgid = entry.pgid.load(Ordering::SeqCst);
+        if pgid > 0 {
+            report(LeaseNote::Lease {
+                serial: entry.serial,
+                pgid,
+                until_ns: end.map(|_| ns),
+            });
         }
     }
 
@@ -101,12 +276,31 @@ impl Watch {
         }
     }
 
+    /// Like [`Watch::kill_at`], but never moves a deadline already set earlier.
+    pub fn kill_later(&self, at: Instant) {
+        let Some(entry) = &self.entry else { return };
+        let ms =
+            u64::try_from(at.saturating_duration_since(base()).as_millis()).unwrap_or(NEVER - 1);
+        let current = entry.deadline_ms.load(Ordering::SeqCst);
+        if current == NEVER || ms > current {
+            self.kill_at(at);
+        }
+    }
+
     /// The process group this run's handler started (a command handler calls this after
     /// spawn): the entry joins the watchdog's list.
     pub fn attach(&self, pgid: i32) {
         let Some(entry) = &self.entry else { return };
         if pgid <= 0 || entry.pgid.swap(pgid, Ordering::SeqCst) > 0 {
             return;
+        }
+        let reported = entry.reported.load(Ordering::SeqCst);
+        if reported != 0 && matches!(entry.role, Role::Own) {
+            report(LeaseNote::Lease {
+                serial: entry.serial,
+                pgid,
+                until_ns: (reported != NEVER).then_some(reported),
+            });
         }
         let board = board();
         let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -129,6 +323,43 @@ impl Watch {
     }
 }
 
+/// Kills the group of an entry whose deadline passed.
+fn fire(e: &Entry, pgid: i32) {
+    match e.role {
+        Role::Own => {
+            // SAFETY: kill(2) with a negative pid signals that process group; no memory is
+            // shared.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+            tracing::error!(
+                pgid,
+                "the job lock's local deadline passed while the worker was stalled; the watchdog killed the handler's process group"
+            );
+        }
+        Role::Guard { worker, start } => {
+            // The leader gone, the group id cannot have been reused while members of the
+            // group live (the kernel keeps it), so they are killed; a leader with another
+            // start time is another process that got the same number: left alone.
+            if let Some((_, _, now)) = proc_identity(pgid) {
+                if now != start {
+                    return;
+                }
+            }
+            // SAFETY: as above.
+            let rc = unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            if rc == 0 {
+                tracing::error!(
+                    target: "locketd::master",
+                    worker,
+                    pgid,
+                    "a job lock's lease is about to end and its handler still runs (its worker frozen, stalled, or cut off from Redis): the master killed the handler's process group"
+                );
+            }
+        }
+    }
+}
+
 fn watch_loop() {
     let board = board();
     let mut entries = board.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -142,15 +373,7 @@ fn watch_loop() {
             if pgid > 0 && !e.fired.load(Ordering::SeqCst) {
                 if deadline <= now_ms {
                     e.fired.store(true, Ordering::SeqCst);
-                    // SAFETY: kill(2) with a negative pid signals that process group; no
-                    // memory is shared.
-                    unsafe {
-                        libc::kill(-pgid, libc::SIGKILL);
-                    }
-                    tracing::error!(
-                        pgid,
-                        "the job lock's deadline and kill_grace passed while the worker was stalled; the watchdog killed the handler's process group"
-                    );
+                    fire(&e, pgid);
                 } else {
                     next = next.min(deadline);
                 }
@@ -196,6 +419,90 @@ mod tests {
     fn cleanup(mut child: Child) {
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn monotonic_times_round_trip() {
+        let at = Instant::now() + Duration::from_millis(1500);
+        let back = instant_of(monotonic_ns(at));
+        let diff = if back > at { back - at } else { at - back };
+        assert!(diff < Duration::from_millis(5), "{diff:?}");
+        let past = Instant::now() - Duration::from_millis(10);
+        assert!(instant_of(monotonic_ns(past)) <= Instant::now());
+    }
+
+    /// Finding #8: the master guards only a group whose leader is the worker's child or its
+    /// own (here the test is both "master" and "worker"), and never kills a group id that now names
+    /// another process (a leader with another start time).
+    #[test]
+    fn a_guard_checks_whose_group_it_is() {
+        let mut child = group();
+        let pgid = child.id() as i32;
+        // pid 1 leads its group, but is neither the worker's child nor ours.
+        assert!(Watch::guard(std::process::id(), 1, 1).is_none());
+        let stale = Watch::with_role(
+            Role::Guard {
+                worker: std::process::id(),
+                start: proc_identity(pgid).expect("stat").2 + 1,
+            },
+            2,
+        );
+        stale.attach(pgid);
+        stale.kill_at(Instant::now());
+        assert!(wait_for(&mut child, Duration::from_millis(1200)).is_none());
+        let guard = Watch::guard(std::process::id(), 3, pgid).expect("our child's group");
+        guard.kill_later(Instant::now() + Duration::from_millis(200));
+        // An older end reported late does not move the kill earlier.
+        guard.kill_later(Instant::now() + Duration::from_millis(50));
+        let status = wait_for(&mut child, Duration::from_secs(5)).expect("killed");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        drop(stale);
+    }
+
+    /// Finding #8: an attached run reports its group and lease end once per change (the
+    /// supervisor re-arms on every turn of its loop), and its end when dropped.
+    #[test]
+    fn an_attached_run_reports_each_change_and_its_end() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        set_reporter(tx);
+        let child = group();
+        let pgid = child.id() as i32;
+        let w = Watch::new();
+        let serial = w.entry.as_ref().expect("entry").serial;
+        let end = Instant::now() + Duration::from_secs(60);
+        w.lease_ends(Some(end));
+        w.attach(pgid);
+        w.lease_ends(Some(end));
+        w.lease_ends(Some(end));
+        w.lease_ends(Some(end + Duration::from_secs(1)));
+        w.lease_ends(None);
+        drop(w);
+        let mut notes = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            let mine = match n {
+                LeaseNote::Lease { serial: s, .. } | LeaseNote::Forget { serial: s } => s,
+            };
+            if mine == serial {
+                notes.push(n);
+            }
+        }
+        let ends: Vec<Option<u64>> = notes
+            .iter()
+            .filter_map(|n| match n {
+                LeaseNote::Lease {
+                    pgid: p, until_ns, ..
+                } if *p == pgid => Some(*until_ns),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends.len(), 3, "{notes:?}");
+        let first = ends[0].expect("an end");
+        let ahead = instant_of(first).saturating_duration_since(Instant::now());
+        assert!(ahead > Duration::from_secs(58), "{ahead:?}");
+        assert!(ends[1].expect("an end") > first);
+        assert_eq!(ends[2], None);
+        assert_eq!(notes.last(), Some(&LeaseNote::Forget { serial }));
+        cleanup(child);
     }
 
     // No async runtime runs in these tests: the kill comes from the watchdog's thread alone.

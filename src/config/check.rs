@@ -1,7 +1,7 @@
 //! The start-up check (C-1, C-2): every setting a worker relies on, refused with a message
 //! that names it, before any process starts.
 
-use super::{invalid, plans, Builtin, Config, ConfigError, HandlerMode, BUILTIN_NAMES};
+use super::{invalid, plans, Builtin, Config, ConfigError, HandlerMode, Secs, BUILTIN_NAMES};
 use std::time::Duration;
 
 impl Config {
@@ -110,18 +110,19 @@ impl Config {
                 format!("{} is below 1s", l.lock_ttl),
             ));
         }
-        if l.heartbeat_interval.get() < Duration::from_millis(100) {
+        let heartbeat = Secs(l.heartbeat());
+        if heartbeat.get() < Duration::from_millis(100) {
             return Err(invalid(
                 "locket.heartbeat_interval",
-                format!("{} is below 100ms", l.heartbeat_interval),
+                format!("{heartbeat} is below 100ms"),
             ));
         }
-        if l.heartbeat_interval >= l.lock_ttl {
+        if heartbeat >= l.lock_ttl {
             return Err(invalid(
                 "locket.heartbeat_interval",
                 format!(
-                    "{} must be shorter than locket.lock_ttl ({})",
-                    l.heartbeat_interval, l.lock_ttl
+                    "{heartbeat} must be shorter than locket.lock_ttl ({})",
+                    l.lock_ttl
                 ),
             ));
         }
@@ -177,13 +178,6 @@ impl Config {
         if l.janitor_interval.get() < Duration::from_millis(100) {
             return Err(invalid("locket.janitor_interval", "is below 100ms"));
         }
-        if l.lock_ttl.get().saturating_sub(l.heartbeat_interval.get()) < Duration::from_secs(3) {
-            warnings.push(format!(
-                "locket.lock_ttl ({}) leaves less than 3s after locket.heartbeat_interval ({}): \
-                 a slow heartbeat may lose the lock",
-                l.lock_ttl, l.heartbeat_interval
-            ));
-        }
         for (name, class) in &self.classes {
             let setting = format!("classes.{name:?}");
             if name.is_empty() {
@@ -238,6 +232,7 @@ impl Config {
             }
         }
         self.check_handlers(&mut warnings)?;
+        self.check_stop_before_lease_end(&mut warnings)?;
         self.schedules()?;
         if self.scheduler.lock_ttl.get() < Duration::from_secs(2) {
             return Err(invalid("scheduler.lock_ttl", "is below 2s"));
@@ -262,6 +257,67 @@ impl Config {
 }
 
 impl Config {
+    /// C-1, C-2 (issue 23): when renewals fail, the polite stop begins `kill_grace` before the
+    /// lease's local end (L-9), so that the hard stop lands before it: `heartbeat_interval +
+    /// kill_grace` must leave room for a renewal before that stop, for the `[locket]` values
+    /// and for every locked class with a `kill_grace` of its own. Room for fewer than two
+    /// renewals is a warning.
+    fn check_stop_before_lease_end(&self, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+        let l = &self.locket;
+        let (ttl, heartbeat) = (l.lock_ttl.get(), l.heartbeat());
+        // L-9's local lease: lock_ttl less its drift margin.
+        let local = ttl.saturating_sub(ttl / 100 + Duration::from_millis(2));
+        let plans = plans::Plans::compile(self)?;
+        // The [locket] value serves every locked class without one of its own ("*" included,
+        // which serves the classes without a table).
+        let mut grace = Vec::new();
+        let inherits = |c: &super::ClassConfig| c.kill_grace.is_none();
+        let default_locked = match self.classes.get("*") {
+            Some(star) => inherits(star) && !plans.get("*").locks.is_empty(),
+            None => l.lock_all,
+        };
+        let any_inherits = default_locked
+            || self
+                .classes
+                .iter()
+                .any(|(name, c)| inherits(c) && !plans.get(name).locks.is_empty());
+        if any_inherits {
+            grace.push(("locket.kill_grace".to_string(), l.kill_grace));
+        }
+        for (name, c) in &self.classes {
+            if let (Some(kg), false) = (c.kill_grace, plans.get(name).locks.is_empty()) {
+                grace.push((format!("classes.{name:?}.kill_grace"), kg));
+            }
+        }
+        for (setting, kg) in grace {
+            let before_stop = local.saturating_sub(kg.get());
+            if heartbeat + kg.get() >= local {
+                return Err(invalid(
+                    &setting,
+                    format!(
+                        "locket.heartbeat_interval ({}) + kill_grace ({kg}) must be shorter than \
+                         locket.lock_ttl ({}) less L-9's margin (1% + 2ms): when renewals fail, \
+                         the handler is stopped kill_grace before the lease ends, so that it is \
+                         dead before another holder can start; with these values that stop \
+                         comes before the first renewal",
+                        Secs(heartbeat),
+                        l.lock_ttl
+                    ),
+                ));
+            }
+            if heartbeat * 2 > before_stop {
+                warnings.push(format!(
+                    "{setting} ({kg}) with locket.lock_ttl ({}) and locket.heartbeat_interval \
+                     ({}): a single failed renewal stops the job; leave room for two \
+                     (heartbeat_interval at most (lock_ttl - kill_grace) / 2)",
+                    l.lock_ttl,
+                    Secs(heartbeat)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The `[schedule.<name>]` tables compiled (SC-10, SC-11); the error names the schedule
     /// and what is wrong with it (a bad cron, duration or zone).
     pub fn schedules(&self) -> Result<Vec<super::Schedule>, ConfigError> {

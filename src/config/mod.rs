@@ -309,9 +309,10 @@ pub struct Locket {
     /// Lease length.
     #[serde(default = "d35s")]
     pub lock_ttl: Secs,
-    /// Time between extensions while a job runs.
-    #[serde(default = "d30s")]
-    pub heartbeat_interval: Secs,
+    /// Time between extensions while a job runs; unset, a third of `lock_ttl`
+    /// ([`Locket::heartbeat`]).
+    #[serde(default)]
+    pub heartbeat_interval: Option<Secs>,
     /// Longest life of a queue lock counter.
     #[serde(default = "d15s")]
     pub counter_ttl: Secs,
@@ -395,12 +396,21 @@ impl Default for Locket {
     }
 }
 
+impl Locket {
+    /// The time between extensions while a job runs: `heartbeat_interval`, by default
+    /// a third of `lock_ttl`, so that two renewals can fail before a stop begins (L-9).
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat_interval
+            .map_or(self.lock_ttl.get() / 3, Secs::get)
+    }
+}
+
 fn unreachable_defaults() -> Locket {
     Locket {
         lock_all: true,
         lock_queues: List::default(),
         lock_ttl: d35s(),
-        heartbeat_interval: d30s(),
+        heartbeat_interval: None,
         counter_ttl: d15s(),
         clear_counters_when_idle: false,
         on_lock_lost: OnLockLost::Kill,
@@ -701,7 +711,11 @@ mod tests {
         assert_eq!(c.redis, "redis://127.0.0.1:6379/0");
         assert_eq!(c.queues.0, vec!["high", "low"]);
         assert_eq!(c.locket.lock_ttl.get(), Duration::from_secs(35));
-        assert_eq!(c.locket.heartbeat_interval.get(), Duration::from_secs(30));
+        // Issue 23: a third of lock_ttl, so two renewals can fail before a stop begins.
+        assert_eq!(c.locket.heartbeat(), Duration::from_secs(35) / 3);
+        let c2 = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"60s\"\nprocess_ttl = \"90s\"");
+        assert_eq!(c2.locket.heartbeat(), Duration::from_secs(20));
+        assert!(c2.check().is_ok());
         assert_eq!(c.locket.counter_ttl.get(), Duration::from_secs(15));
         assert!(c.locket.lock_all);
         assert!(!c.locket.clear_counters_when_idle);
@@ -822,9 +836,50 @@ mod tests {
 
     #[test]
     fn short_slack_is_a_warning_not_an_error() {
-        let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"8s\"");
+        let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"4s\"\nkill_grace = \"3s\"");
         let w = c.check().unwrap();
-        assert!(w.iter().any(|w| w.contains("less than 3s")), "{w:?}");
+        assert!(
+            w.iter().any(|w| w.contains("a single failed renewal")),
+            "{w:?}"
+        );
+        let w = cfg("queues = \"q\"").check().unwrap();
+        assert!(!w.iter().any(|w| w.contains("renewal")), "{w:?}");
+    }
+
+    /// Issue 23: the hard stop lands before the lease ends only if `heartbeat_interval +
+    /// kill_grace` is shorter than `lock_ttl`; refused with the reason, for `[locket]` and for
+    /// a locked class's own `kill_grace` (an unlocked class may wait as long as it likes).
+    #[test]
+    fn a_kill_grace_past_the_lease_is_refused() {
+        for (text, setting) in [
+            (
+                "[locket]\nlock_ttl = \"20s\"\nheartbeat_interval = \"10s\"\nkill_grace = \"10s\"",
+                "locket.kill_grace",
+            ),
+            (
+                "[locket]\nlock_ttl = \"20s\"\nkill_grace = \"14s\"",
+                "locket.kill_grace",
+            ),
+            (
+                "[locket]\nlock_ttl = \"20s\"\n[classes.\"A\"]\ncommand = [\"/bin/true\"]\nkill_grace = \"15s\"",
+                "classes.\"A\".kill_grace",
+            ),
+        ] {
+            let err = cfg(&format!("queues = \"q\"\n{text}"))
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(setting), "{text}: {err}");
+            assert!(err.contains("before the lease ends"), "{text}: {err}");
+        }
+        for ok in [
+            "[locket]\nlock_ttl = \"20s\"\nkill_grace = \"12s\"",
+            "[locket]\nlock_ttl = \"20s\"\n[classes.\"A\"]\ncommand = [\"/bin/true\"]\nlock = false\nkill_grace = \"60s\"",
+            "[locket]\nlock_all = false\nkill_grace = \"60s\"",
+        ] {
+            let c = cfg(&format!("queues = \"q\"\n{ok}"));
+            assert!(c.check().is_ok(), "{ok}: {:?}", c.check());
+        }
     }
 
     #[test]

@@ -24,6 +24,11 @@
 //! (Redis < 6.0, an ACL, a proxy), it reads `SMEMBERS <ns>:queues` once a second instead, only
 //! while such a worker waits.
 //!
+//! The same link carries the lease backstop of finding #8 (`watchdog.rs`): a worker reports each
+//! locked job's handler group and the local end of its lease on every change, and the run's
+//! end; the master keeps a watchdog entry per run in its own process and kills the group when
+//! that end passes, so a frozen worker's handler never outlives its lease.
+//!
 //! Cost while idle: a BLMOVE per watched queue every 30 s, and a worker's own pass every
 //! `interval`; connections: one per watched queue (at most [`MAX_WATCHED`]) and one for the
 //! tracking. Errors (Redis away, OOM, a failover) back off from 1 s to 30 s per connection; a
@@ -192,6 +197,8 @@ struct State {
     failing: Arc<AtomicBool>,
     refused: Arc<AtomicBool>,
     full_warned: bool,
+    /// The lease backstops of running jobs, per worker pid and run number.
+    leases: HashMap<(u32, u64), crate::watchdog::Watch>,
 }
 
 impl State {
@@ -209,6 +216,7 @@ impl State {
             failing: Arc::default(),
             refused: Arc::default(),
             full_warned: false,
+            leases: HashMap::new(),
         };
         s.start_tracker();
         s
@@ -250,6 +258,21 @@ impl State {
                     },
                 );
             }
+            Ev::Report {
+                pid,
+                report:
+                    Report::Lease {
+                        serial,
+                        pgid,
+                        until_ns,
+                    },
+            } => self.lease(pid, serial, pgid, until_ns),
+            Ev::Report {
+                pid,
+                report: Report::Forget { serial },
+            } => {
+                self.leases.remove(&(pid, serial));
+            }
             Ev::Report { pid, report } => {
                 self.answered(pid);
                 let Some(p) = self.procs.get_mut(&pid) else {
@@ -264,13 +287,15 @@ impl State {
                             since: Instant::now(),
                         });
                     }
-                    Report::Busy => {}
+                    Report::Busy | Report::Lease { .. } | Report::Forget { .. } => {}
                     Report::Leave => p.waiting = None,
                 }
             }
             Ev::Gone { pid } => {
                 self.answered(pid);
                 self.procs.remove(&pid);
+                // The worker exited: its adopted handlers are killed by `kill_orphans`.
+                self.leases.retain(|(p, _), _| *p != pid);
             }
             Ev::Pushed { key } => {
                 if let Some(w) = self.watchers.get(&key) {
@@ -310,6 +335,28 @@ impl State {
                     self.start_tracker();
                 }
             }
+        }
+    }
+
+    /// A worker's report of a locked run's group and lease end: the master's guard over it
+    /// (kept only for a group that is the worker's handler's). The end only moves later: a
+    /// report that crossed a newer one changes nothing.
+    fn lease(&mut self, pid: u32, serial: u64, pgid: i32, until_ns: Option<u64>) {
+        let watch = match self.leases.entry((pid, serial)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                match crate::watchdog::Watch::guard(pid, serial, pgid) {
+                    Some(w) => v.insert(w),
+                    None => {
+                        debug!(target: LOG_TARGET, pid, pgid, "a reported handler group is not the worker's (gone already?): not guarded");
+                        return;
+                    }
+                }
+            }
+        };
+        match until_ns {
+            Some(ns) => watch.kill_later(crate::watchdog::instant_of(ns)),
+            None => watch.kill_later(std::time::Instant::now() + Duration::from_secs(86400 * 365)),
         }
     }
 

@@ -87,6 +87,27 @@ impl Idle {
         }
     }
 
+    /// Sends the master every running job's handler group and lease end over the link
+    /// (`watchdog.rs`), so that it can kill a group whose worker is frozen: a task that
+    /// forwards the watchdog's notes, in order. Without a link, nothing.
+    pub(super) fn report_leases(self: &std::sync::Arc<Self>) {
+        if self.writer.is_none() {
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        crate::watchdog::set_reporter(tx);
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Some(note) = rx.recv().await {
+                let Some(w) = &me.writer else { return };
+                if let Err(e) = w.lock().await.send(&Report::from(note)).await {
+                    warn!(error = %e, "the master's link is gone: it no longer backs up the lock leases of this worker's jobs");
+                    return;
+                }
+            }
+        });
+    }
+
     /// A pass reserved a job: the wake-up that led to it was not fruitless, and the master
     /// hears it at once (it watches the queue for the other idle workers again).
     pub(super) async fn took_job(&self) {

@@ -472,7 +472,7 @@ impl Worker {
             token: p.token.clone(),
             locks: p.rendered.locks.clone(),
             lock_ttl: lt.lock_ttl.get(),
-            heartbeat_interval: lt.heartbeat_interval.get(),
+            heartbeat_interval: lt.heartbeat(),
             sent_at,
             max_runtime: class_cfg.timeout.map(|t| t.get()),
             kill_grace: class_cfg.kill_grace.unwrap_or(lt.kill_grace).get(),

@@ -251,6 +251,7 @@ impl Worker {
             idle: Arc::new(idle::Idle::new()),
             pending: None,
         };
+        worker.idle.report_leases();
         for k in 2..=slots {
             let peer = worker.peer(k);
             worker.peers.push(peer);

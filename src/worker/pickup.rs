@@ -36,6 +36,40 @@ pub enum Report {
     Busy,
     /// The wait ended without a wake-up (its interval ran out, or a stop).
     Leave,
+    /// A running job's handler group and the local end of its lease (CLOCK_MONOTONIC ns;
+    /// none: it runs on without its lock), on every change: the master kills the group then
+    /// if it still lives (`watchdog.rs`).
+    Lease {
+        /// The run's number in this process.
+        serial: u64,
+        /// The handler's process group.
+        pgid: i32,
+        /// The lease's local end.
+        until_ns: Option<u64>,
+    },
+    /// Run `serial` is over: the master forgets its group.
+    Forget {
+        /// The run's number in this process.
+        serial: u64,
+    },
+}
+
+impl From<crate::watchdog::LeaseNote> for Report {
+    fn from(n: crate::watchdog::LeaseNote) -> Report {
+        use crate::watchdog::LeaseNote;
+        match n {
+            LeaseNote::Lease {
+                serial,
+                pgid,
+                until_ns,
+            } => Report::Lease {
+                serial,
+                pgid,
+                until_ns,
+            },
+            LeaseNote::Forget { serial } => Report::Forget { serial },
+        }
+    }
 }
 
 /// The worker's writing end (shared by the slots of a process).
@@ -156,6 +190,26 @@ mod tests {
             serde_json::from_str::<Report>(r#"{"m":"busy"}"#).unwrap(),
             Report::Busy
         );
+    }
+
+    #[test]
+    fn lease_reports_round_trip() {
+        for r in [
+            Report::Lease {
+                serial: 3,
+                pgid: 77,
+                until_ns: Some(123_456_789),
+            },
+            Report::Lease {
+                serial: 4,
+                pgid: 78,
+                until_ns: None,
+            },
+            Report::Forget { serial: 3 },
+        ] {
+            let text = serde_json::to_string(&r).unwrap();
+            assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), r, "{text}");
+        }
     }
 
     #[test]

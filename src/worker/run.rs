@@ -78,9 +78,17 @@ pub(super) struct Supervision {
     pub on_lock_lost: OnLockLost,
 }
 
-/// How long after the deadline and kill_grace the watchdog thread kills a handler that this
-/// task (stalled) did not stop.
+/// How long after the hard stop's latest time (the local deadline) the watchdog thread kills
+/// a handler that this task (stalled) did not stop.
 const WATCHDOG_MARGIN: Duration = Duration::from_secs(1);
+
+/// The master's backstop kills a handler group this long (at most; half of kill_grace when
+/// that is shorter) before the lease's local end, so that the group is dead, not just
+/// signalled, by then, even on a loaded host (finding #8, L-9).
+const MASTER_MARGIN: Duration = Duration::from_millis(250);
+
+/// A lease end this far away is no lease end (unlocked, or kept running after a loss).
+const NO_LEASE: Duration = Duration::from_secs(86400 * 30);
 
 /// L-9: the local deadline never falls after the server's.
 fn local_deadline(t: Instant, ttl: Duration) -> Instant {
@@ -107,18 +115,23 @@ struct Running {
     /// (up to the 30 s response timeout) must not hold up the lease end, the signals or the
     /// handler's exit (NEVER-1).
     extension: Extension,
-    /// The lease's backstop on its own thread, armed `backstop` (kill_grace and
-    /// [`WATCHDOG_MARGIN`]) after `lease_end`.
+    /// The lease's backstops: the thread of this process, armed [`WATCHDOG_MARGIN`] after
+    /// `lease_end`, and the master, told `lease_end` less `master_margin` (watchdog.rs).
     watch: Watch,
-    backstop: Duration,
+    /// How long before `lease_end` the master kills.
+    master_margin: Duration,
     kills: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Running {
-    /// Moves the watchdog to the lease's current end, plus kill_grace and the margin.
+    /// Moves the backstops to the lease's current end: the watchdog thread's a margin after
+    /// it, the master's a margin before it (L-9).
     fn arm(&self) {
+        let end = self.lease_end.into_std();
+        self.watch.kill_at(end + WATCHDOG_MARGIN);
+        let known = self.lease_end < Instant::now() + NO_LEASE;
         self.watch
-            .kill_at((self.lease_end + self.backstop).into_std());
+            .lease_ends(known.then(|| end.checked_sub(self.master_margin).unwrap_or(end)));
     }
 }
 
@@ -131,9 +144,10 @@ impl Supervision {
         dead: &CancellationToken,
     ) -> RunEnd {
         let locked = !self.locks.is_empty();
-        // The backstop of the deadline below, on a thread no I/O of this one can block: it
-        // follows `lease_end` (plus kill_grace and a margin, so that this task acts first
-        // whenever it runs at all).
+        // The backstops of the deadline below: a thread no I/O of this one can block, and the
+        // master, which no stall of this process can hold up (watchdog.rs). They follow
+        // `lease_end` (the thread a margin after it, so that this task acts first whenever it
+        // runs at all).
         let watch = if locked {
             Watch::new()
         } else {
@@ -160,7 +174,7 @@ impl Supervision {
             },
             extension: Fuse::terminated(),
             watch,
-            backstop: self.kill_grace + WATCHDOG_MARGIN,
+            master_margin: (self.kill_grace / 2).min(MASTER_MARGIN),
             kills,
         };
         let end = match self.until_end(&mut r, control, dead).await {
@@ -203,6 +217,16 @@ impl Supervision {
         let mut extend_failing = false;
         loop {
             r.arm();
+            // L-9, issue 23: while no EXTEND succeeds, the polite stop begins kill_grace before
+            // the local deadline, so that the hard stop lands by it (a class that keeps
+            // running after a loss renews until the deadline itself).
+            let give_up = match self.on_lock_lost {
+                OnLockLost::Continue => r.lease_end,
+                OnLockLost::Kill | OnLockLost::Requeue => r
+                    .lease_end
+                    .checked_sub(self.kill_grace)
+                    .unwrap_or_else(Instant::now),
+            };
             tokio::select! {
                 result = &mut r.fut => return Ok(result),
                 _ = sleep_until(r.next_extend), if r.extension.is_terminated() => {
@@ -213,8 +237,8 @@ impl Supervision {
                         return Err(end);
                     }
                 }
-                _ = sleep_until(r.lease_end) => {
-                    error!(token = %&self.token[..8.min(self.token.len())], "lock lease ran out without a successful extension");
+                _ = sleep_until(give_up) => {
+                    error!(token = %&self.token[..8.min(self.token.len())], kill_grace = self.kill_grace.as_secs_f64(), "no lock extension succeeded and the lease ends within kill_grace: stopping the job");
                     if let Some(end) = self.lost() { return Err(end); }
                     r.lease_end = far_future();
                     r.next_extend = far_future();
@@ -243,7 +267,7 @@ impl Supervision {
     }
 
     /// An EXTEND's answer while the job runs: the lease moves, a failure is
-    /// retried every second, a lost lock ends the run unless the class keeps running.
+    /// retried within the interval, a lost lock ends the run unless the class keeps running.
     fn extended(
         &self,
         r: &mut Running,
@@ -270,15 +294,15 @@ impl Supervision {
                 r.next_extend = t + self.heartbeat_interval;
             }
             Err(e) => {
-                // retry every second until the local deadline passes; one warning per
+                // retry within the interval until the stop begins; one warning per
                 // outage.
                 if *failing {
                     debug!(error = %e, "lock extension failed again");
                 } else {
-                    warn!(error = %e, "lock extension failed; retrying every second");
+                    warn!(error = %e, retry_ms = u64::try_from(self.retry_after().as_millis()).unwrap_or(u64::MAX), "lock extension failed; retrying");
                     *failing = true;
                 }
-                r.next_extend = Instant::now() + Duration::from_secs(1);
+                r.next_extend = Instant::now() + self.retry_after();
             }
         }
         None
@@ -302,6 +326,8 @@ impl Supervision {
         };
         r.stop.cancel();
         let mut grace_end = Instant::now() + grace;
+        // The lease is renewed while the job stops, except after a loss; either way the hard
+        // stop lands by the local deadline of the last renewal (L-9, NEVER-1).
         let lease_counts = locked && !matches!(end, RunEnd::LockLost);
         // A TERM during another stop's grace (a timeout's or a lost lock's kill_grace) shortens
         // it to term_timeout; a second TERM or a USR1 ends it at once, as they would a run.
@@ -311,8 +337,8 @@ impl Supervision {
             tokio::select! {
                 biased;
                 // NEVER-1: a lease that runs out while the job is stopping ends the grace.
-                _ = sleep_until(r.lease_end), if lease_counts => {
-                    warn!("the job lock's lease ran out while the job was stopping; killing it");
+                _ = sleep_until(r.lease_end), if locked => {
+                    warn!("the job lock's lease ends: killing the stopping job");
                     break;
                 }
                 _ = sleep_until(grace_end) => {
@@ -350,7 +376,7 @@ impl Supervision {
                             r.lease_end = local_deadline(t, self.lock_ttl);
                             r.next_extend = t + self.heartbeat_interval;
                         }
-                        Err(_) => r.next_extend = Instant::now() + Duration::from_secs(1),
+                        Err(_) => r.next_extend = Instant::now() + self.retry_after(),
                     }
                 }
             }
@@ -368,13 +394,31 @@ impl Supervision {
             self.locks.clone(),
             self.lock_ttl,
         );
+        // An attempt that gets no answer within the interval is given up and sent again
+        // a Redis that stopped answering must not leave one EXTEND hanging until the
+        // stop. A late answer to it only lengthens the lease in Redis, never the local one.
+        let within = self.heartbeat_interval;
         async move {
             let t = Instant::now();
-            let r = store::extend(&mut conn, &keys, &token, &locks, ttl).await;
+            let r =
+                tokio::time::timeout(within, store::extend(&mut conn, &keys, &token, &locks, ttl))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "no answer within heartbeat_interval",
+                        )))
+                    });
             (t, r)
         }
         .boxed()
         .fuse()
+    }
+
+    /// How soon a failed EXTEND is sent again: a quarter of the interval, at most a second,
+    /// so that several attempts fit before the stop.
+    fn retry_after(&self) -> Duration {
+        (self.heartbeat_interval / 4).clamp(Duration::from_millis(25), Duration::from_secs(1))
     }
 
     /// what a lost lock means for this class. `None` means keep running (`continue`).

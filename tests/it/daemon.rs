@@ -1177,10 +1177,15 @@ fn a_term_during_a_timeouts_kill_grace_cuts_it_to_term_timeout() {
     let mut r = R::new(&redis);
     let work = workdir();
     let (script, pid_file, _reaper) = stubborn_handler(work.path());
+    // Unlocked: a locked job's hard stop comes by its lease's end whatever kill_grace says
+    // (L-9), and check-config refuses a kill_grace that long for a locked class.
     let config = cfg("q")
         .top("term_timeout = \"1s\"")
-        .locket("kill_grace", "\"60s\"")
-        .class("Slow", &script, "timeout = \"1s\"")
+        .class(
+            "Slow",
+            &script,
+            "timeout = \"1s\"\nlock = false\nkill_grace = \"60s\"",
+        )
         .render();
     let mut d = Daemon::start(&redis, &config, &[]);
     wait_registered(&mut r, &d);
@@ -1232,6 +1237,12 @@ fn bad_configs_exit_78_naming_the_setting_and_the_reference_config_checks() {
             "heartbeat.toml",
             "queues = \"q\"\n[locket]\nlock_ttl = \"2s\"\nheartbeat_interval = \"2s\"\n",
             "locket.heartbeat_interval",
+        ),
+        // Issue 23: the hard stop could not land before the lease ends.
+        (
+            "grace.toml",
+            "queues = \"q\"\n[locket]\nlock_ttl = \"2s\"\nheartbeat_interval = \"500ms\"\nkill_grace = \"2s\"\n",
+            "locket.kill_grace",
         ),
         (
             "unknown.toml",

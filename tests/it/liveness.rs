@@ -213,3 +213,310 @@ fn a_master_recovers_only_its_own_worker_when_pids_collide_across_namespaces() {
     x.kill();
     y.kill();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 23 and finding #8: a handler is dead before its lock's lease ends, measured against
+// Redis's own clock.
+// ---------------------------------------------------------------------------------------------
+
+/// Redis's clock and the lease end of limit-1 lock `key` (its PX), in Redis milliseconds.
+const LEASE_END_LUA: &str = r"local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local left = redis.call('PTTL', KEYS[1])
+return {now, now + left, left}";
+
+/// Redis's clock less this host's wall clock, in ms (the midpoint of the round trip).
+fn redis_clock_offset(r: &mut R) -> i64 {
+    let before = wall_ms();
+    let t: Vec<String> = r.cmd(&["TIME"]);
+    let after = wall_ms();
+    let server = t[0].parse::<i64>().unwrap() * 1000 + t[1].parse::<i64>().unwrap() / 1000;
+    server - (before + after) / 2
+}
+
+fn wall_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+/// Polls `pids` (a handler group's members) every 2 ms until none is alive (a zombie is dead),
+/// at most `limit`; the wall-clock ms at which they were seen dead.
+fn wait_dead(pids: &[i32], limit: Duration) -> Option<i64> {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if pids.iter().all(|p| !crate::support::pid_alive(*p)) {
+            return Some(wall_ms());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// A command handler that ignores SIGTERM and leaves a child in its group; pid and child in
+/// `<dir>/pid.<queue>` and `<dir>/child.<queue>`.
+fn stubborn_group_handler(dir: &std::path::Path) -> std::path::PathBuf {
+    write_script(
+        dir,
+        "stubborn.sh",
+        &format!(
+            "trap '' TERM\ncat >/dev/null\nsleep 60 &\necho $! > {d}/child.$LOCKETD_QUEUE\n\
+             echo $$ > {d}/pid.$LOCKETD_QUEUE\nwhile :; do wait; done\n",
+            d = dir.display()
+        ),
+    )
+}
+
+// Issue 23, L-9, A-11: Redis stops answering (its server SIGSTOPped, as in a partition) while a
+// locked job runs whose handler ignores SIGTERM and has a child. The polite stop comes
+// kill_grace before the lease's local end and the hard stop at it, so the handler's group is
+// dead before the lock key's PX runs out by Redis's clock (read when it resumes). Before, the
+// hard stop came kill_grace after the local end: beside the next holder.
+#[test]
+fn a_partition_kills_the_handler_group_before_the_lease_ends_by_redis_clock() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let h = stubborn_group_handler(work.path());
+    let config = cfg("q")
+        .locket("lock_ttl", "\"6s\"")
+        .locket("heartbeat_interval", "\"2s\"")
+        .locket("kill_grace", "\"2s\"")
+        .locket("process_ttl", "\"60s\"")
+        .class("Stubborn", &h, "lock = \"stubborn\"")
+        .render();
+    let mut d = Daemon::start(&redis, &config, &[]);
+    r.push("q", r#"{"class":"Stubborn","args":[]}"#);
+    let pid = crate::daemon::wait_pid(&work.path().join("pid.q"), LONG);
+    let child = crate::daemon::wait_pid(&work.path().join("child.q"), LONG);
+    let key = format!("{NS}:locket:lock:stubborn");
+    wait_until(LONG, "the lock is held", || r.exists(&key));
+    let server = redis.pid().expect("redis-server pid");
+    // The lease end by Redis's clock, right before it freezes: an EXTEND that lands between
+    // this read and the freeze only moves the real end later (so the gap below is a lower
+    // bound); none can land after it.
+    let v: Vec<i64> = r.cmd(&["EVAL", LEASE_END_LUA, "1", &key]);
+    // SAFETY: plain kill(2) of the test's own redis-server.
+    unsafe { libc::kill(server, libc::SIGSTOP) };
+    let end = v[1];
+    // Redis frozen, the lease can end only by its clock: at most lock_ttl from now.
+    let died = wait_dead(&[pid, child], Duration::from_secs(20));
+    // SAFETY: as above.
+    unsafe { libc::kill(server, libc::SIGCONT) };
+    let died = died.unwrap_or_else(|| panic!("the handler outlived its lease:\n{}", d.log()));
+    // Redis's clock after it resumes, against this host's: when the group died by Redis's.
+    let offset = redis_clock_offset(&mut r);
+    let gap = end - (died + offset);
+    eprintln!(
+        "partition: the handler group was dead {gap} ms before the lock key's PX ran out \
+         (by Redis's clock; PX left at the freeze {} ms, clock offset {offset} ms)",
+        v[2]
+    );
+    assert!(
+        gap > 0,
+        "the handler group died {} ms after its lease ended:\n{}",
+        -gap,
+        d.log()
+    );
+    assert!(crate::support::process_group_members(pid).is_empty());
+    wait_until(LONG, "LockLost recorded", || !r.failures().is_empty());
+    assert_eq!(r.failures()[0]["exception"], "Locket::LockLost");
+    assert!(
+        d.log().contains("lease ends within kill_grace"),
+        "{}",
+        d.log()
+    );
+    d.kill();
+}
+
+/// Finding #8: the worker process is frozen (SIGSTOP) while its handler, a process of its own,
+/// is not. Its master, told the handler's group and lease end on every ACQUIRE and EXTEND,
+/// kills the group before the lease ends by Redis's clock; a second daemon's job under the
+/// same limit-1 lock then runs, never beside it. `handler` is "command" or "persistent".
+fn frozen_worker_case(handler: &str) {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let events = dir.join("events.jsonl");
+    // A long process lease, so that the frozen worker is not recovered as dead meanwhile (that
+    // releases its locks at once, R-4: another path).
+    let table = match handler {
+        "command" => format!(
+            "[classes.\"Excl\"]\ncommand = [\"{}\"]\nlock = \"excl\"\non_conflict = \"wait\"\n\
+             wait_timeout = \"20s\"\n",
+            stubborn_group_handler(dir).display()
+        ),
+        _ => format!(
+            "[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
+             env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Sleep\"]\nhandler = \"t\"\nlock = \"excl\"\n\
+             on_conflict = \"wait\"\nwait_timeout = \"20s\"\n",
+            crate::support::manifest_dir()
+                .join("tests/it/fixtures/protocol_handler.py")
+                .display(),
+            events.display()
+        ),
+    };
+    let config = |queue: &str| {
+        format!(
+            "{}\n{table}",
+            cfg(queue)
+                .locket("lock_ttl", "\"5s\"")
+                .locket("heartbeat_interval", "\"1s\"")
+                .locket("kill_grace", "\"1s\"")
+                .locket("process_ttl", "\"60s\"")
+                .render()
+        )
+    };
+    let payload = match handler {
+        "command" => r#"{"class":"Excl","args":[]}"#,
+        _ => r#"{"class":"Sleep","args":[60]}"#,
+    };
+    let mut first = Daemon::start(&redis, &config("a"), &[]);
+    let mut second = Daemon::start(&redis, &config("b"), &[]);
+    r.push("a", payload);
+    let key = format!("{NS}:locket:lock:excl");
+    let group: Vec<i32> = match handler {
+        "command" => vec![
+            crate::daemon::wait_pid(&dir.join("pid.a"), LONG),
+            crate::daemon::wait_pid(&dir.join("child.a"), LONG),
+        ],
+        _ => {
+            let mut pid = 0;
+            wait_until(LONG, "the persistent handler runs the job", || {
+                pid = read_lossy(&events)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .find(|e| e["event"] == "job")
+                    .and_then(|e| e["pid"].as_i64())
+                    .unwrap_or(0) as i32;
+                pid > 0
+            });
+            vec![pid]
+        }
+    };
+    wait_until(LONG, "the lock is held", || r.exists(&key));
+    let worker = first.worker_pid();
+    // SAFETY: kill(2) of the first daemon's worker process.
+    unsafe { libc::kill(worker, libc::SIGSTOP) };
+    // An EXTEND the worker sent just before it froze lands within this while.
+    std::thread::sleep(Duration::from_millis(200));
+    let v: Vec<i64> = r.cmd(&["EVAL", LEASE_END_LUA, "1", &key]);
+    let end = v[1];
+    r.push("b", payload);
+    let jobs_seen = |events: &std::path::Path| {
+        read_lossy(events)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "job")
+            .count()
+    };
+    let second_ran = || match handler {
+        "command" => dir.join("pid.b").exists(),
+        _ => jobs_seen(&events) >= 2,
+    };
+    // Until the group is dead: the second daemon's handler must not have started.
+    let mut died = None;
+    let limit = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < limit {
+        let started = second_ran();
+        if group.iter().all(|p| !crate::support::pid_alive(*p)) {
+            died = Some(wall_ms());
+            break;
+        }
+        assert!(
+            !started,
+            "the second daemon's job ran beside the frozen worker's handler"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let offset = redis_clock_offset(&mut r);
+    // SAFETY: as above.
+    unsafe { libc::kill(worker, libc::SIGCONT) };
+    let died = died.unwrap_or_else(|| {
+        panic!(
+            "the frozen worker's handler outlived its lease:\n{}",
+            first.log()
+        )
+    });
+    let gap = end - (died + offset);
+    eprintln!(
+        "frozen worker ({handler} handler): the handler group was dead {gap} ms before the \
+         lock key's PX ran out (by Redis's clock; PX left 200 ms after the freeze {} ms, clock \
+         offset {offset} ms)",
+        v[2]
+    );
+    assert!(
+        gap > 0,
+        "the handler group died {} ms after its lease ended:\n{}",
+        -gap,
+        first.log()
+    );
+    assert!(crate::support::process_group_members(group[0]).is_empty());
+    // The second daemon takes the lock once the lease has ended, and runs its job.
+    wait_until(LONG, "the second daemon's job runs", second_ran);
+    assert!(
+        first
+            .log()
+            .contains("the master killed the handler's process group"),
+        "{}",
+        first.log()
+    );
+    first.kill();
+    second.kill();
+}
+
+#[test]
+fn a_frozen_workers_command_handler_is_killed_by_its_master_before_the_lease_ends() {
+    frozen_worker_case("command");
+}
+
+#[test]
+fn a_frozen_workers_persistent_handler_is_killed_by_its_master_before_the_lease_ends() {
+    frozen_worker_case("persistent");
+}
+
+/// Finding #8, the other side: a locked job that ends is forgotten by the master, so the
+/// persistent handler that ran it, idle past that job's lease, is not killed (and the same
+/// process runs the next job).
+#[test]
+fn the_master_leaves_a_persistent_handler_alone_once_its_job_ended() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let events = work.path().join("events.jsonl");
+    let config = format!(
+        "{}\n[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
+         env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Ok\"]\nhandler = \"t\"\nlock = \"ok\"\n",
+        cfg("q").render(),
+        crate::support::manifest_dir()
+            .join("tests/it/fixtures/protocol_handler.py")
+            .display(),
+        events.display()
+    );
+    let mut d = Daemon::start(&redis, &config, &[]);
+    let job_pids = || -> Vec<i64> {
+        read_lossy(&events)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "job")
+            .filter_map(|e| e["pid"].as_i64())
+            .collect()
+    };
+    r.push("q", r#"{"class":"Ok","args":[1]}"#);
+    wait_until(LONG, "the first job done", || r.processed() == 1);
+    let first = job_pids()[0];
+    // Past the lease (lock_ttl 2 s) the first job had, and its master backstop.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        crate::support::pid_alive(i32::try_from(first).unwrap()),
+        "the idle handler was killed:\n{}",
+        d.log()
+    );
+    r.push("q", r#"{"class":"Ok","args":[2]}"#);
+    wait_until(LONG, "the second job done", || r.processed() == 2);
+    assert_eq!(job_pids(), vec![first, first], "one handler ran both");
+    assert!(!d.log().contains("the master killed"), "{}", d.log());
+    d.kill();
+}
