@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::daemon::{cfg, wait_registered, workdir, NS, R};
+use crate::daemon::{cfg, default_lock_id, wait_registered, workdir, NS, R};
 use crate::support::{child_pids, manifest_dir, pid_alive, wait_until, Daemon, RedisServer};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -538,6 +538,73 @@ fn wait_hook(app: &App, line: &str) {
             .lines()
             .any(|l| l == line)
     });
+}
+
+/// The class table of a job whose lost lock puts it back in its queue.
+const REQUEUE_ON_LOST: &str =
+    "[classes.Lingering]\nhandler = \"app\"\non_lock_lost = \"requeue\"\n";
+
+impl App {
+    /// Takes the lock of the running job with args `[1]` of `class` away, as another
+    /// holder's expiry would: the next extension finds it gone.
+    fn lose_lock(&mut self, class: &str) {
+        let lock_key = format!("{NS}:locket:lock:{}", default_lock_id(class, "[1]"));
+        let r = &mut self.r;
+        wait_until(LONG, "the lock is held", || r.exists(&lock_key));
+        let _: i64 = self.r.cmd(&["DEL", &lock_key]);
+    }
+
+    /// Pushes `Fine` behind whatever is queued and waits until it ran: a copy of a job
+    /// queued before it has run by then (one worker, FIFO).
+    fn drain_behind_sentinel(&mut self, processed_before: i64) {
+        self.push("Fine", json!([]));
+        let q = format!("{NS}:queue:q");
+        let r = &mut self.r;
+        wait_until(LONG, "the queue drained behind Fine", || {
+            r.llen(&q) == 0 && r.processed() > processed_before
+        });
+    }
+
+    /// Waits until at least `n` jobs are processed.
+    fn processed_at_least(&mut self, n: i64) {
+        let r = &mut self.r;
+        wait_until(LONG, &format!("{n} jobs processed"), || r.processed() >= n);
+    }
+}
+
+/// H-14 (issue 23 #2): a lost lock under `on_lock_lost = "requeue"`, the job stopped with
+/// `Resque::TermException`: the `stop` frame says `requeue`, so the adapter runs none of the
+/// job's `on_failure` hooks (a retry hook would enqueue a copy beside the requeued job) and
+/// records nothing through the app's backend; the job runs again exactly once.
+fn check_requeued_lost_lock(fork: bool) {
+    let Some((mut app, _worker)) = backend_app_with("multiple", fork, REQUEUE_ON_LOST) else {
+        return;
+    };
+    app.push("Lingering", json!([1]));
+    wait_hook(&app, "Lingering 1 attempt 1");
+    app.lose_lock("Lingering");
+    wait_hook(&app, "Lingering 1 attempt 2");
+    app.processed_at_least(1);
+    app.drain_behind_sentinel(1);
+    assert_eq!(
+        app.hooks(),
+        ["Lingering 1 attempt 1", "Lingering 1 attempt 2"],
+        "no on_failure hook, no backend save, no third run"
+    );
+    assert_eq!(app.saved(), Vec::<Value>::new());
+    assert_eq!(app.r.failures(), Vec::<Value>::new());
+    assert_eq!(app.r.failed_stat(), 0);
+    assert_eq!(app.r.processed(), 2, "the requeue counts no run");
+}
+
+#[test]
+fn h14_ruby_a_requeued_lost_lock_runs_no_on_failure_hook_and_records_nothing() {
+    check_requeued_lost_lock(false);
+}
+
+#[test]
+fn h14_ruby_fork_a_requeued_lost_lock_runs_no_on_failure_hook_and_records_nothing() {
+    check_requeued_lost_lock(true);
 }
 
 /// H-17 `--fork`: a child killed by a signal is Resque::DirtyExit, recorded by the parent
