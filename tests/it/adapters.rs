@@ -845,6 +845,138 @@ fn h16_python_adapter_runs_pyres_classes_with_hooks() {
     );
 }
 
+/// A Python job module for [`check_requeue_without_hooks`]: `Lingering` sleeps through its
+/// first attempt (counted in `{dir}/attempts`), and its `on_failure` hook logs and enqueues a
+/// copy as resque-retry does (a bare RESP `RPUSH` to `$FAILURE_REDIS`).
+const PYTHON_LINGERING: &str = r#"
+import os, socket, time
+
+def log(line):
+    with open(os.environ["HOOK_LOG"], "a") as f:
+        f.write(line + "\n")
+
+def attempt():
+    path = os.path.join(os.path.dirname(os.environ["HOOK_LOG"]), "attempts")
+    n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    open(path, "w").write(str(n))
+    return n
+
+def rpush(key, value):
+    host, port = os.environ["FAILURE_REDIS"].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        parts = [b"RPUSH", key.encode(), value.encode()]
+        s.sendall(b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        s.recv(64)
+
+class Lingering:
+    @staticmethod
+    def perform(key):
+        n = attempt()
+        log("Lingering %s attempt %d" % (key, n))
+        if n == 1:
+            time.sleep(30)
+
+    @staticmethod
+    def on_failure_retry(exception, key):
+        log("Lingering.on_failure " + type(exception).__name__)
+        rpush("resque:queue:q", '{"class":"Lingering","args":[%s]}' % key)
+
+class Fine:
+    @staticmethod
+    def perform(*args):
+        pass
+"#;
+
+/// The same for Node.
+const NODE_LINGERING: &str = r#""use strict";
+const fs = require("fs");
+const net = require("net");
+const path = require("path");
+const log = (line) => fs.appendFileSync(process.env.HOOK_LOG, `${line}\n`);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+function attempt() {
+  const file = path.join(path.dirname(process.env.HOOK_LOG), "attempts");
+  const n = fs.existsSync(file) ? Number(fs.readFileSync(file, "utf8")) + 1 : 1;
+  fs.writeFileSync(file, String(n));
+  return n;
+}
+function rpush(key, value) {
+  const [host, port] = process.env.FAILURE_REDIS.split(":");
+  return new Promise((resolve) => {
+    const parts = ["RPUSH", key, value].map((p) => `$${Buffer.byteLength(p)}\r\n${p}\r\n`);
+    const s = net.connect(Number(port), host, () => s.write(`*3\r\n${parts.join("")}`));
+    s.once("data", () => { s.end(); resolve(); });
+    s.once("error", resolve);
+  });
+}
+module.exports.jobs = {
+  Lingering: {
+    perform: async (key) => {
+      const n = attempt();
+      log(`Lingering ${key} attempt ${n}`);
+      if (n === 1) await sleep(30000);
+    },
+    onFailure: async (error, key) => {
+      log(`Lingering.on_failure ${error.name}`);
+      await rpush("resque:queue:q", JSON.stringify({ class: "Lingering", args: [key] }));
+    },
+  },
+  Fine: { perform: async () => {} },
+};
+"#;
+
+/// H-14 (issue 23 #2) for the Python and Node adapters: the job of a lost lock under
+/// `on_lock_lost = "requeue"` is stopped without its `on_failure` hook (which would enqueue
+/// a copy), and runs again exactly once.
+fn check_requeue_without_hooks(interpreter: &str, adapter: &str, file: &str, module: &str) {
+    if !have_or_skip(interpreter) {
+        return;
+    }
+    let dir = workdir();
+    let jobs = dir.path().join(file);
+    std::fs::write(&jobs, module).unwrap();
+    let jobs = jobs.display().to_string();
+    let mut app = App::start_env(
+        &[interpreter, adapter, &jobs],
+        REQUEUE_ON_LOST,
+        &[("FAILURE_REDIS", "{redis}")],
+    );
+    app.push("Lingering", json!([1]));
+    wait_hook(&app, "Lingering 1 attempt 1");
+    app.lose_lock("Lingering");
+    wait_hook(&app, "Lingering 1 attempt 2");
+    app.processed_at_least(1);
+    app.drain_behind_sentinel(1);
+    assert_eq!(
+        app.hooks(),
+        ["Lingering 1 attempt 1", "Lingering 1 attempt 2"],
+        "no on_failure hook, no third run"
+    );
+    assert_eq!(app.r.failures(), Vec::<Value>::new());
+    assert_eq!(app.r.failed_stat(), 0);
+    assert_eq!(app.r.processed(), 2, "the requeue counts no run");
+}
+
+#[test]
+fn h14_python_a_requeued_lost_lock_runs_no_on_failure_hook() {
+    check_requeue_without_hooks(
+        "python3",
+        "adapters/python/locketd_handler.py",
+        "lingering_jobs.py",
+        PYTHON_LINGERING,
+    );
+}
+
+#[test]
+fn h14_node_a_requeued_lost_lock_runs_no_on_failure_hook() {
+    check_requeue_without_hooks(
+        "node",
+        "adapters/node/locketd-handler.js",
+        "lingering_jobs.js",
+        NODE_LINGERING,
+    );
+}
+
 /// H-16 Node: node-resque-style job definitions, awaited; a rejection is a failure.
 #[test]
 fn h16_node_adapter_runs_node_resque_jobs() {
