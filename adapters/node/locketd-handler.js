@@ -11,7 +11,8 @@
 //
 //   job            -> started, then exactly one done (ok | failed | reschedule)
 //   failure_hooks  -> done, after the job's onFailure hook ran
-//   stop           -> ignored: advisory, the SIGTERM that follows is what counts
+//   stop           -> advisory, the SIGTERM that follows is what counts; read
+//                     when that SIGTERM comes during a job (see below)
 //
 // MODULE exports node-resque-style job definitions, as module.exports.jobs or as
 // module.exports itself:
@@ -38,7 +39,11 @@
 // "Resque::TermException" "SIGTERM" is sent, then `bye`, then exit 0; the job's
 // promise is abandoned (JavaScript cannot interrupt it): should it settle while
 // the hook runs, its result is ignored, so a job whose onFailure ran is never
-// recorded as a success. SIGTERM while idle:
+// recorded as a success. When the stop frame locketd wrote just before the
+// signal says "requeue": true (H-14: a lost lock under on_lock_lost = "requeue"
+// puts the job back in its queue, which is no failure), no onFailure hook runs;
+// done still says failed with Resque::TermException (locketd requeues the job
+// whatever done says). SIGTERM while idle:
 // exit 0. process.exit() in job code ends the handler like Ruby's exit!
 // (locketd records it).
 //
@@ -65,6 +70,7 @@ const url = require("url");
 const USAGE = "usage: locketd-handler.js MODULE\n" +
   "Runs node-resque-style jobs for locketd over fds 3 (requests) and 4 (replies).";
 const TERM_HOOKS_MS = 3000; // SIGTERM during a job: how long the onFailure hook may take
+const STOP_FRAME_MS = 100; // SIGTERM during a job: how long to wait for its stop frame to be read
 const O_CLOEXEC = 0o2000000; // Linux, as in /proc/self/fdinfo "flags:"
 
 class Reschedule extends Error {
@@ -298,7 +304,8 @@ async function onTerm() {
   if (!ctx.outcome) { // else the request is over, its done about to be written
     ctx.termed = true; // from here on, the job settling changes nothing (see dispatch)
     const error = new LocketError("Resque::TermException", "SIGTERM", []);
-    if (ctx.kind === "job" && ctx.def) {
+    if (ctx.kind === "job" && await stopRequeues(ctx)) ctx.requeued = true;
+    if (ctx.kind === "job" && ctx.def && !ctx.requeued) {
       await Promise.race([runFailureHooks(ctx, error), sleep(TERM_HOOKS_MS)]);
     }
     ctx.outcome = failure(error);
@@ -307,6 +314,27 @@ async function onTerm() {
   answer(ctx, ctx.outcome);
   send({ t: "bye", reason: "SIGTERM" });
   process.exit(0);
+}
+
+// H-14: whether the stop frame of this job, written just before the SIGTERM,
+// says it goes back to its queue. The frame is in the pipe already; it reaches
+// state.queue (where the loop later skips it) once the stream has read it, at
+// the latest a poll or two after the signal.
+async function stopRequeues(ctx) {
+  const deadline = Date.now() + STOP_FRAME_MS;
+  for (;;) {
+    for (const line of state.queue) {
+      let frame;
+      try {
+        frame = JSON.parse(line.toString("utf8"));
+      } catch (_) {
+        continue;
+      }
+      if (frame && frame.t === "stop" && frame.id === ctx.frame.id) return frame.requeue === true;
+    }
+    if (state.eof || Date.now() >= deadline) return false;
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
 }
 
 // -- jobs -----------------------------------------------------------------------
@@ -391,6 +419,7 @@ async function runJob(ctx) {
 
 // Once per job. A hook that throws is logged; the job fails with its own error.
 function runFailureHooks(ctx, error) {
+  if (ctx.requeued) return Promise.resolve(); // the job goes back to its queue: no failure
   if (!ctx.hooks) {
     ctx.hooks = (async () => {
       for (const hook of hooks(ctx.def, "on_failure", "onFailure")) {

@@ -10,7 +10,8 @@ EOF on fd 3 (then it exits 0):
 
     job            -> started, then exactly one done (ok | failed | reschedule)
     failure_hooks  -> done, after the class's on_failure* hooks ran
-    stop           -> ignored: advisory, the SIGTERM that follows is what counts
+    stop           -> advisory, the SIGTERM that follows is what counts; read
+                      when that SIGTERM comes during a job (see below)
 
 MODULE is a module name importable from the current directory ("jobs",
 "myapp.jobs") or a path to a .py file ("examples/python-app/jobs.py"; its
@@ -35,7 +36,11 @@ Hooks, Resque's order (attributes found by name prefix, sorted, callables only):
 Raising Reschedule (this module's, or any exception class named "Reschedule")
 answers status "reschedule". SIGTERM during a job raises TermException inside
 the job (reported as "Resque::TermException", message "SIGTERM"), the hooks
-run, done is sent, then `bye` and exit 0; SIGTERM while idle exits 0.
+run, done is sent, then `bye` and exit 0; SIGTERM while idle exits 0. When the
+stop frame locketd wrote just before that SIGTERM says "requeue": true (H-14: a
+lost lock under on_lock_lost = "requeue" puts the job back in its queue, which
+is no failure), no on_failure hook runs; done still says failed with the
+TermException (locketd requeues the job whatever done says).
 SystemExit from job code is an ordinary failure ("SystemExit").
 
 Job code may `import locketd_handler` (it is this very module) for Reschedule,
@@ -114,6 +119,8 @@ class _State:
     in_job_code = False  # job code (a hook, perform) is running: SIGTERM raises TermException there
     term_requested = False
     term_raised = False  # TermException already raised for this request (only once)
+    requeued = False     # the job's stop frame said "requeue": no on_failure hooks (H-14)
+    reader = None        # the _Requests over fd 3
 
 
 # -- protocol ---------------------------------------------------------------
@@ -232,11 +239,42 @@ def _on_term(signum, frame):
     _State.term_requested = True
     if _State.idle:
         raise _IdleTerm
+    _note_requeue()
     if _State.in_job_code and not _State.term_raised:
         _State.term_raised = True
         raise TermException("SIGTERM")
     # Otherwise the adapter is between job code and its frames: _call raises
     # TermException when job code is about to run, and the loop retires after done.
+
+
+def _note_requeue():
+    """H-14: whether the stop frame locketd wrote just before this SIGTERM says the job
+    goes back to its queue. It is in the pipe already: read what is there without
+    blocking into the request buffer (the loop ignores stop frames later)."""
+    reader = _State.reader
+    if current is None or reader is None or _State.requeued:
+        return
+    try:
+        os.set_blocking(reader.fd, False)
+        try:
+            while True:
+                chunk = os.read(reader.fd, 1 << 16)
+                if not chunk:
+                    break
+                reader.buf += chunk
+        except BlockingIOError:
+            pass
+        finally:
+            os.set_blocking(reader.fd, True)
+    except OSError:
+        return
+    for line in bytes(reader.buf).split(b"\n")[:-1]:
+        try:
+            request = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(request, dict) and request.get("t") == "stop" and request.get("id") == current.get("id"):
+            _State.requeued = request.get("requeue") is True
 
 
 def _call(fn, *args):
@@ -387,7 +425,7 @@ def _perform(obj, class_name, args):
             _call(hook, *args)
         return True
     except BaseException as err:
-        if not _named(err, "Reschedule"):
+        if not _named(err, "Reschedule") and not _State.requeued:
             _run_failure_hooks(obj, err, args)
         raise
 
@@ -567,6 +605,7 @@ def _dispatch(app, line):
             _warn(f"ignoring a request of unknown type {kind!r}")
         return
     _State.term_raised = False
+    _State.requeued = False
     outcome = _run_job(app, frame) if kind == "job" else _failure_hooks(app, frame)
     if os.getpid() != _State.pid:
         # job code forked and its child came back here instead of exiting
@@ -589,7 +628,7 @@ def main(argv):
         pass
     app = _load(argv[0])  # a crash here: traceback on stderr, exit 1 (locketd logs it)
     signal.signal(signal.SIGTERM, _on_term)
-    requests = _Requests(_State.requests)
+    requests = _State.reader = _Requests(_State.requests)
     try:
         _send({"t": "ready", "v": 1, "pid": os.getpid(), "adapter": "python", "features": []})
         while True:

@@ -76,19 +76,26 @@ impl RecordedNote {
 }
 
 /// Why a run was asked to stop (`timeout`, `lock_lost`, `shutdown`, `usr1`,
-/// `presumed_dead`): written by the supervisor, read by a handler that tells its process.
+/// `presumed_dead`), and whether the job then goes back to its queue instead of being
+/// recorded (a lost lock under `on_lock_lost = "requeue"`): written by the supervisor, read
+/// by a handler that tells its process (a persistent handler's `stop` frame, H-14).
 #[derive(Debug, Clone, Default)]
-pub struct StopNote(Arc<std::sync::OnceLock<&'static str>>);
+pub struct StopNote(Arc<std::sync::OnceLock<(&'static str, bool)>>);
 
 impl StopNote {
-    /// Records the reason (the first one counts).
-    pub fn set(&self, reason: &'static str) {
-        let _ = self.0.set(reason);
+    /// Records the reason and whether the job is requeued (the first one counts).
+    pub fn set(&self, reason: &'static str, requeue: bool) {
+        let _ = self.0.set((reason, requeue));
     }
 
     /// The reason, once set.
     pub fn get(&self) -> Option<&'static str> {
-        self.0.get().copied()
+        self.0.get().map(|(reason, _)| *reason)
+    }
+
+    /// Whether the stopped job goes back to its queue rather than being recorded.
+    pub fn requeue(&self) -> bool {
+        self.0.get().is_some_and(|(_, requeue)| *requeue)
     }
 }
 

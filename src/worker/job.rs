@@ -686,7 +686,7 @@ enum Acquire {
 /// Whether the run's end puts the job back in its queue (A-11's `requeue`) rather than
 /// recording it: what `end_job` does, and what `after_run` is told.
 fn requeues(end: &RunEnd, on_lost: OnLockLost) -> bool {
-    matches!(end, RunEnd::LockLost) && on_lost == OnLockLost::Requeue
+    end.requeues(on_lost)
 }
 
 /// The job's result as Resque records it, for each way a supervised run ends.

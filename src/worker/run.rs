@@ -53,6 +53,12 @@ impl RunEnd {
         }
     }
 
+    /// Whether this end puts the job back in its queue (A-11's `requeue`) rather than
+    /// recording it. Known before the handler is asked to stop, so that it can be told.
+    pub(super) fn requeues(&self, on_lost: OnLockLost) -> bool {
+        matches!(self, RunEnd::LockLost) && on_lost == OnLockLost::Requeue
+    }
+
     /// A shutdown's stop that ended in SIGKILL (for other ends the kill changes nothing).
     fn mark_killed(&mut self) {
         if let RunEnd::Terminated { killed } = self {
@@ -181,7 +187,7 @@ impl Supervision {
             Ok(result) => return RunEnd::Finished(result),
             Err(end) => end,
         };
-        note.set(end.stop_reason());
+        note.set(end.stop_reason(), end.requeues(self.on_lock_lost));
         let (end, returned) = self.stop_handler(&mut r, end, locked, control).await;
         drop(r);
         // A shutdown's polite stop is the handler's to answer, as a Ruby job may rescue

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::daemon::{cfg, wait_registered, workdir, NS, R};
+use crate::daemon::{cfg, default_lock_id, wait_registered, workdir, NS, R};
 use crate::support::{child_pids, manifest_dir, pid_alive, wait_until, Daemon, RedisServer};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -540,6 +540,73 @@ fn wait_hook(app: &App, line: &str) {
     });
 }
 
+/// The class table of a job whose lost lock puts it back in its queue (A-11).
+const REQUEUE_ON_LOST: &str =
+    "[classes.Lingering]\nhandler = \"app\"\non_lock_lost = \"requeue\"\n";
+
+impl App {
+    /// Takes the lock of the running job with args `[1]` of `class` away, as another
+    /// holder's expiry would: the next extension finds it gone.
+    fn lose_lock(&mut self, class: &str) {
+        let lock_key = format!("{NS}:locket:lock:{}", default_lock_id(class, "[1]"));
+        let r = &mut self.r;
+        wait_until(LONG, "the lock is held", || r.exists(&lock_key));
+        let _: i64 = self.r.cmd(&["DEL", &lock_key]);
+    }
+
+    /// Pushes `Fine` behind whatever is queued and waits until it ran: a copy of a job
+    /// queued before it has run by then (one worker, FIFO).
+    fn drain_behind_sentinel(&mut self, processed_before: i64) {
+        self.push("Fine", json!([]));
+        let q = format!("{NS}:queue:q");
+        let r = &mut self.r;
+        wait_until(LONG, "the queue drained behind Fine", || {
+            r.llen(&q) == 0 && r.processed() > processed_before
+        });
+    }
+
+    /// Waits until at least `n` jobs are processed.
+    fn processed_at_least(&mut self, n: i64) {
+        let r = &mut self.r;
+        wait_until(LONG, &format!("{n} jobs processed"), || r.processed() >= n);
+    }
+}
+
+/// H-14 (issue 23 #2): a lost lock under `on_lock_lost = "requeue"`, the job stopped with
+/// `Resque::TermException`: the `stop` frame says `requeue`, so the adapter runs none of the
+/// job's `on_failure` hooks (a retry hook would enqueue a copy beside the requeued job) and
+/// records nothing through the app's backend; the job runs again exactly once.
+fn check_requeued_lost_lock(fork: bool) {
+    let Some((mut app, _worker)) = backend_app_with("multiple", fork, REQUEUE_ON_LOST) else {
+        return;
+    };
+    app.push("Lingering", json!([1]));
+    wait_hook(&app, "Lingering 1 attempt 1");
+    app.lose_lock("Lingering");
+    wait_hook(&app, "Lingering 1 attempt 2");
+    app.processed_at_least(1);
+    app.drain_behind_sentinel(1);
+    assert_eq!(
+        app.hooks(),
+        ["Lingering 1 attempt 1", "Lingering 1 attempt 2"],
+        "no on_failure hook, no backend save, no third run"
+    );
+    assert_eq!(app.saved(), Vec::<Value>::new());
+    assert_eq!(app.r.failures(), Vec::<Value>::new());
+    assert_eq!(app.r.failed_stat(), 0);
+    assert_eq!(app.r.processed(), 2, "the requeue counts no run");
+}
+
+#[test]
+fn h14_ruby_a_requeued_lost_lock_runs_no_on_failure_hook_and_records_nothing() {
+    check_requeued_lost_lock(false);
+}
+
+#[test]
+fn h14_ruby_fork_a_requeued_lost_lock_runs_no_on_failure_hook_and_records_nothing() {
+    check_requeued_lost_lock(true);
+}
+
 /// H-17 `--fork`: a child killed by a signal is Resque::DirtyExit, recorded by the parent
 /// through the app's backend after its on_failure hooks, as Resque's perform_with_fork does.
 #[test]
@@ -775,6 +842,138 @@ fn h16_python_adapter_runs_pyres_classes_with_hooks() {
             .map(|b| b.is_empty())
             .unwrap_or(true),
         "{failures:?}"
+    );
+}
+
+/// A Python job module for [`check_requeue_without_hooks`]: `Lingering` sleeps through its
+/// first attempt (counted in `{dir}/attempts`), and its `on_failure` hook logs and enqueues a
+/// copy as resque-retry does (a bare RESP `RPUSH` to `$FAILURE_REDIS`).
+const PYTHON_LINGERING: &str = r#"
+import os, socket, time
+
+def log(line):
+    with open(os.environ["HOOK_LOG"], "a") as f:
+        f.write(line + "\n")
+
+def attempt():
+    path = os.path.join(os.path.dirname(os.environ["HOOK_LOG"]), "attempts")
+    n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    open(path, "w").write(str(n))
+    return n
+
+def rpush(key, value):
+    host, port = os.environ["FAILURE_REDIS"].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        parts = [b"RPUSH", key.encode(), value.encode()]
+        s.sendall(b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        s.recv(64)
+
+class Lingering:
+    @staticmethod
+    def perform(key):
+        n = attempt()
+        log("Lingering %s attempt %d" % (key, n))
+        if n == 1:
+            time.sleep(30)
+
+    @staticmethod
+    def on_failure_retry(exception, key):
+        log("Lingering.on_failure " + type(exception).__name__)
+        rpush("resque:queue:q", '{"class":"Lingering","args":[%s]}' % key)
+
+class Fine:
+    @staticmethod
+    def perform(*args):
+        pass
+"#;
+
+/// The same for Node.
+const NODE_LINGERING: &str = r#""use strict";
+const fs = require("fs");
+const net = require("net");
+const path = require("path");
+const log = (line) => fs.appendFileSync(process.env.HOOK_LOG, `${line}\n`);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+function attempt() {
+  const file = path.join(path.dirname(process.env.HOOK_LOG), "attempts");
+  const n = fs.existsSync(file) ? Number(fs.readFileSync(file, "utf8")) + 1 : 1;
+  fs.writeFileSync(file, String(n));
+  return n;
+}
+function rpush(key, value) {
+  const [host, port] = process.env.FAILURE_REDIS.split(":");
+  return new Promise((resolve) => {
+    const parts = ["RPUSH", key, value].map((p) => `$${Buffer.byteLength(p)}\r\n${p}\r\n`);
+    const s = net.connect(Number(port), host, () => s.write(`*3\r\n${parts.join("")}`));
+    s.once("data", () => { s.end(); resolve(); });
+    s.once("error", resolve);
+  });
+}
+module.exports.jobs = {
+  Lingering: {
+    perform: async (key) => {
+      const n = attempt();
+      log(`Lingering ${key} attempt ${n}`);
+      if (n === 1) await sleep(30000);
+    },
+    onFailure: async (error, key) => {
+      log(`Lingering.on_failure ${error.name}`);
+      await rpush("resque:queue:q", JSON.stringify({ class: "Lingering", args: [key] }));
+    },
+  },
+  Fine: { perform: async () => {} },
+};
+"#;
+
+/// H-14 (issue 23 #2) for the Python and Node adapters: the job of a lost lock under
+/// `on_lock_lost = "requeue"` is stopped without its `on_failure` hook (which would enqueue
+/// a copy), and runs again exactly once.
+fn check_requeue_without_hooks(interpreter: &str, adapter: &str, file: &str, module: &str) {
+    if !have_or_skip(interpreter) {
+        return;
+    }
+    let dir = workdir();
+    let jobs = dir.path().join(file);
+    std::fs::write(&jobs, module).unwrap();
+    let jobs = jobs.display().to_string();
+    let mut app = App::start_env(
+        &[interpreter, adapter, &jobs],
+        REQUEUE_ON_LOST,
+        &[("FAILURE_REDIS", "{redis}")],
+    );
+    app.push("Lingering", json!([1]));
+    wait_hook(&app, "Lingering 1 attempt 1");
+    app.lose_lock("Lingering");
+    wait_hook(&app, "Lingering 1 attempt 2");
+    app.processed_at_least(1);
+    app.drain_behind_sentinel(1);
+    assert_eq!(
+        app.hooks(),
+        ["Lingering 1 attempt 1", "Lingering 1 attempt 2"],
+        "no on_failure hook, no third run"
+    );
+    assert_eq!(app.r.failures(), Vec::<Value>::new());
+    assert_eq!(app.r.failed_stat(), 0);
+    assert_eq!(app.r.processed(), 2, "the requeue counts no run");
+}
+
+#[test]
+fn h14_python_a_requeued_lost_lock_runs_no_on_failure_hook() {
+    check_requeue_without_hooks(
+        "python3",
+        "adapters/python/locketd_handler.py",
+        "lingering_jobs.py",
+        PYTHON_LINGERING,
+    );
+}
+
+#[test]
+fn h14_node_a_requeued_lost_lock_runs_no_on_failure_hook() {
+    check_requeue_without_hooks(
+        "node",
+        "adapters/node/locketd-handler.js",
+        "lingering_jobs.js",
+        NODE_LINGERING,
     );
 }
 

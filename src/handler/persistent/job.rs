@@ -243,7 +243,13 @@ async fn wait_for_end(
                 stopping = true;
                 let reason = job.stop_reason.get().unwrap_or("shutdown");
                 info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, reason, "stopping the handler's job");
-                let frame = serde_json::json!({"t": "stop", "id": job.id, "reason": reason});
+                // H-14: `requeue` says the job goes back to its queue rather than being
+                // recorded, so the process runs no failure hooks for it and records nothing.
+                let frame = if job.stop_reason.requeue() {
+                    serde_json::json!({"t": "stop", "id": job.id, "reason": reason, "requeue": true})
+                } else {
+                    serde_json::json!({"t": "stop", "id": job.id, "reason": reason})
+                };
                 proc::try_send(requests.as_ref(), &line_of(&frame));
                 p.signal(libc::SIGTERM);
             }
