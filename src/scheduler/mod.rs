@@ -2,9 +2,10 @@
 //! master lock (SC-6 … SC-9), delivers resque-scheduler's due delayed items (SC-4, SC-5) and
 //! fires the `[schedule.<name>]` tables (SC-10 … SC-14), only while it holds the lock.
 //!
-//! It goes by Redis's clock (`TIME`), not the host's (SC-4, SC-12). Its cost when nothing is
-//! due: one `TIME` and one `ZRANGEBYSCORE … LIMIT` a second and a lock renewal
-//! every few seconds (a standby: one `sched_lock.lua` acquire a second).
+//! It goes by Redis's clock (`TIME`, read every [`CLOCK_READ_EVERY`] and carried forward on
+//! this host's monotonic clock in between), not the host's wall clock (SC-4, SC-12). Its cost
+//! when nothing is due: one `ZRANGEBYSCORE … LIMIT` a second, a `TIME` every 30 s and a lock
+//! renewal every few seconds (a standby: one `sched_lock.lua` acquire a second).
 
 pub mod deliver;
 pub mod ops;
@@ -102,7 +103,15 @@ struct Scheduler {
     lock_refused: Option<String>,
     /// Redis's clock minus this host's, in milliseconds, as last read (`TIME`).
     offset_ms: i64,
+    /// The last read of Redis's clock: when (this host's monotonic clock) and what it said
+    /// (Unix ms).
+    clock: Option<(Instant, i64)>,
 }
+
+/// How long a read of Redis's clock is carried forward on the monotonic clock before it is
+/// read again: a jump of this host's wall clock changes nothing, and an idle scheduler does
+/// not spend a command a second on it.
+const CLOCK_READ_EVERY: Duration = Duration::from_secs(30);
 
 impl Scheduler {
     fn new(rx: watch::Receiver<Config>, stop: CancellationToken) -> Scheduler {
@@ -124,6 +133,7 @@ impl Scheduler {
             next_poll: Instant::now(),
             lock_refused: None,
             offset_ms: 0,
+            clock: None,
         }
     }
 
@@ -282,14 +292,25 @@ impl Scheduler {
     /// host whose clock is off (or jumped) neither fires ticks early nor delivers items early.
     /// None when Redis did not answer.
     async fn redis_now(&mut self, conn: &mut ConnectionManager) -> Option<i64> {
+        if let Some((at, ms)) = self.clock {
+            let since = at.elapsed();
+            if since < CLOCK_READ_EVERY {
+                let ms = ms + i64::try_from(since.as_millis()).unwrap_or(i64::MAX / 2);
+                return Some(ms.div_euclid(1000));
+            }
+        }
         let sent = local_ms();
+        let sent_at = Instant::now();
         match st::redis_time_ms(conn).await {
             Ok(ms) => {
                 let back = local_ms();
                 self.offset_ms = ms - (sent + back) / 2;
+                // Carried forward from the moment half way through the round trip.
+                self.clock = Some((sent_at + sent_at.elapsed() / 2, ms));
                 Some(ms.div_euclid(1000))
             }
             Err(e) => {
+                self.clock = None;
                 self.error("scheduler: reading Redis's clock", &e);
                 None
             }

@@ -31,6 +31,9 @@ pub fn parked_queues_key(keys: &Keys) -> String {
 pub struct WakeReport {
     /// Jobs moved back to their queues.
     pub woken: u64,
+    /// Whether the index still names a resource (due now or later): while it does not,
+    /// nothing is parked anywhere and the checks between janitor passes can rest.
+    pub pending: bool,
     /// Resources whose first entry cannot move (a key of another type, PK-6); each is
     /// reported at most once a minute.
     pub stuck: Vec<String>,
@@ -54,8 +57,10 @@ pub async fn wake_due<C: ConnectionLike + Send>(
         .await?;
     let mut it = reply.iter();
     let woken = it.next().map(super::int).unwrap_or(0);
+    let pending = it.next().map(super::int).unwrap_or(1) != 0;
     Ok(WakeReport {
         woken,
+        pending,
         stuck: it.map(super::text).collect(),
     })
 }

@@ -29,6 +29,9 @@ pub struct JanitorReport {
     pub recovered: Vec<(String, String)>,
     /// Parked jobs woken because their resource had a free unit (PK-4).
     pub woken: u64,
+    /// Whether anything is parked anywhere (the `parked` index is not empty), as the pass's
+    /// wake found it.
+    pub parked: bool,
 }
 
 const RELEASE_MUTEX: &str = r"
@@ -77,7 +80,9 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         &mut first_error,
         store::unblock_lapsed(conn, keys, 10).await,
     );
-    report.woken = keep_first(&mut first_error, wake_parked(conn, keys, config).await).unwrap_or(0);
+    let wake = keep_first(&mut first_error, wake_parked(conn, keys, config).await);
+    report.woken = wake.as_ref().map_or(0, |w| w.woken);
+    report.parked = wake.is_none_or(|w| w.pending);
     keep_first(
         &mut first_error,
         recover_dead(conn, keys, config, &mut report).await,
@@ -284,13 +289,13 @@ pub(super) async fn wake_parked<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     config: &Config,
-) -> RedisResult<u64> {
+) -> RedisResult<store::WakeReport> {
     let every = config.locket.park_check_interval.get();
     let r = store::wake_due(conn, keys, 100, every).await?;
     for res in &r.stuck {
         tracing::error!(resource = %res, "parked jobs cannot go back to their queue: a key holds another type (its parked list, its lock or the queue); they stay parked until it is mended");
     }
-    Ok(r.woken)
+    Ok(r)
 }
 
 /// Runs janitor passes every `janitor_interval` until `stop`, and the parked jobs' check
@@ -306,6 +311,12 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
     let park_every = config.locket.park_check_interval.get().min(every);
     // One warning per outage, not one per pass.
     let mut failing = false;
+    // Whether anything was parked anywhere at the last look: only then does this process run
+    // the parked check between its passes (PK-4), so an idle fleet with nothing parked pays
+    // nothing for it. A job parked after a look that found none is seen by the next pass, so
+    // a lapsed holder's jobs still wake within lock_ttl + janitor_interval +
+    // park_check_interval (PK-4's bound).
+    let mut parked = true;
     let mut next_pass = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
@@ -313,15 +324,26 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             _ = stop.cancelled() => return,
         }
         if tokio::time::Instant::now() < next_pass {
+            if !parked {
+                continue;
+            }
             // PK-4 between passes: one script call, idempotent, so no mutex (two processes
-            // that run it at once find the second's resources rescheduled by the first).
-            if let Err(e) = wake_parked(&mut conn.clone(), &keys, &config).await {
-                debug!(error = %e, "parked check failed");
+            // that run it at once while the role changes hands find the second's resources
+            // rescheduled by the first).
+            match wake_parked(&mut conn.clone(), &keys, &config).await {
+                Ok(r) => parked = r.pending,
+                Err(e) => debug!(error = %e, "parked check failed"),
             }
             continue;
         }
         next_pass = tokio::time::Instant::now() + every;
         let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
+        if let Ok(r) = &pass {
+            // A pass that did not hold the mutex did not look.
+            if r.ran {
+                parked = r.parked;
+            }
+        }
         match &pass {
             Ok(r)
                 if r.ran

@@ -959,9 +959,10 @@ fn lock_conflict_requeue_pushes_the_original_payload_bytes_back() {
     let redis = RedisServer::start();
     let mut c = redis.sync_conn();
     let work = Work::new();
-    // The default counter_ttl (15 s) keeps the requeued copy from being popped again before
-    // the lock is released; releasing it clears the counter at once (A-14).
-    let cfg = config("q", "", "", &work.fallback());
+    // The `requeue` policy (resque-locket's; the default is `park`). The default counter_ttl
+    // (15 s) keeps the requeued copy from being popped again before the lock is released;
+    // releasing it clears the counter at once (A-14).
+    let cfg = config("q", "", "on_conflict = \"requeue\"", &work.fallback());
     // The same job twice, as two clients would write it: same class and arguments, different
     // bytes (spacing, key order, 1 vs 1.0, extra keys).
     let first = r#"{"class":"Block","args":[1,123456789012345678901234567890,{"b":1,"a":2}]}"#;

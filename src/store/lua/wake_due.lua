@@ -9,16 +9,19 @@
 -- ARGV[2]  batch size (at most 100)
 -- ARGV[3]  park_check_interval in ms
 --
--- Returns {woken, stuck...}: the jobs woken, then each resource whose first entry cannot move
--- (its list, its lock or its queue holds another type; PK-6): it is due again in a minute,
--- so that it is reported once a minute. Raises nothing.
+-- Returns {woken, pending, stuck...}: the jobs woken; 1 when the index still names a resource
+-- (so the janitor keeps looking every park_check_interval), else 0; then each resource whose
+-- first entry cannot move (its list, its lock or its queue holds another type; PK-6): it is
+-- due again in a minute, so that it is reported once a minute. Raises nothing.
 
+-- Nothing parked anywhere (the common case): one command.
+if redis.call('ZCARD', KEYS[1]) == 0 then return {0, 0} end
 local prefix = ARGV[1]
 local now = now_ms()
 local every = tonumber(ARGV[3])
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, tonumber(ARGV[2]))
 local woken = 0
-local out = {0}
+local out = {0, 0}
 -- The limit the first entry of a list asked for (0 when it cannot be read).
 local function first_limit(pk)
   local e = redis.pcall('LINDEX', pk, 0)
@@ -102,4 +105,5 @@ for _, res in ipairs(members) do
   if next_at then redis.call('ZADD', KEYS[1], 'XX', int(next_at), res) end
 end
 out[1] = woken
+if redis.call('ZCARD', KEYS[1]) > 0 then out[2] = 1 end
 return out
