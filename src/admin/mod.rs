@@ -15,9 +15,11 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 mod parked;
+mod pause;
 mod read;
 mod schedule;
 pub use parked::{ParkedArgs, UnparkArgs};
+pub use pause::PauseArgs;
 pub use read::{
     now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
     Listing,
@@ -77,6 +79,11 @@ pub enum AdminCommand {
     /// Move parked jobs back to the heads of their queues (PK-9), e.g. before stopping a
     /// fleet for good.
     Unpark(UnparkArgs),
+    /// Pause queues (resque-pause's keys, A-20): their jobs stay in their queues, running
+    /// ones finish; delayed and scheduled jobs are still delivered into them.
+    Pause(PauseArgs),
+    /// Resume paused queues: idle workers start their jobs at once.
+    Resume(PauseArgs),
 }
 
 /// `locketd schedule [run NAME]`.
@@ -264,6 +271,8 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Schedule(s) => a.schedule(s, config).await,
             AdminCommand::Parked(p) => a.parked(p).await,
             AdminCommand::Unpark(u) => a.unpark(u).await,
+            AdminCommand::Pause(p) => a.pause(p, true).await,
+            AdminCommand::Resume(p) => a.pause(p, false).await,
         }
     })
 }

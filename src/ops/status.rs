@@ -72,6 +72,9 @@ pub struct QueueStatus {
     /// Jobs of this queue parked on a lock or hold (PK-8): not in `LLEN`, nor in Resque's
     /// queue sizes, and back at the head of the queue when woken.
     pub parked_jobs: u64,
+    /// Whether an operator paused it (A-20: `<ns>:pause:queue:<q>` or `<ns>:pause:all`):
+    /// `running`, `queue` or `all`.
+    pub paused: crate::store::PauseState,
 }
 
 /// One registered worker.
@@ -173,17 +176,22 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     let parked_jobs = crate::store::parked_per_queue(conn, &k)
         .await
         .unwrap_or_default();
+    let pauses = crate::store::pause_states(conn, &k, &queue_names).await?;
     let queues = names
         .into_iter()
         .zip(lens)
-        .map(|((name, configured), (length, counter))| QueueStatus {
-            skipped: length > 0 && counter.is_some_and(|c| c >= length),
-            parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
-            name,
-            length,
-            counter,
-            configured,
-        })
+        .zip(pauses)
+        .map(
+            |(((name, configured), (length, counter)), paused)| QueueStatus {
+                paused,
+                skipped: length > 0 && counter.is_some_and(|c| c >= length),
+                parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
+                name,
+                length,
+                counter,
+                configured,
+            },
+        )
         .collect();
 
     // Workers.
@@ -434,7 +442,11 @@ impl Status {
                 .queues
                 .iter()
                 .map(|q| {
-                    let state = if q.skipped {
+                    let state = if q.paused == crate::store::PauseState::All {
+                        "paused (every queue: locketd resume --all)"
+                    } else if q.paused.is_paused() {
+                        "paused (locketd resume)"
+                    } else if q.skipped {
                         "skipped (every job waits on a lock)"
                     } else if q.length == 0 {
                         "empty"

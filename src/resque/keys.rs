@@ -106,6 +106,18 @@ impl Keys {
     pub fn pause_all(&self) -> String {
         self.resque("pause-all-workers")
     }
+    /// `<ns>:pause:`, the prefix of resque-pause's keys.
+    pub fn pause_prefix(&self) -> String {
+        self.resque("pause:")
+    }
+    /// `<ns>:pause:queue:<q>`: resque-pause's key pausing queue `q`.
+    pub fn pause_queue(&self, q: &str) -> String {
+        self.resque(&format!("pause:queue:{q}"))
+    }
+    /// `<ns>:pause:all`: pauses every queue.
+    pub fn pause_every_queue(&self) -> String {
+        self.resque("pause:all")
+    }
     /// `<ns>:stat:processed`.
     pub fn stat_processed(&self) -> String {
         self.resque("stat:processed")

@@ -53,6 +53,7 @@ fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
             Ok(Reserved::Nothing {
                 skipped: names(reply.get(1)),
                 unreadable: names(reply.get(2)),
+                paused: names(reply.get(3)),
             })
         }
         Some("paused") => Ok(Reserved::Paused),

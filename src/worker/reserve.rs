@@ -66,6 +66,7 @@ impl Worker {
                 Ok(Reserved::Nothing {
                     skipped,
                     unreadable,
+                    paused,
                 }) => {
                     self.redis_ok();
                     self.title(&waiting);
@@ -73,7 +74,7 @@ impl Worker {
                         self.nothing_reserved(&skipped, &unreadable);
                         return StopReason::Drained;
                     }
-                    self.idle_wait(&queues, &skipped, &unreadable, control, dead)
+                    self.idle_wait(&queues, &skipped, &unreadable, &paused, control, dead)
                         .await;
                 }
                 Ok(Reserved::Paused) => {
@@ -158,6 +159,7 @@ impl Worker {
             return Next::Go(Ok(Reserved::Nothing {
                 skipped: vec![],
                 unreadable: vec![],
+                paused: vec![],
             }));
         }
         let Some(mut p) = self.pending.take() else {
@@ -216,22 +218,28 @@ impl Worker {
     }
 
     /// Nothing reserved: waits up to `interval` for a push to a queue that was empty (not
-    /// merely skipped, not a key of another type), for a new queue when the list has patterns,
-    /// or for a stop or a pause.
+    /// merely skipped, paused or a key of another type), for a new queue when the list has
+    /// patterns, for a change of the pause keys when a queue was paused (A-20: the master
+    /// wakes every waiting worker then), or for a stop or a pause.
     async fn idle_wait(
         &mut self,
         queues: &[String],
         skipped: &[String],
         unreadable: &[String],
+        paused: &[String],
         control: &Control,
         dead: &CancellationToken,
     ) {
         self.nothing_reserved(skipped, unreadable);
+        if !paused.is_empty() {
+            debug!(target: LOG_TARGET, paused = ?paused, "queues paused: their jobs wait");
+        }
         let keys: Vec<String> = queues
             .iter()
-            .filter(|q| !skipped.contains(q) && !unreadable.contains(q))
+            .filter(|q| !skipped.contains(q) && !unreadable.contains(q) && !paused.contains(q))
             .map(|q| self.keys.queue(q))
             .collect();
+        let follow = self.spec.is_dynamic() || !paused.is_empty();
         let mut paused = control.paused.subscribe();
         let stop = async {
             tokio::select! {
@@ -243,13 +251,7 @@ impl Worker {
         };
         let interval = self.config.interval.get();
         self.idle
-            .wait(
-                &self.config.redis,
-                &keys,
-                self.spec.is_dynamic(),
-                interval,
-                stop,
-            )
+            .wait(&self.config.redis, &keys, follow, interval, stop)
             .await;
     }
 

@@ -1,0 +1,78 @@
+//! Operator pause of queues (locking-semantics.md A-20): resque-pause's keys
+//! `<ns>:pause:queue:<q>` and `<ns>:pause:all`, set and deleted by `pause.lua`, read here for
+//! `status`, the web page and `/metrics`. RESERVE reads them itself, in its own script.
+
+use super::scripts::scripts;
+use crate::conn::evalsha;
+use crate::resque::keys::Keys;
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+
+/// What pauses a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseState {
+    /// Not paused.
+    Running,
+    /// `<ns>:pause:queue:<q>` exists.
+    Queue,
+    /// `<ns>:pause:all` exists.
+    All,
+}
+
+impl PauseState {
+    /// Whether RESERVE passes the queue over.
+    pub fn is_paused(self) -> bool {
+        self != PauseState::Running
+    }
+}
+
+/// Pauses (`on`) or resumes `queues`, or every queue (`None`: `<ns>:pause:all`). Returns how
+/// many keys changed. A key of another type refuses the whole call before any write (S-6).
+pub async fn set_paused<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queues: Option<&[String]>,
+    on: bool,
+) -> RedisResult<u64> {
+    let names: Vec<String> = match queues {
+        Some(qs) => qs.iter().map(|q| keys.pause_queue(q)).collect(),
+        None => vec![keys.pause_every_queue()],
+    };
+    evalsha(conn, &scripts().pause, names.len(), |cmd| {
+        for k in &names {
+            cmd.arg(k.as_str());
+        }
+        cmd.arg(if on { "pause" } else { "resume" });
+    })
+    .await
+}
+
+/// The pause state of each of `queues`, in order, read with one pipeline of `EXISTS` (a key of
+/// any type pauses, as RESERVE reads it).
+pub async fn pause_states<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queues: &[String],
+) -> RedisResult<Vec<PauseState>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("EXISTS").arg(keys.pause_every_queue());
+    for q in queues {
+        pipe.cmd("EXISTS").arg(keys.pause_queue(q));
+    }
+    let found: Vec<bool> = pipe.query_async(conn).await?;
+    let all = found.first().copied().unwrap_or(false);
+    Ok(queues
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            if all {
+                PauseState::All
+            } else if found.get(i + 1).copied().unwrap_or(false) {
+                PauseState::Queue
+            } else {
+                PauseState::Running
+            }
+        })
+        .collect())
+}

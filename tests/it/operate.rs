@@ -1,0 +1,135 @@
+//! Operating a fleet (issue 27): pausing queues with resque-pause's keys (A-20), against the
+//! real binary and a real redis-server. Run: `cargo test --test it operate::`.
+
+use std::time::{Duration, Instant};
+
+use crate::daemon::{exit_code, NS, R, SHORT};
+use crate::ops::{locketd, stdout_ok};
+use crate::support::{wait_until, Daemon, RedisServer};
+
+const NOOP: &str = "[classes.Noop]\nbuiltin = \"noop\"\n";
+
+fn job(n: usize) -> String {
+    format!(r#"{{"class":"Noop","args":[{n}]}}"#)
+}
+
+fn lrange(r: &mut R, queue: &str) -> Vec<Vec<u8>> {
+    r.cmd(&["LRANGE", &format!("{NS}:queue:{queue}"), "0", "-1"])
+}
+
+/// A-20: a queue paused by another tool (`SET resque:pause:queue:mail true`, as resque-pause
+/// does) is not popped: its list is byte for byte unchanged after 5 s with idle workers, while
+/// another queue runs; `locketd resume mail` wakes the idle workers at once (the interval is
+/// 30 s here, so the start cannot come from a pass).
+#[test]
+fn a20_a_queue_paused_by_another_tool_is_not_popped_and_resume_starts_its_jobs_at_once() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let _: () = r.cmd(&["SET", &format!("{NS}:pause:queue:mail"), "true"]);
+    for n in 0..3 {
+        r.push("mail", &job(n));
+    }
+    let before = lrange(&mut r, "mail");
+    let cfg = format!("queues = \"mail,other\"\ninterval = 30\n\n{NOOP}");
+    let mut d = Daemon::start(&redis, &cfg, &["--workers", "2"]);
+    wait_until(SHORT, "two workers registered", || r.workers().len() == 2);
+    r.push("other", &job(10));
+    wait_until(SHORT, "the other queue's job ran", || r.processed() == 1);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(lrange(&mut r, "mail"), before, "a paused queue was touched");
+    assert_eq!(r.processed(), 1);
+    let status = stdout_ok(&locketd(&redis, &["status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    let mail = v["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["name"] == "mail"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(mail["paused"], "queue", "status: {status}");
+
+    // From before the command starts: its own start and exit are counted too.
+    let resumed = Instant::now();
+    let out = stdout_ok(&locketd(&redis, &["resume", "mail"]));
+    assert!(out.contains("resumed mail"), "{out}");
+    wait_until(SHORT, "the resumed queue's jobs ran", || r.processed() == 4);
+    let took = resumed.elapsed();
+    eprintln!("resume to 3 jobs done: {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the resumed jobs waited {took:?}: found by a pass, not a wake-up\n{}",
+        crate::support::tail(&d.log(), 40)
+    );
+    assert!(!r.exists(&format!("{NS}:pause:queue:mail")));
+
+    // `locketd pause` writes resque-pause's own key and value.
+    stdout_ok(&locketd(&redis, &["pause", "mail"]));
+    let v: Option<String> = r.cmd(&["GET", &format!("{NS}:pause:queue:mail")]);
+    assert_eq!(v.as_deref(), Some("true"));
+    r.push("mail", &job(20));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(r.llen(&format!("{NS}:queue:mail")), 1);
+    stdout_ok(&locketd(&redis, &["resume", "mail"]));
+    wait_until(SHORT, "the job pushed while paused ran", || {
+        r.processed() == 5
+    });
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// A-20 with `pause --all` in the multi-slot mode (RESERVE batched per process): no queue is
+/// popped until `resume --all`.
+#[test]
+fn a20_pause_all_holds_every_queue_in_the_multi_slot_mode() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    stdout_ok(&locketd(&redis, &["pause", "--all"]));
+    assert!(r.exists(&format!("{NS}:pause:all")));
+    let cfg = format!("queues = \"a,b\"\ninterval = 30\n\n{NOOP}");
+    let mut d = Daemon::start(&redis, &cfg, &["--workers", "1", "--slots", "3"]);
+    wait_until(SHORT, "three slots registered", || r.workers().len() == 3);
+    for n in 0..4 {
+        r.push("a", &job(n));
+        r.push("b", &job(n));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(r.processed(), 0);
+    assert_eq!(r.llen(&format!("{NS}:queue:a")), 4);
+    let out = stdout_ok(&locketd(&redis, &["resume", "--all"]));
+    assert!(out.contains("resumed every queue"), "{out}");
+    wait_until(SHORT, "every job ran", || r.processed() == 8);
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// A-20, S-6: a pause key of another type (written by hand) pauses its queue all the same and
+/// is never overwritten: `locketd pause` refuses before any write, naming the key, and sets
+/// none of the other keys it was given.
+#[test]
+fn a20_a_wrong_typed_pause_key_pauses_and_is_refused_before_any_write() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let key = format!("{NS}:pause:queue:mail");
+    let _: () = r.cmd(&["HSET", &key, "by", "hand"]);
+    r.push("mail", &job(1));
+    let out = locketd(&redis, &["pause", "other", "mail"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WRONGTYPE") && err.contains(&key), "{err}");
+    assert!(!r.exists(&format!("{NS}:pause:queue:other")));
+    let out = locketd(&redis, &["resume", "mail"]);
+    assert!(!out.status.success());
+    let t: String = r.cmd(&["TYPE", &key]);
+    assert_eq!(t, "hash");
+
+    let cfg = format!("queues = \"mail,other\"\ninterval = 30\n\n{NOOP}");
+    let mut d = Daemon::start(&redis, &cfg, &["--workers", "1", "--slots", "2"]);
+    wait_until(SHORT, "two slots registered", || r.workers().len() == 2);
+    r.push("other", &job(2));
+    wait_until(SHORT, "the other queue's job ran", || r.processed() == 1);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(r.llen(&format!("{NS}:queue:mail")), 1);
+    let _: i64 = r.cmd(&["DEL", &key]);
+    wait_until(SHORT, "the mended queue's job ran", || r.processed() == 2);
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
