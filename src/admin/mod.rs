@@ -14,10 +14,12 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+mod cancel;
 mod parked;
 mod pause;
 mod read;
 mod schedule;
+pub use cancel::{cancel_job, CancelArgs, Cancelled};
 pub use parked::{ParkedArgs, UnparkArgs};
 pub use pause::PauseArgs;
 pub use read::{
@@ -84,6 +86,9 @@ pub enum AdminCommand {
     Pause(PauseArgs),
     /// Resume paused queues: idle workers start their jobs at once.
     Resume(PauseArgs),
+    /// Stop a running job: its handler gets the polite stop, then the hard stop after
+    /// kill_grace; recorded as failed with Locket::Cancelled, or put back with --requeue.
+    Cancel(CancelArgs),
 }
 
 /// `locketd schedule [run NAME]`.
@@ -273,6 +278,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Unpark(u) => a.unpark(u).await,
             AdminCommand::Pause(p) => a.pause(p, true).await,
             AdminCommand::Resume(p) => a.pause(p, false).await,
+            AdminCommand::Cancel(c) => a.cancel(c).await,
         }
     })
 }

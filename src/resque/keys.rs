@@ -106,6 +106,10 @@ impl Keys {
     pub fn pause_all(&self) -> String {
         self.resque("pause-all-workers")
     }
+    /// `<ns>:locket:cancel:<process id>`: the process's cancel requests, rid → request.
+    pub fn cancel(&self, process: &str) -> String {
+        self.locket(&format!("cancel:{process}"))
+    }
     /// `<ns>:pause:`, the prefix of resque-pause's keys.
     pub fn pause_prefix(&self) -> String {
         self.resque("pause:")

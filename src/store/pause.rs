@@ -1,6 +1,7 @@
 //! Operator pause of queues (locking-semantics.md A-20): resque-pause's keys
 //! `<ns>:pause:queue:<q>` and `<ns>:pause:all`, set and deleted by `pause.lua`, read here for
-//! `status`, the web page and `/metrics`. RESERVE reads them itself, in its own script.
+//! `status`, the web page and `/metrics`. RESERVE reads them itself, in its own script. And the
+//! other operator control of a queue's jobs: a cancel request for a running job.
 
 use super::scripts::scripts;
 use crate::conn::evalsha;
@@ -75,4 +76,27 @@ pub async fn pause_states<C: ConnectionLike + Send>(
             }
         })
         .collect())
+}
+
+/// Records a cancel request for reservation `rid` of slot `slot_key` (of process
+/// `process`), read by that process within a second. Returns the reservation's state
+/// (`reserved`, `running`), or `None` when the slot no longer holds `rid` (nothing written).
+pub async fn request_cancel<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    process: &str,
+    slot_key: &str,
+    rid: &str,
+    request: &str,
+    keep: std::time::Duration,
+) -> RedisResult<Option<String>> {
+    let state: String = evalsha(conn, &scripts().cancel, 2, |cmd| {
+        cmd.arg(keys.inflight(slot_key))
+            .arg(keys.cancel(process))
+            .arg(rid)
+            .arg(request)
+            .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX));
+    })
+    .await?;
+    Ok((state != "gone").then_some(state))
 }

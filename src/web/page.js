@@ -63,7 +63,8 @@
         var hs = (w.handlers || []).map(function (h) {
           return s(h.name) + " pid " + (h.pid === null || h.pid === undefined ? "-" : s(h.pid)) + " " + (h.ready ? "ready" : "not ready");
         });
-        return [w.id, s(w.kind), s(w.queues), state, s(job.class), s(job.run_at), secs(job.running_secs), hs.join("; ")];
+        return [w.id, s(w.kind), s(w.queues), state, s(job.class), s(job.run_at), secs(job.running_secs), hs.join("; "),
+                actions && w.kind === "locketd" && w.job ? button("cancel", "/api/jobs/cancel", {target: w.id}) : ""];
       });
     },
     locks: function (v) {

@@ -50,7 +50,7 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
         "workers" => (
             "Workers and slots",
             &[
-                "worker", "kind", "queues", "state", "class", "since", "running", "handler",
+                "worker", "kind", "queues", "state", "class", "since", "running", "handler", "",
             ],
         ),
         "locks" => (
@@ -227,6 +227,16 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                     t(&job["run_at"]),
                     secs(&job["running_secs"]),
                     html(&handlers.join("; ")),
+                    // cancel the slot's running job.
+                    if actions && w["kind"] == "locketd" && !job.is_null() {
+                        button(
+                            "cancel",
+                            "/api/jobs/cancel",
+                            &serde_json::json!({"target": w["id"]}),
+                        )
+                    } else {
+                        String::new()
+                    },
                 ]
             })
             .collect(),

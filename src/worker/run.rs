@@ -38,6 +38,9 @@ pub(super) enum RunEnd {
     KilledByUsr1,
     /// The process lease lapsed.
     PresumedDead,
+    /// An operator cancelled the job (A-21: `locketd cancel`, the page) and the handler was
+    /// stopped as for a lost lock.
+    Cancelled(super::cancel::Request),
 }
 
 impl RunEnd {
@@ -49,6 +52,7 @@ impl RunEnd {
             RunEnd::LockLost => "lock_lost",
             RunEnd::KilledByUsr1 => "usr1",
             RunEnd::PresumedDead => "presumed_dead",
+            RunEnd::Cancelled(_) => "cancelled",
             RunEnd::Terminated { .. } | RunEnd::Finished(_) => "shutdown",
         }
     }
@@ -76,6 +80,8 @@ pub(super) struct Supervision {
     pub shutdown_timeout: Duration,
     pub term_timeout: Duration,
     pub on_lock_lost: OnLockLost,
+    /// The job's reservation id: what a cancel request names.
+    pub rid: String,
 }
 
 /// How long after the deadline and kill_grace the watchdog thread kills a handler that this
@@ -112,6 +118,8 @@ struct Running {
     watch: Watch,
     backstop: Duration,
     kills: tokio::sync::watch::Receiver<u64>,
+    /// the process's cancel requests (subscribing makes the process read them).
+    cancels: tokio::sync::watch::Receiver<super::cancel::Requests>,
 }
 
 impl Running {
@@ -162,6 +170,7 @@ impl Supervision {
             watch,
             backstop: self.kill_grace + WATCHDOG_MARGIN,
             kills,
+            cancels: control.cancels.subscribe(),
         };
         let end = match self.until_end(&mut r, control, dead).await {
             Ok(result) => return RunEnd::Finished(result),
@@ -201,10 +210,19 @@ impl Supervision {
         let mut shutdown_end = far_future();
         let mut quitting = false;
         let mut extend_failing = false;
+        // a request read before this run subscribed counts too.
+        if let Some(c) = r.cancels.borrow_and_update().get(&self.rid).cloned() {
+            return Err(self.cancelled(c));
+        }
         loop {
             r.arm();
             tokio::select! {
                 result = &mut r.fut => return Ok(result),
+                Ok(()) = r.cancels.changed() => {
+                    if let Some(c) = r.cancels.borrow_and_update().get(&self.rid).cloned() {
+                        return Err(self.cancelled(c));
+                    }
+                }
                 _ = sleep_until(r.next_extend), if r.extension.is_terminated() => {
                     r.extension = self.extend();
                 }
@@ -375,6 +393,12 @@ impl Supervision {
         }
         .boxed()
         .fuse()
+    }
+
+    /// an operator's cancel: logged, then the run stops as for a lost lock.
+    fn cancelled(&self, c: super::cancel::Request) -> RunEnd {
+        warn!(rid = %self.rid, by = %c.by, requeue = c.requeue, "job cancelled by an operator: stopping it");
+        RunEnd::Cancelled(c)
     }
 
     /// what a lost lock means for this class. `None` means keep running (`continue`).

@@ -3,9 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::daemon::{exit_code, NS, R, SHORT};
+use crate::daemon::{cfg, exit_code, workdir, NS, R, SHORT};
 use crate::ops::{locketd, stdout_ok};
-use crate::support::{wait_until, Daemon, RedisServer};
+use crate::support::{
+    pid_alive, process_group_members, wait_until, write_script, Daemon, RedisServer,
+};
 
 const NOOP: &str = "[classes.Noop]\nbuiltin = \"noop\"\n";
 
@@ -132,4 +134,116 @@ fn a20_a_wrong_typed_pause_key_pauses_and_is_refused_before_any_write() {
     wait_until(SHORT, "the mended queue's job ran", || r.processed() == 2);
     d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// The rid of the job in an inflight record (there is one running here), once there is one.
+pub(crate) fn running_rid(r: &mut R) -> String {
+    let mut found = String::new();
+    wait_until(SHORT, "a job is reserved", || {
+        for k in r.keys(&format!("{NS}:locket:inflight:*")) {
+            let rid: Option<String> = r.cmd(&["HGET", &k, "rid"]);
+            if let Some(rid) = rid {
+                found = rid;
+                return true;
+            }
+        }
+        false
+    });
+    found
+}
+
+/// A-21: a 60 s command job, run by one of two daemons, is cancelled by `locketd cancel RID`
+/// (another process): its handler is gone within 2 s + kill_grace (1 s here), the failure
+/// record says `Locket::Cancelled` and who asked; a second cancel of the finished job does
+/// nothing and says so. With `--requeue` (the queue paused meanwhile so that nothing takes it
+/// again) the job is back in its queue, once, with no failure recorded.
+#[test]
+fn a21_a_running_command_job_is_cancelled_from_another_process() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let pids = work.path().join("pids");
+    let script = write_script(
+        work.path(),
+        "long.sh",
+        &format!("echo $$ >> {}\nexec sleep 60\n", pids.display()),
+    );
+    let config = cfg("q").class("Long", &script, "").render();
+    let mut a = Daemon::start(&redis, &config, &[]);
+    let mut b = Daemon::start(&redis, &config, &[]);
+    wait_until(SHORT, "two workers registered", || r.workers().len() == 2);
+
+    r.push("q", r#"{"class":"Long","args":[1]}"#);
+    let rid = running_rid(&mut r);
+    let pid_of_job = |n: usize| -> i32 {
+        let mut pid = 0;
+        wait_until(SHORT, "the job's handler started", || {
+            let text = std::fs::read_to_string(&pids).unwrap_or_default();
+            match text.lines().nth(n).and_then(|l| l.trim().parse().ok()) {
+                Some(p) => {
+                    pid = p;
+                    true
+                }
+                None => false,
+            }
+        });
+        pid
+    };
+    let handler = pid_of_job(0);
+    let asked = Instant::now();
+    let out = stdout_ok(&locketd(&redis, &["cancel", &rid]));
+    assert!(out.contains("cancel sent"), "{out}");
+    wait_until(SHORT, "the handler is gone", || !pid_alive(handler));
+    let took = asked.elapsed();
+    eprintln!("cancel to handler gone: {took:?}");
+    assert!(
+        took < Duration::from_secs(2) + Duration::from_secs(1) + Duration::from_secs(1),
+        "the handler outlived 2 s + kill_grace after the cancel: {took:?}"
+    );
+    assert!(process_group_members(handler).is_empty());
+    wait_until(SHORT, "the failure is recorded", || {
+        !r.failures().is_empty()
+    });
+    let f = &r.failures()[0];
+    assert_eq!(f["exception"], "Locket::Cancelled", "{f}");
+    assert!(
+        f["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("locketd cancel by"),
+        "{f}"
+    );
+    // A finished job: nothing done, and said so.
+    let out = locketd(&redis, &["cancel", &rid]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing done"));
+    assert!(r.keys(&format!("{NS}:locket:cancel:*")).is_empty());
+
+    // --requeue, by the slot's worker id.
+    r.push("q", r#"{"class":"Long","args":[2]}"#);
+    let _ = running_rid(&mut r);
+    let handler = pid_of_job(1);
+    let worker = r
+        .workers()
+        .into_iter()
+        .find(|w| r.exists(&format!("{NS}:worker:{w}")))
+        .expect("a busy worker");
+    stdout_ok(&locketd(&redis, &["pause", "q"]));
+    stdout_ok(&locketd(&redis, &["cancel", &worker, "--requeue"]));
+    wait_until(SHORT, "the job is back in its queue", || {
+        r.llen(&format!("{NS}:queue:q")) == 1
+    });
+    assert!(!pid_alive(handler));
+    std::thread::sleep(Duration::from_millis(500));
+    let back: Vec<String> = r.cmd(&["LRANGE", &format!("{NS}:queue:q"), "0", "-1"]);
+    assert_eq!(back, [r#"{"class":"Long","args":[2]}"#]);
+    assert_eq!(
+        r.failures().len(),
+        1,
+        "a requeued cancel records no failure"
+    );
+    for d in [&mut a, &mut b] {
+        d.signal(libc::SIGQUIT);
+        assert_eq!(exit_code(d, SHORT), Some(0));
+    }
 }

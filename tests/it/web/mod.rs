@@ -631,6 +631,16 @@ fn actions_need_the_right_token_and_are_logged() {
     );
     assert_eq!(code, 409, "{body}");
     r.cmd::<()>(&["DEL", "resque:pause:queue:busy"]);
+    // A-21: a cancel of a job that runs nowhere does nothing and says so.
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/jobs/cancel",
+        &[("Authorization", &auth)],
+        r#"{"target":"0123456789abcdef"}"#,
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("nothing done"), "{body}");
 
     let before = r.llen("resque:queue:busy");
     let retried = ok("/api/failures/retry", r#"{"list":"failed","index":0}"#);
