@@ -75,6 +75,10 @@ pub struct QueueStatus {
     /// Whether an operator paused it (A-20: `<ns>:pause:queue:<q>` or `<ns>:pause:all`):
     /// `running`, `queue` or `all`.
     pub paused: crate::store::PauseState,
+    /// Jobs of the queue holding a unit of its fleet-wide cap.
+    pub running: u64,
+    /// The queue's fleet-wide cap (`[queue.<q>] concurrency`, A-22), if any.
+    pub cap: Option<u64>,
 }
 
 /// One registered worker.
@@ -177,13 +181,17 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         .await
         .unwrap_or_default();
     let pauses = crate::store::pause_states(conn, &k, &queue_names).await?;
+    let caps = crate::store::cap_states(conn, &k, &queue_names).await?;
     let queues = names
         .into_iter()
         .zip(lens)
         .zip(pauses)
+        .zip(caps)
         .map(
-            |(((name, configured), (length, counter)), paused)| QueueStatus {
+            |((((name, configured), (length, counter)), paused), (running, cap))| QueueStatus {
                 paused,
+                running,
+                cap,
                 skipped: length > 0 && counter.is_some_and(|c| c >= length),
                 parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
                 name,
@@ -458,6 +466,9 @@ impl Status {
                         q.length.to_string(),
                         q.parked_jobs.to_string(),
                         q.counter.map(|c| c.to_string()).unwrap_or("-".into()),
+                        q.cap
+                            .map(|c| format!("{}/{c}", q.running))
+                            .unwrap_or("-".into()),
                         if q.configured {
                             state.to_string()
                         } else {
@@ -468,7 +479,14 @@ impl Status {
                 .collect();
             table(
                 &mut out,
-                &["QUEUE", "LENGTH", "PARKED", "COUNTER", "STATE"],
+                &[
+                    "QUEUE",
+                    "LENGTH",
+                    "PARKED",
+                    "COUNTER",
+                    "RUNNING/CAP",
+                    "STATE",
+                ],
                 &rows,
             );
         }

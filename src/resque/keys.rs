@@ -110,6 +110,16 @@ impl Keys {
     pub fn cancel(&self, process: &str) -> String {
         self.locket(&format!("cancel:{process}"))
     }
+    /// `<ns>:locket:cap:<q>`: the queue's fleet-wide concurrency cap, as the daemons'
+    /// configs set it.
+    pub fn cap(&self, q: &str) -> String {
+        self.locket(&format!("cap:{q}"))
+    }
+    /// `<ns>:locket:running:<q>`: the units of a capped queue in use, one member
+    /// `"<rid> <inflight key>"` per reserved job.
+    pub fn running(&self, q: &str) -> String {
+        self.locket(&format!("running:{q}"))
+    }
     /// `<ns>:pause:`, the prefix of resque-pause's keys.
     pub fn pause_prefix(&self) -> String {
         self.resque("pause:")

@@ -57,6 +57,8 @@ pub enum Reserved {
         /// Queues that hold jobs but are paused (A-20: `<ns>:pause:queue:<q>` or
         /// `<ns>:pause:all` exists): passed over, nothing popped.
         paused: Vec<String>,
+        /// Queues that hold jobs but are at their fleet-wide cap: passed over.
+        capped: Vec<String>,
     },
     /// `pause-all-workers` is set.
     Paused,

@@ -100,3 +100,90 @@ pub async fn request_cancel<C: ConnectionLike + Send>(
     .await?;
     Ok((state != "gone").then_some(state))
 }
+
+/// writes the fleet-wide caps of the config (`[queue.<q>] concurrency = N`) to
+/// `<ns>:locket:cap:<q>`, where every daemon's RESERVE reads them.
+pub async fn publish_caps<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    caps: &[(String, u32)],
+) -> RedisResult<()> {
+    if caps.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for (q, n) in caps {
+        pipe.set(keys.cap(q), *n).ignore();
+    }
+    pipe.query_async(conn).await
+}
+
+/// frees the units of `queue` whose reservation is over without a FINISH having freed
+/// them (the job was requeued or parked by its ACQUIRE, returned, or its record is gone).
+/// A member names its reservation and its slot record, so a unit is lapsed when the record no
+/// longer holds that rid; nothing re-adds a member once lapsed (rids are never reused).
+/// Returns the number freed.
+pub async fn free_lapsed_units<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queue: &str,
+) -> RedisResult<u64> {
+    let running = keys.running(queue);
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&running)
+        .query_async(conn)
+        .await?;
+    if members.is_empty() {
+        return Ok(0);
+    }
+    let mut pipe = redis::pipe();
+    for m in &members {
+        let inflight = m.split_once(' ').map(|(_, k)| k).unwrap_or("");
+        pipe.hget(inflight, "rid");
+    }
+    let rids: Vec<Option<String>> = pipe.query_async(conn).await?;
+    let lapsed: Vec<&String> = members
+        .iter()
+        .zip(rids)
+        .filter(|(m, rid)| {
+            let want = m.split_once(' ').map(|(r, _)| r).unwrap_or(m.as_str());
+            rid.as_deref() != Some(want)
+        })
+        .map(|(m, _)| m)
+        .collect();
+    if lapsed.is_empty() {
+        return Ok(0);
+    }
+    redis::cmd("SREM")
+        .arg(&running)
+        .arg(&lapsed)
+        .query_async(conn)
+        .await
+}
+
+/// `(running, cap)` of each of `queues`; `cap` is `None` for a queue without one.
+pub async fn cap_states<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    queues: &[String],
+) -> RedisResult<Vec<(u64, Option<u64>)>> {
+    if queues.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for q in queues {
+        pipe.get(keys.cap(q)).scard(keys.running(q));
+    }
+    let flat: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+    Ok(flat
+        .chunks(2)
+        .map(|c| {
+            let cap = redis::from_redis_value::<Option<String>>(c[0].clone())
+                .ok()
+                .flatten()
+                .and_then(|s| s.trim().parse().ok());
+            let running = redis::from_redis_value::<u64>(c[1].clone()).unwrap_or(0);
+            (running, cap)
+        })
+        .collect())
+}

@@ -78,6 +78,19 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
         store::unblock_lapsed(conn, keys, 10).await,
     );
     report.woken = keep_first(&mut first_error, wake_parked(conn, keys, config).await).unwrap_or(0);
+    // the caps as this config sets them, and the units of reservations that ended
+    // without a FINISH.
+    let caps = config.queue_caps();
+    keep_first(
+        &mut first_error,
+        store::publish_caps(conn, keys, &caps).await,
+    );
+    for (q, _) in &caps {
+        keep_first(
+            &mut first_error,
+            store::free_lapsed_units(conn, keys, q).await,
+        );
+    }
     keep_first(
         &mut first_error,
         recover_dead(conn, keys, config, &mut report).await,

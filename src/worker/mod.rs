@@ -470,6 +470,13 @@ impl Worker {
                 background.clone(),
             ))
         });
+        // the caps of this config, before the first RESERVE.
+        let caps = self.config.queue_caps();
+        if let Err(e) =
+            crate::store::publish_caps(&mut self.conn.manager().clone(), &self.keys, &caps).await
+        {
+            warn!(error = %e, "could not write the queue caps; the janitor tries again");
+        }
         // cancel requests, read once a second while a job runs.
         let cancels = tokio::spawn(cancel::watch_requests(
             self.conn.manager().clone(),

@@ -66,8 +66,12 @@ impl Worker {
                 Ok(Reserved::Nothing {
                     skipped,
                     unreadable,
-                    paused,
+                    mut paused,
+                    capped,
                 }) => {
+                    // a capped queue is waited on as a paused one (its unit is freed by
+                    // a FINISH, whose slot reserves again in the same step).
+                    paused.extend(capped);
                     self.redis_ok();
                     self.title(&waiting);
                     if interval.is_zero() {
@@ -160,6 +164,7 @@ impl Worker {
                 skipped: vec![],
                 unreadable: vec![],
                 paused: vec![],
+                capped: vec![],
             }));
         }
         let Some(mut p) = self.pending.take() else {

@@ -735,7 +735,8 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
         Reserved::Nothing {
             skipped: vec![],
             unreadable: vec![],
-            paused: vec![]
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert!(!exists(c, &s4.inflight()).await);
@@ -763,7 +764,8 @@ async fn reserve_passes_over_a_queue_key_that_is_not_a_list() {
         Reserved::Nothing {
             skipped: vec![],
             unreadable: vec!["aaa".into(), "bbb".into()],
-            paused: vec![]
+            paused: vec![],
+            capped: vec![]
         }
     );
 }
@@ -797,7 +799,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         Reserved::Nothing {
             skipped: vec!["high".into()],
             unreadable: vec![],
-            paused: vec![]
+            paused: vec![],
+            capped: vec![]
         }
     );
     // counter > LLEN: still skipped.
@@ -807,7 +810,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         Reserved::Nothing {
             skipped: vec!["high".into()],
             unreadable: vec![],
-            paused: vec![]
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
@@ -828,7 +832,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         Reserved::Nothing {
             skipped: vec!["high".into()],
             unreadable: vec![],
-            paused: vec![]
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, vec![h[2].clone()]);
@@ -1750,6 +1755,7 @@ async fn an_idle_pass_clears_only_the_skipped_queues_counters_and_only_when_enab
         skipped: vec!["a".into()],
         unreadable: vec![],
         paused: vec![],
+        capped: vec![],
     };
 
     assert_eq!(reserve(c, &slot, &["a", "b", "d"], false).await, skipped_a);

@@ -247,3 +247,79 @@ fn a21_a_running_command_job_is_cancelled_from_another_process() {
         assert_eq!(exit_code(d, SHORT), Some(0));
     }
 }
+
+/// A-22: `[queue.q] concurrency = 3` over two daemons of `--workers 2 --slots 4` (16 slots):
+/// 200 jobs of 100 ms never run more than 3 at once, from the jobs' own stamps; all of them
+/// run, and no unit is left in use afterwards. `status` shows `running/cap`.
+#[test]
+fn a22_a_queue_cap_holds_across_two_multi_slot_daemons() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let stamps = work.path().join("stamps");
+    let script = write_script(
+        work.path(),
+        "job.sh",
+        &format!(
+            "echo \"s $(date +%s%N)\" >> {f}\nsleep 0.1\necho \"e $(date +%s%N)\" >> {f}\n",
+            f = stamps.display()
+        ),
+    );
+    let config = format!(
+        "{}\n[queue.q]\nconcurrency = 3\n",
+        cfg("q").class("Job", &script, "").render()
+    );
+    let args = ["--workers", "2", "--slots", "4"];
+    let mut a = Daemon::start(&redis, &config, &args);
+    let mut b = Daemon::start(&redis, &config, &args);
+    wait_until(SHORT, "16 slots registered", || r.workers().len() == 16);
+    const N: i64 = 200;
+    let started = Instant::now();
+    for n in 0..N {
+        r.push("q", &format!(r#"{{"class":"Job","args":[{n}]}}"#));
+    }
+    let mut seen_cap = false;
+    wait_until(Duration::from_secs(120), "every job ran", || {
+        if !seen_cap {
+            let st = stdout_ok(&locketd(&redis, &["status"]));
+            seen_cap = st.lines().any(|l| l.starts_with("q ") && l.contains("/3"));
+        }
+        r.processed() == N
+    });
+    let took = started.elapsed();
+    eprintln!(
+        "{N} jobs of 100 ms, cap 3: {took:?} (ideal {:.2} s)",
+        N as f64 * 0.1 / 3.0
+    );
+    assert!(seen_cap, "status never showed running/cap");
+    let text = std::fs::read_to_string(&stamps).expect("stamps");
+    let mut events: Vec<(u128, i32)> = text
+        .lines()
+        .filter_map(|l| {
+            let (kind, t) = l.split_once(' ')?;
+            let t: u128 = t.trim().parse().ok()?;
+            Some((t, if kind == "s" { 1 } else { -1 }))
+        })
+        .collect();
+    assert_eq!(
+        events.len(),
+        2 * N as usize,
+        "every job stamped its start and end"
+    );
+    // At one instant an end counts before a start.
+    events.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    eprintln!("most jobs running at once: {most}");
+    assert!(most <= 3, "{most} jobs of a queue capped at 3 ran at once");
+    assert_eq!(r.failures().len(), 0);
+    let left: i64 = r.cmd(&["SCARD", &format!("{NS}:locket:running:q")]);
+    assert_eq!(left, 0, "units left in use");
+    for d in [&mut a, &mut b] {
+        d.signal(libc::SIGQUIT);
+        assert_eq!(exit_code(d, SHORT), Some(0));
+    }
+}

@@ -489,6 +489,8 @@ local function reserve_reads(K, A)
   if #A - 6 <= 16 then
     for i = 1, #A - 6 do
       out[#out + 1] = counter_key(A[4], A[6 + i])
+      -- A-22: the queue's cap, if any.
+      out[#out + 1] = A[4] .. 'cap:' .. A[6 + i]
     end
   end
   return out
@@ -497,6 +499,8 @@ end
 local function finish_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[6]), K[1])
+  -- A-22: the queue's cap, if any (its unit is freed).
+  out[#out + 1] = locket_prefix(A[6]) .. 'cap:' .. A[7]
   for i = 1, (#A - 11) / 2 do
     if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[11 + i] end
   end

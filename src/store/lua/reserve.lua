@@ -20,7 +20,10 @@
 --
 -- Returns one of
 --   {"job", queue, payload, rid}
---   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}}
+--   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}, {capped queue...}}
+--                         a capped queue (A-22: <ns>:locket:cap:<q> holds N and N of its jobs
+--                         hold a unit in <ns>:locket:running:<q>) is passed over in this same
+--                         step: nothing is popped from it
 --                         a paused queue (A-20: <ns>:pause:queue:<q> or <ns>:pause:all
 --                         exists) that holds jobs is passed over in this same step: nothing
 --                         is popped from it
@@ -61,6 +64,7 @@ end
 local skipped = {}
 local unreadable = {}
 local paused = {}
+local capped = {}
 -- A-20: the pause keys, read once, at the first queue that may hold a job (lib.lua).
 local pause_set = nil
 local function is_paused(i)
@@ -99,7 +103,12 @@ for i = 1, n do
     -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
     local ck = counter_key(prefix, ARGV[6 + i])
     local c = tonumber(sget(ck) or 0) or 0
-    if c <= 0 then
+    -- A-22: a queue at its cap is passed over (its running units counted here, atomically
+    -- with the pop).
+    local cap = tonumber(sget(prefix .. 'cap:' .. ARGV[6 + i]) or '')
+    if cap and redis.call('SCARD', prefix .. 'running:' .. ARGV[6 + i]) >= cap then
+      if redis.call('EXISTS', qkey(i)) == 1 then capped[#capped + 1] = ARGV[6 + i] end
+    elseif c <= 0 then
       payload = read('LPOP', i)
     else
       local len = read('LLEN', i)
@@ -122,6 +131,9 @@ for i = 1, n do
       'state', 'reserved',
       'resque_worker', ARGV[2])
     inflight_freed[inflight] = nil
+    if sget(prefix .. 'cap:' .. ARGV[6 + i]) then
+      redis.call('SADD', prefix .. 'running:' .. ARGV[6 + i], ARGV[1] .. ' ' .. inflight)
+    end
     count(prefix, now, 'reserved', '')
     if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
     return {'job', ARGV[6 + i], payload, ARGV[1]}
@@ -134,4 +146,4 @@ if ARGV[3] == '1' then
   end
 end
 if #skipped > 0 then count(prefix, nil, 'queue_skipped', '', #skipped) end
-return {'nothing', skipped, unreadable, paused}
+return {'nothing', skipped, unreadable, paused, capped}
