@@ -165,51 +165,97 @@ fn stat(r: &mut R, event: &str) -> i64 {
     r.int(&format!("{NS}:locket:stat:{event}"))
 }
 
-// PK-3: 50 jobs of one key run in the order they parked, and jobs of the key that arrive on a
-// higher queue meanwhile park behind them instead of jumping ahead.
+// PK-3: 50 jobs of one key, parked behind a running holder, run in the order they parked, and
+// jobs of the key that arrive on a higher queue meanwhile (while they wait, and while they run)
+// park behind them instead of jumping ahead. Two workers park them, so the parking order is
+// read from the parked list before the holder ends.
 #[test]
 fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queue() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
     let log = work.path().join("runs.log");
-    let h = handler(work.path(), "hot.sh", &log, "sleep 0.02");
-    let config = cfg("high,low")
-        .locket("lock_ttl", "\"10s\"")
-        .locket("process_ttl", "\"20s\"")
-        .class("Hot", &h, "lock = \"user:{args[0]}\"")
-        .render();
+    let release = work.path().join("release");
+    let h = handler(
+        work.path(),
+        "hot.sh",
+        &log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"h\"'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
+             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.02;; esac",
+            release.display()
+        ),
+    );
+    let config = |queues: &str| {
+        cfg(queues)
+            .locket("lock_ttl", "\"10s\"")
+            .locket("process_ttl", "\"20s\"")
+            .class("Hot", &h, "lock = \"user:{args[0]}\"")
+            .render()
+    };
+    // The holder runs on a daemon of its own queue.
+    let mut holder = Daemon::start(&redis, &config("hold"), &[]);
+    r.push("hold", r#"{"class":"Hot","args":[1,"h"]}"#);
+    wait_until(LONG, "the holder runs", || started(&log).len() == 1);
     for i in 0..50 {
         r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
     }
-    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
-    // Once the second worker is up, the jobs behind the running one park, in queue order.
+    let mut d = Daemon::start(&redis, &config("high,low"), &["--workers", "2"]);
     let parked = format!("{NS}:locket:parked:lock:user:1");
-    wait_until(LONG, "the backlog parked", || {
-        r.llen(&parked) >= 40 && r.llen(&format!("{NS}:queue:low")) == 0
-    });
+    wait_until(LONG, "the backlog parked", || r.llen(&parked) == 50);
     for j in 0..10 {
         r.push(
             "high",
             &format!(r#"{{"class":"Hot","args":[1,{}]}}"#, 100 + j),
         );
     }
-    wait_until(LONG, "every job ran", || ended(&log) == 60);
-    let order: Vec<i64> = started(&log)
+    wait_until(LONG, "the higher queue's jobs parked", || {
+        r.llen(&parked) == 60
+    });
+    let entries: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
+    let parking_order: Vec<i64> = entries
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            let p: serde_json::Value =
+                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
+            p["args"][1].as_i64().unwrap()
+        })
+        .collect();
+    let mut lows: Vec<i64> = parking_order.iter().copied().filter(|i| *i < 100).collect();
+    lows.sort();
+    assert_eq!(lows, (0..50).collect::<Vec<_>>());
+    assert!(
+        parking_order[..50].iter().all(|i| *i < 100),
+        "the higher queue's jobs parked behind: {parking_order:?}"
+    );
+    std::fs::write(&release, "").unwrap();
+    // More jobs of the key on the higher queue while the backlog runs.
+    wait_until(LONG, "ten jobs ran", || ended(&log) >= 11);
+    for j in 0..5 {
+        r.push(
+            "high",
+            &format!(r#"{{"class":"Hot","args":[1,{}]}}"#, 200 + j),
+        );
+    }
+    wait_until(LONG, "every job ran", || ended(&log) == 66);
+    let order: Vec<i64> = started(&log)[1..]
         .iter()
         .map(|a| {
             let v: serde_json::Value = serde_json::from_str(a).unwrap();
             v[1].as_i64().unwrap()
         })
         .collect();
-    let mut want: Vec<i64> = (0..50).collect();
-    want.extend(100..110);
-    assert_eq!(order, want, "parking order");
+    assert_eq!(order[..60], parking_order[..], "parking order");
+    let mut late = order[60..].to_vec();
+    late.sort();
+    assert_eq!(late, (200..205).collect::<Vec<_>>());
     assert_eq!(max_running(&log), 1);
     // The job path's counts are written once a second, and at the stop.
     assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(holder.terminate(LONG).code(), Some(0));
     assert_eq!(stat(&mut r, "requeued"), 0);
-    assert!(stat(&mut r, "parked") >= 50, "{}", stat(&mut r, "parked"));
+    assert!(stat(&mut r, "parked") >= 65, "{}", stat(&mut r, "parked"));
 }
 
 // PK-4: the holder's whole daemon is SIGKILLed (no release ever runs, and its process lease
@@ -235,13 +281,24 @@ fn pk4_parked_jobs_run_soon_after_the_lease_of_a_sigkilled_holder_lapses() {
     let mut holder = Daemon::start(&redis, &config, &[]);
     r.push("q", r#"{"class":"Hot","args":[1,"holder"]}"#);
     wait_until(LONG, "the holder runs", || started(&log).len() == 1);
-    let mut other = Daemon::start(&redis, &config, &[]);
+    let mut other = Daemon::builder(&redis)
+        .config(&format!("{config}\n"))
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .start();
     for i in 0..5 {
         r.push("q", &format!(r#"{{"class":"Hot","args":[1,"w{i}"]}}"#));
     }
     let parked = format!("{NS}:locket:parked:lock:user:1");
     wait_until(LONG, "five jobs parked", || r.llen(&parked) == 5);
     assert_eq!(r.llen(&format!("{NS}:queue:q")), 0);
+    // PK-8: /metrics shows them (the parks' count is written within a second).
+    let addr = crate::service::metrics_addr(&other);
+    wait_until(LONG, "the parks in /metrics", || {
+        let body = crate::service::scrape(&addr).unwrap_or_default();
+        body.contains("locketd_parked_jobs{queue=\"q\"} 5")
+            && body.contains("locketd_parks_total 5")
+    });
     let killed = Instant::now();
     holder.kill_master_and_workers();
     wait_until(LONG, "the parked jobs ran", || ended(&log) == 5);

@@ -51,6 +51,8 @@ enum Step {
     WakeDue,
     /// `locketd unpark` of a parked job (PK-9).
     Unpark,
+    /// The janitor's purge of an expired hold, which wakes the job parked on it (PK-2).
+    PurgeHoldWake,
 }
 
 /// Each step with the keys, written by other tools too, that it pushes to.
@@ -66,6 +68,7 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::FinishWake, &["queue:q2", "queues", "failed"]),
     (Step::WakeDue, &["queue:q2", "queues"]),
     (Step::Unpark, &["queue:q2", "queues"]),
+    (Step::PurgeHoldWake, &["queue:q2", "queues"]),
 ];
 
 /// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or
@@ -132,6 +135,15 @@ const OWN_KEYS: &[(Step, &[&str])] = &[
         &["locket:lock:L", "locket:parked", "locket:parked_queues"],
     ),
     (Step::Unpark, &["locket:parked", "locket:parked_queues"]),
+    (
+        Step::PurgeHoldWake,
+        &[
+            "locket:dep:h",
+            "locket:deps",
+            "locket:parked",
+            "locket:parked_queues",
+        ],
+    ),
 ];
 
 // (A step that wakes a job finds it in its parked list, so that list is spoiled only where
@@ -303,6 +315,18 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
             park_second_job(c, k).await;
             Prepared::default()
         }
+        Step::PurgeHoldWake => {
+            // Hold h lapsed (deadline 1 ms after the epoch); a job is parked on it.
+            cmd(c, &["HSET", &k.dep("h"), "d", "1:1"]).await;
+            cmd(c, &["ZADD", &k.deps(), "1", "h"]).await;
+            let entry = serde_json::json!({"rid": "rb", "queue": "q2",
+                "payload": PARKED_PAYLOAD, "parked_at": 1, "class": "Sweep", "attempt": 1,
+                "ttl": 30000, "limit": 0})
+            .to_string();
+            cmd(c, &["RPUSH", &k.locket("parked:dep:h"), &entry]).await;
+            cmd(c, &["ZADD", &k.locket("parked"), "0", "dep:h"]).await;
+            Prepared::default()
+        }
     }
 }
 
@@ -388,6 +412,7 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
         Step::WakeDue => store::wake_due(c, k, 100, Duration::from_secs(1))
             .await
             .map(drop),
+        Step::PurgeHoldWake => store::purge_holds(c, k, 100).await.map(drop),
         Step::Unpark => store::unpark(c, k, &["lock:L".to_string()], None)
             .await
             .map(drop),
