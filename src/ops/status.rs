@@ -12,9 +12,9 @@
 //! redis redis://127.0.0.1:6379/0  namespace resque  at 2026-11-21T13:58:02Z
 //! processed 12  failed 2  failures listed 2  locks held 1
 //!
-//! QUEUE     LENGTH  PARKED  COUNTER  STATE
-//! high           3       0        3  skipped (every job waits on a lock)
-//! low            0      12        -  ok
+//! QUEUE     LENGTH  PARKED  COUNTER  RUNNING/CAP  STATE
+//! high           3       0        3  -            skipped (every job waits on a lock)
+//! low            0      12        -  2/3          ok
 //! ```
 
 use crate::config::Config;
