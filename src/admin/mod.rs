@@ -14,10 +14,14 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+mod cancel;
 mod parked;
+mod pause;
 mod read;
 mod schedule;
+pub use cancel::{cancel_job, CancelArgs, Cancelled};
 pub use parked::{ParkedArgs, UnparkArgs};
+pub use pause::PauseArgs;
 pub use read::{
     now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
     Listing,
@@ -77,6 +81,14 @@ pub enum AdminCommand {
     /// Move parked jobs back to the heads of their queues (PK-9), e.g. before stopping a
     /// fleet for good.
     Unpark(UnparkArgs),
+    /// Pause queues (resque-pause's keys, A-20): their jobs stay in their queues, running
+    /// ones finish; delayed and scheduled jobs are still delivered into them.
+    Pause(PauseArgs),
+    /// Resume paused queues: idle workers start their jobs at once.
+    Resume(PauseArgs),
+    /// Stop a running job: its handler gets the polite stop, then the hard stop after
+    /// kill_grace; recorded as failed with Locket::Cancelled, or put back with --requeue.
+    Cancel(CancelArgs),
 }
 
 /// `locketd schedule [run NAME]`.
@@ -264,6 +276,9 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Schedule(s) => a.schedule(s, config).await,
             AdminCommand::Parked(p) => a.parked(p).await,
             AdminCommand::Unpark(u) => a.unpark(u).await,
+            AdminCommand::Pause(p) => a.pause(p, true).await,
+            AdminCommand::Resume(p) => a.pause(p, false).await,
+            AdminCommand::Cancel(c) => a.cancel(c).await,
         }
     })
 }

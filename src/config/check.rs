@@ -66,6 +66,15 @@ impl Config {
         }
         crate::resque::patterns::QueueSpec::from_list(&self.queues.0)
             .map_err(|e| invalid("queues", e.to_string()))?;
+        // a cap of 0 would never run the queue's jobs (pause it instead).
+        for (q, n) in self.queue_caps() {
+            if n == 0 {
+                return Err(invalid(
+                    &format!("queue.{q}.concurrency"),
+                    "must be at least 1 (to stop the queue, `locketd pause` it)",
+                ));
+            }
+        }
         // Checked here too, not only when a worker starts: a HUP must refuse a bad list
         // rather than start workers that exit at once, over and over.
         if !self.locket.lock_queues.0.is_empty() {
@@ -475,5 +484,22 @@ mod tests {
             let e = c.check().unwrap_err().to_string();
             assert!(e.contains("http_allowed_hosts"), "{bad:?}: {e}");
         }
+    }
+
+    /// `[queue.<q>] concurrency` names the capped queues; 0 is refused; an unknown key
+    /// in the table is a config error.
+    #[test]
+    fn queue_tables_give_the_caps() {
+        let c = Config::parse(
+            "queues = \"a,b\"\n[queue.a]\nconcurrency = 3\n[queue.b]\n",
+            "test",
+        )
+        .unwrap();
+        assert_eq!(c.queue_caps(), [("a".to_string(), 3)]);
+        assert!(c.check().is_ok());
+        let zero = Config::parse("queues = \"a\"\n[queue.a]\nconcurrency = 0\n", "test").unwrap();
+        let e = zero.check().unwrap_err().to_string();
+        assert!(e.contains("queue.a.concurrency"), "{e}");
+        assert!(Config::parse("queues = \"a\"\n[queue.a]\nconcurency = 2\n", "test").is_err());
     }
 }

@@ -205,6 +205,26 @@ pub enum OnWorkerDeath {
     Requeue,
 }
 
+/// `[queue.<name>]`: settings of one queue.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    /// At most this many jobs reserved from the queue run at once across every daemon on the
+    /// Redis; none: no cap.
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+}
+
+impl Config {
+    /// the queues with a fleet-wide cap, `[queue.<q>] concurrency = N`.
+    pub fn queue_caps(&self) -> Vec<(String, u32)> {
+        self.queue
+            .iter()
+            .filter_map(|(q, c)| Some((q.clone(), c.concurrency?)))
+            .collect()
+    }
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -283,6 +303,9 @@ pub struct Config {
     /// Handlers and lock settings per job class; `"*"` is the fallback.
     #[serde(default)]
     pub classes: BTreeMap<String, ClassConfig>,
+    /// Per-queue settings, `[queue.<name>]` (the queue list itself is `queues`).
+    #[serde(default)]
+    pub queue: BTreeMap<String, QueueConfig>,
     /// Named handlers that classes point at with `handler = "<name>"`: a command run per job
     /// (`mode = "exec"`, the default) or a preloaded process serving many jobs
     /// (`mode = "persistent"`, persistent-handlers.md).
@@ -621,6 +644,7 @@ impl Default for Config {
             resque_web_url: None,
             locket: Locket::default(),
             classes: BTreeMap::new(),
+            queue: BTreeMap::new(),
             handlers: BTreeMap::new(),
             scheduler: SchedulerConfig::default(),
             schedule: BTreeMap::new(),

@@ -93,11 +93,24 @@ pub(super) struct Pickup {
 }
 
 enum Ev {
-    Attach { pid: u32, writer: OwnedWriteHalf },
-    Report { pid: u32, report: Report },
-    Gone { pid: u32 },
-    Pushed { key: String },
+    Attach {
+        pid: u32,
+        writer: OwnedWriteHalf,
+    },
+    Report {
+        pid: u32,
+        report: Report,
+    },
+    Gone {
+        pid: u32,
+    },
+    Pushed {
+        key: String,
+    },
     QueuesChanged,
+    /// A pause key (`<ns>:pause:*`, A-20) was set or deleted: every waiting worker passes
+    /// again, so a resumed queue's jobs start at once.
+    PauseChanged,
     Reload(Settings),
 }
 
@@ -190,9 +203,10 @@ struct State {
     glob_wanted: watch::Sender<bool>,
     tracker: Option<Task>,
     /// Wake-ups for changes of the queue set in the current second (its start, how many),
-    /// and whether one more is due at its end.
+    /// and whether one more is due at its end (and for every waiting worker: a pause change).
     changes: Option<(Instant, u32)>,
     changed_due: bool,
+    changed_all: bool,
     /// Shared by the watchers: one log line per outage, not one per queue.
     failing: Arc<AtomicBool>,
     refused: Arc<AtomicBool>,
@@ -213,6 +227,7 @@ impl State {
             tracker: None,
             changes: None,
             changed_due: false,
+            changed_all: false,
             failing: Arc::default(),
             refused: Arc::default(),
             full_warned: false,
@@ -238,13 +253,12 @@ impl State {
     }
 
     fn start_tracker(&mut self) {
-        self.tracker = self.settings.glob.then(|| {
-            Task(tokio::spawn(track_queue_set(
-                self.settings.clone(),
-                self.glob_wanted.subscribe(),
-                self.tx.clone(),
-            )))
-        });
+        // Always: the pause keys are followed on the same connection.
+        self.tracker = Some(Task(tokio::spawn(track_queue_set(
+            self.settings.clone(),
+            self.glob_wanted.subscribe(),
+            self.tx.clone(),
+        ))));
     }
 
     fn on(&mut self, ev: Ev) {
@@ -317,13 +331,15 @@ impl State {
                         .insert(key, (pid, Instant::now() + ANSWER_WITHIN));
                 }
             }
-            Ev::QueuesChanged => {
+            Ev::QueuesChanged | Ev::PauseChanged => {
+                let all = matches!(ev, Ev::PauseChanged);
                 let now = Instant::now();
                 match self.changes {
                     Some((start, n)) if now < start + SECOND && n >= CHANGES_PER_SECOND => {
-                        self.changed_due = true
+                        self.changed_due = true;
+                        self.changed_all |= all;
                     }
-                    _ => self.wake_globs(now),
+                    _ => self.wake_globs(now, all),
                 }
             }
             Ev::Reload(settings) => {
@@ -380,16 +396,18 @@ impl State {
         }
     }
 
-    fn wake_globs(&mut self, now: Instant) {
+    /// Wakes the waiting workers with patterns (`all`: every waiting worker).
+    fn wake_globs(&mut self, now: Instant, all: bool) {
         self.changes = match self.changes {
             Some((start, n)) if now < start + SECOND => Some((start, n + 1)),
             _ => Some((now, 1)),
         };
         self.changed_due = false;
+        self.changed_all = false;
         let pids: Vec<u32> = self
             .procs
             .iter()
-            .filter(|(_, p)| p.waiting.as_ref().is_some_and(|w| w.glob))
+            .filter(|(_, p)| p.waiting.as_ref().is_some_and(|w| all || w.glob))
             .map(|(pid, _)| *pid)
             .collect();
         if !pids.is_empty() {
@@ -421,7 +439,7 @@ impl State {
         self.pending.retain(|_, (_, at)| *at > now);
         if let (true, Some((start, _))) = (self.changed_due, self.changes) {
             if now >= start + SECOND {
-                self.wake_globs(now);
+                self.wake_globs(now, self.changed_all);
             }
         }
         self.watchers
@@ -571,14 +589,18 @@ async fn track_queue_set(
     mut wanted: watch::Receiver<bool>,
     tx: mpsc::UnboundedSender<Ev>,
 ) {
-    let set = crate::resque::keys::Keys::new(&settings.namespace).queues();
+    let keys = crate::resque::keys::Keys::new(&settings.namespace);
+    let set = keys.queues();
+    let pause = keys.pause_prefix();
     let mut backoff = MIN_BACKOFF;
     let mut logged = false;
     loop {
-        match track(&settings.redis, &set, &tx).await {
+        match track(&settings.redis, &set, &pause, &tx).await {
             Tracking::Refused(e) => {
-                info!(target: LOG_TARGET, error = %e, "no client tracking: new queues are looked for once a second while a worker with patterns waits");
-                poll_queue_set(&settings.redis, &set, &mut wanted, &tx).await;
+                info!(target: LOG_TARGET, error = %e, "no client tracking: new queues are looked for once a second while a worker with patterns waits; a resumed queue is found at the next interval");
+                if settings.glob {
+                    poll_queue_set(&settings.redis, &set, &mut wanted, &tx).await;
+                }
                 return;
             }
             Tracking::Lost(e) => {
@@ -599,7 +621,7 @@ enum Tracking {
     Lost(redis::RedisError),
 }
 
-async fn track(url: &str, set: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking {
+async fn track(url: &str, set: &str, pause: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking {
     // A server that refuses RESP3 or tracking, not one loading or failing over (E-3).
     let classify = |e: redis::RedisError| {
         if crate::conn::is_refusal(&e) {
@@ -625,7 +647,7 @@ async fn track(url: &str, set: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking
         Err(e) => return classify(e),
     };
     let on: redis::RedisResult<()> = redis::cmd("CLIENT")
-        .arg(&["TRACKING", "ON", "BCAST", "PREFIX", set][..])
+        .arg(&["TRACKING", "ON", "BCAST", "PREFIX", set, "PREFIX", pause][..])
         .query_async(&mut conn)
         .await;
     if let Err(e) = on {
@@ -634,11 +656,18 @@ async fn track(url: &str, set: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking
     debug!(target: LOG_TARGET, key = set, "following the queue set with client tracking");
     // A change while this connection was not there is not reported: assume one.
     let _ = tx.send(Ev::QueuesChanged);
+    let _ = tx.send(Ev::PauseChanged);
     loop {
         tokio::select! {
             p = pushes.recv() => match p {
                 Some(p) if p.kind == redis::PushKind::Invalidate => {
-                    let _ = tx.send(Ev::QueuesChanged);
+                    let (queues, paused) = invalidated(&p.data, pause);
+                    if queues {
+                        let _ = tx.send(Ev::QueuesChanged);
+                    }
+                    if paused {
+                        let _ = tx.send(Ev::PauseChanged);
+                    }
                 }
                 Some(p) if p.kind == redis::PushKind::Disconnection => {
                     return Tracking::Lost(redis::RedisError::from(std::io::Error::from(
@@ -660,6 +689,26 @@ async fn track(url: &str, set: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking
             }
         }
     }
+}
+
+/// Which of the followed prefixes an invalidation names: (the queue set, a pause key). A
+/// flush (no keys) names both.
+fn invalidated(data: &[redis::Value], pause: &str) -> (bool, bool) {
+    let keys: Vec<String> = match data.first() {
+        Some(redis::Value::Array(keys)) => keys
+            .iter()
+            .filter_map(|k| match k {
+                redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            })
+            .collect(),
+        _ => return (true, true),
+    };
+    if keys.is_empty() {
+        return (true, true);
+    }
+    let paused = keys.iter().any(|k| k.starts_with(pause));
+    (keys.iter().any(|k| !k.starts_with(pause)), paused)
 }
 
 async fn poll_queue_set(

@@ -12,9 +12,9 @@
 //! redis redis://127.0.0.1:6379/0  namespace resque  at 2026-11-21T13:58:02Z
 //! processed 12  failed 2  failures listed 2  locks held 1
 //!
-//! QUEUE     LENGTH  PARKED  COUNTER  STATE
-//! high           3       0        3  skipped (every job waits on a lock)
-//! low            0      12        -  ok
+//! QUEUE     LENGTH  PARKED  COUNTER  RUNNING/CAP  STATE
+//! high           3       0        3  -            skipped (every job waits on a lock)
+//! low            0      12        -  2/3          ok
 //! ```
 
 use crate::config::Config;
@@ -72,6 +72,13 @@ pub struct QueueStatus {
     /// Jobs of this queue parked on a lock or hold (PK-8): not in `LLEN`, nor in Resque's
     /// queue sizes, and back at the head of the queue when woken.
     pub parked_jobs: u64,
+    /// Whether an operator paused it (A-20: `<ns>:pause:queue:<q>` or `<ns>:pause:all`):
+    /// `running`, `queue` or `all`.
+    pub paused: crate::store::PauseState,
+    /// Jobs of the queue holding a unit of its fleet-wide cap (A-22).
+    pub running: u64,
+    /// The queue's fleet-wide cap (`[queue.<q>] concurrency`, A-22), if any.
+    pub cap: Option<u64>,
 }
 
 /// One registered worker.
@@ -173,17 +180,26 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     let parked_jobs = crate::store::parked_per_queue(conn, &k)
         .await
         .unwrap_or_default();
+    let pauses = crate::store::pause_states(conn, &k, &queue_names).await?;
+    let caps = crate::store::cap_states(conn, &k, &queue_names).await?;
     let queues = names
         .into_iter()
         .zip(lens)
-        .map(|((name, configured), (length, counter))| QueueStatus {
-            skipped: length > 0 && counter.is_some_and(|c| c >= length),
-            parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
-            name,
-            length,
-            counter,
-            configured,
-        })
+        .zip(pauses)
+        .zip(caps)
+        .map(
+            |((((name, configured), (length, counter)), paused), (running, cap))| QueueStatus {
+                paused,
+                running,
+                cap,
+                skipped: length > 0 && counter.is_some_and(|c| c >= length),
+                parked_jobs: parked_jobs.get(&name).copied().unwrap_or(0),
+                name,
+                length,
+                counter,
+                configured,
+            },
+        )
         .collect();
 
     // Workers.
@@ -434,7 +450,11 @@ impl Status {
                 .queues
                 .iter()
                 .map(|q| {
-                    let state = if q.skipped {
+                    let state = if q.paused == crate::store::PauseState::All {
+                        "paused (every queue: locketd resume --all)"
+                    } else if q.paused.is_paused() {
+                        "paused (locketd resume)"
+                    } else if q.skipped {
                         "skipped (every job waits on a lock)"
                     } else if q.length == 0 {
                         "empty"
@@ -446,6 +466,9 @@ impl Status {
                         q.length.to_string(),
                         q.parked_jobs.to_string(),
                         q.counter.map(|c| c.to_string()).unwrap_or("-".into()),
+                        q.cap
+                            .map(|c| format!("{}/{c}", q.running))
+                            .unwrap_or("-".into()),
                         if q.configured {
                             state.to_string()
                         } else {
@@ -456,7 +479,14 @@ impl Status {
                 .collect();
             table(
                 &mut out,
-                &["QUEUE", "LENGTH", "PARKED", "COUNTER", "STATE"],
+                &[
+                    "QUEUE",
+                    "LENGTH",
+                    "PARKED",
+                    "COUNTER",
+                    "RUNNING/CAP",
+                    "STATE",
+                ],
                 &rows,
             );
         }

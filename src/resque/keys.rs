@@ -106,6 +106,32 @@ impl Keys {
     pub fn pause_all(&self) -> String {
         self.resque("pause-all-workers")
     }
+    /// `<ns>:locket:cancel:<process id>`: the process's cancel requests, rid → request.
+    pub fn cancel(&self, process: &str) -> String {
+        self.locket(&format!("cancel:{process}"))
+    }
+    /// `<ns>:locket:cap:<q>`: the queue's fleet-wide concurrency cap, as the daemons'
+    /// configs set it.
+    pub fn cap(&self, q: &str) -> String {
+        self.locket(&format!("cap:{q}"))
+    }
+    /// `<ns>:locket:running:<q>`: the units of a capped queue in use, one member
+    /// `"<rid> <inflight key>"` per reserved job.
+    pub fn running(&self, q: &str) -> String {
+        self.locket(&format!("running:{q}"))
+    }
+    /// `<ns>:pause:`, the prefix of resque-pause's keys.
+    pub fn pause_prefix(&self) -> String {
+        self.resque("pause:")
+    }
+    /// `<ns>:pause:queue:<q>`: resque-pause's key pausing queue `q`.
+    pub fn pause_queue(&self, q: &str) -> String {
+        self.resque(&format!("pause:queue:{q}"))
+    }
+    /// `<ns>:pause:all`: pauses every queue.
+    pub fn pause_every_queue(&self) -> String {
+        self.resque("pause:all")
+    }
     /// `<ns>:stat:processed`.
     pub fn stat_processed(&self) -> String {
         self.resque("stat:processed")

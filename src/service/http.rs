@@ -47,6 +47,8 @@ pub struct RedisGauges {
     /// Parked waits (PK-8): jobs parked per queue, and the fleet's parks and wakes
     /// (`stat:parked`, `stat:woken`).
     pub parked: ParkedGauges,
+    /// The queues of `queues` an operator paused.
+    pub paused: std::collections::BTreeSet<String>,
 }
 
 /// Parked waits' numbers at scrape time (PK-8).
@@ -98,6 +100,17 @@ async fn read_redis_inner(
     };
     names.truncate(MAX_QUEUES);
     let per = crate::ops::queue_lengths(conn, &k, &names).await?;
+    let paused = crate::store::pause_states(conn, &k, &names)
+        .await
+        .map(|s| {
+            names
+                .iter()
+                .zip(s)
+                .filter(|(_, s)| s.is_paused())
+                .map(|(q, _)| q.clone())
+                .collect()
+        })
+        .unwrap_or_default();
     let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
     let (processed, failed, workers_registered): (Option<u64>, Option<u64>, u64) = redis::pipe()
         .get(k.stat_processed())
@@ -124,6 +137,7 @@ async fn read_redis_inner(
         wakes: wakes.unwrap_or(0),
     };
     Ok(RedisGauges {
+        paused,
         parked,
         delayed,
         up: true,
@@ -437,6 +451,15 @@ impl Collector for Scrape {
                     .map(|(q, _, c)| (l(&[("queue", q)]), as_i64(*c)))
                     .collect::<Vec<_>>(),
             )?;
+            gauge_family(
+                &mut enc,
+                "locketd_queue_paused",
+                "1 when an operator paused the queue (resque-pause's keys, A-20): its jobs wait.",
+                &r.queues
+                    .iter()
+                    .map(|(q, _, _)| (l(&[("queue", q)]), i64::from(r.paused.contains(q))))
+                    .collect::<Vec<_>>(),
+            )?;
             // Parked waits (PK-8).
             gauge_family(
                 &mut enc,
@@ -586,6 +609,7 @@ mod tests {
             RedisGauges {
                 up: true,
                 queues: vec![("q".into(), 3, 1)],
+                paused: ["q".to_string()].into(),
                 ..RedisGauges::default()
             },
         );
@@ -600,6 +624,7 @@ mod tests {
             "locketd_workers{state=\"idle\"} 1",
             "locketd_queue_length{queue=\"q\"} 3",
             "locketd_queue_lock_counter{queue=\"q\"} 1",
+            "locketd_queue_paused{queue=\"q\"} 1",
             "locketd_redis_up 1",
             "# EOF",
         ] {

@@ -9,6 +9,7 @@ pub mod batch;
 mod fcall;
 mod finish;
 mod parked;
+mod pause;
 pub mod registry;
 mod reserve;
 pub mod schedule;
@@ -20,6 +21,7 @@ mod upkeep;
 pub use acquire::*;
 pub use finish::*;
 pub use parked::*;
+pub use pause::*;
 pub use reserve::*;
 pub use upkeep::*;
 
@@ -52,6 +54,11 @@ pub enum Reserved {
         skipped: Vec<String>,
         /// Queues whose key is not a list (written by another tool): passed over.
         unreadable: Vec<String>,
+        /// Queues that hold jobs but are paused (A-20: `<ns>:pause:queue:<q>` or
+        /// `<ns>:pause:all` exists): passed over, nothing popped.
+        paused: Vec<String>,
+        /// Queues that hold jobs but are at their fleet-wide cap: passed over.
+        capped: Vec<String>,
     },
     /// `pause-all-workers` is set.
     Paused,

@@ -53,6 +53,8 @@ fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
             Ok(Reserved::Nothing {
                 skipped: names(reply.get(1)),
                 unreadable: names(reply.get(2)),
+                paused: names(reply.get(3)),
+                capped: names(reply.get(4)),
             })
         }
         Some("paused") => Ok(Reserved::Paused),

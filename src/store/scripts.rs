@@ -190,6 +190,10 @@ pub struct Scripts {
     pub wake_due: Script,
     /// Move parked jobs back to their queues (PK-9).
     pub unpark: Script,
+    /// Set or delete resque-pause's keys.
+    pub pause: Script,
+    /// Ask the process running a job to stop it.
+    pub cancel: Script,
     /// The job-path scripts that write their O-3 counts themselves.
     pub direct: JobScripts,
     /// The same, handing their O-3 counts back with the reply: what a worker's connection
@@ -252,6 +256,8 @@ pub fn scripts() -> &'static Scripts {
         park: Script::new(script!("park.lua")),
         wake_due: Script::new(script!("wake_due.lua")),
         unpark: Script::new(script!("unpark.lua")),
+        pause: Script::new(script!("pause.lua")),
+        cancel: Script::new(script!("cancel.lua")),
         direct: JobScripts::new(false),
         tallied: JobScripts::new(true),
         library: JobLibrary::new(),
@@ -262,7 +268,7 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 24] {
+pub fn sources() -> [(&'static str, &'static str); 26] {
     [
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
@@ -283,6 +289,8 @@ pub fn sources() -> [(&'static str, &'static str); 24] {
         ("park.lua", script!("park.lua")),
         ("wake_due.lua", script!("wake_due.lua")),
         ("unpark.lua", script!("unpark.lua")),
+        ("pause.lua", script!("pause.lua")),
+        ("cancel.lua", script!("cancel.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
         ("deliver.lua", script!("deliver.lua")),

@@ -8,7 +8,8 @@
 //!   [`data::SECTIONS`], and `/api/page` (all of them at once, with the status line's totals
 //!   as `summary` instead of the whole, unbounded status).
 //! - `POST /api/locks/release`, `/api/counters/reset`, `/api/failures/retry`,
-//!   `/api/failures/remove`, `/api/schedules/run`: off unless `http_admin_token` is set, then only with
+//!   `/api/failures/remove`, `/api/schedules/run`, `/api/queues/pause`, `/api/queues/resume`
+//!   `/api/jobs/cancel`: off unless `http_admin_token` is set, then only with
 //!   `Authorization: Bearer <token>`; each logged at warn with what it changed.
 //!
 //! Every name from Redis reaches the HTML through [`escape::html`] (the script sets only
@@ -167,6 +168,9 @@ pub const ACTIONS: &[&str] = &[
     "/api/failures/retry",
     "/api/failures/remove",
     "/api/schedules/run",
+    "/api/queues/pause",
+    "/api/queues/resume",
+    "/api/jobs/cancel",
 ];
 
 /// Equal without telling by its time where the first difference is.
@@ -262,6 +266,49 @@ async fn act<C: ConnectionLike + Send>(
                           "web: lock counter reset by an operator");
                     Response::json("200 OK", &json!({"queue": queue, "was_set": was}))
                 }
+                Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
+            }
+        }
+        "/api/queues/pause" | "/api/queues/resume" => {
+            let Some(queue) = s("queue") else {
+                return Response::error("400 Bad Request", "queue missing");
+            };
+            let on = req.path.ends_with("pause");
+            let qs = [queue.clone()];
+            match store::set_paused(conn, &keys, Some(&qs), on).await {
+                Ok(n) => {
+                    warn!(target: LOG_TARGET, peer = %peer, queue = %queue, changed = n,
+                          "web: queue {} by an operator", if on { "paused" } else { "resumed" });
+                    Response::json(
+                        "200 OK",
+                        &json!({"queue": queue, "paused": on, "changed": n}),
+                    )
+                }
+                Err(e) if crate::conn::is_refusal(&e) => {
+                    Response::error("409 Conflict", format!("redis: {e}"))
+                }
+                Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
+            }
+        }
+        "/api/jobs/cancel" => {
+            let Some(target) = s("target").or_else(|| s("rid")) else {
+                return Response::error("400 Bad Request", "target (a rid or a worker id) missing");
+            };
+            let requeue = body["requeue"] == true;
+            let by = format!("the web page, from {peer}");
+            match crate::admin::cancel_job(conn, &keys, &target, requeue, &by).await {
+                Ok(crate::admin::Cancelled::Requested { rid, worker, .. }) => {
+                    warn!(target: LOG_TARGET, peer = %peer, rid = %rid, worker = %worker, requeue,
+                          "web: job cancelled by an operator");
+                    Response::json(
+                        "200 OK",
+                        &json!({"rid": rid, "worker": worker, "cancelled": true}),
+                    )
+                }
+                Ok(crate::admin::Cancelled::NotRunning) => Response::error(
+                    "404 Not Found",
+                    format!("no running job {target:?}: it finished already; nothing done"),
+                ),
                 Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
             }
         }

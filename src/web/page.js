@@ -32,15 +32,28 @@
     return b;
   }
 
+  // The queue row's actions: reset its lock counter; pause or resume it.
+  function queueActions(q) {
+    var cell = document.createElement("span");
+    if (q.counter !== null) {
+      cell.appendChild(button("reset counter", "/api/counters/reset", {queue: q.name}));
+      cell.appendChild(document.createTextNode(" "));
+    }
+    if (q.paused === "queue") cell.appendChild(button("resume", "/api/queues/resume", {queue: q.name}));
+    else if (q.paused === "running") cell.appendChild(button("pause", "/api/queues/pause", {queue: q.name}));
+    return cell;
+  }
+
   var rowsOf = {
     queues: function (v) {
       return v.rows.map(function (q) {
-        var state = q.skipped ? "skipped (every job waits on a lock)" : q.length === 0 ? "empty"
+        var state = q.paused === "all" ? "paused (every queue)" : q.paused === "queue" ? "paused"
+          : q.skipped ? "skipped (every job waits on a lock)" : q.length === 0 ? "empty"
           : q.counter > 0 ? "draining (" + q.counter + " of " + q.length + " wait on a lock)" : "ok";
         if (q.configured === false) state += "; not worked here";
         return [q.name, s(q.length), s(q.parked_jobs || 0), q.counter === null ? "-" : s(q.counter), state,
                 s(q.head_class), secs(q.oldest_age_secs),
-                actions && q.counter !== null ? button("reset counter", "/api/counters/reset", {queue: q.name}) : ""];
+                actions ? queueActions(q) : ""];
       });
     },
     workers: function (v) {
@@ -50,7 +63,8 @@
         var hs = (w.handlers || []).map(function (h) {
           return s(h.name) + " pid " + (h.pid === null || h.pid === undefined ? "-" : s(h.pid)) + " " + (h.ready ? "ready" : "not ready");
         });
-        return [w.id, s(w.kind), s(w.queues), state, s(job.class), s(job.run_at), secs(job.running_secs), hs.join("; ")];
+        return [w.id, s(w.kind), s(w.queues), state, s(job.class), s(job.run_at), secs(job.running_secs), hs.join("; "),
+                actions && w.kind === "locketd" && w.job ? button("cancel", "/api/jobs/cancel", {target: w.id}) : ""];
       });
     },
     locks: function (v) {

@@ -50,7 +50,7 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
         "workers" => (
             "Workers and slots",
             &[
-                "worker", "kind", "queues", "state", "class", "since", "running", "handler",
+                "worker", "kind", "queues", "state", "class", "since", "running", "handler", "",
             ],
         ),
         "locks" => (
@@ -123,7 +123,11 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
             .iter()
             .map(|q| {
                 let counter = q["counter"].as_u64().unwrap_or(0);
-                let state = if q["skipped"] == true {
+                let state = if q["paused"] == "all" {
+                    "paused (every queue)".to_string()
+                } else if q["paused"] == "queue" {
+                    "paused".to_string()
+                } else if q["skipped"] == true {
                     "skipped (every job waits on a lock)".to_string()
                 } else if q["length"] == 0 {
                     "empty".to_string()
@@ -146,6 +150,26 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                 } else {
                     String::new()
                 };
+                // pause or resume the queue (resque-pause's key; `pause:all` is the
+                // CLI's, `locketd resume --all`).
+                let pause = if !actions {
+                    String::new()
+                } else if q["paused"] == "queue" {
+                    button(
+                        "resume",
+                        "/api/queues/resume",
+                        &serde_json::json!({"queue": q["name"]}),
+                    )
+                } else if q["paused"] == "running" {
+                    button(
+                        "pause",
+                        "/api/queues/pause",
+                        &serde_json::json!({"queue": q["name"]}),
+                    )
+                } else {
+                    String::new()
+                };
+                let reset = format!("{reset}{pause}");
                 vec![
                     t(&q["name"]),
                     t(&q["length"]),
@@ -203,6 +227,16 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                     t(&job["run_at"]),
                     secs(&job["running_secs"]),
                     html(&handlers.join("; ")),
+                    // cancel the slot's running job.
+                    if actions && w["kind"] == "locketd" && !job.is_null() {
+                        button(
+                            "cancel",
+                            "/api/jobs/cancel",
+                            &serde_json::json!({"target": w["id"]}),
+                        )
+                    } else {
+                        String::new()
+                    },
                 ]
             })
             .collect(),

@@ -479,6 +479,7 @@ impl Worker {
             shutdown_timeout: lt.shutdown_timeout.get(),
             term_timeout: self.config.term_timeout.get(),
             on_lock_lost: on_lost,
+            rid: p.rid.clone(),
         };
         let end = sup.run(p.handler.clone(), ctx, control, dead).await;
         // H-11: whatever a stopped run left of its handler is dead before the end is recorded;
@@ -504,31 +505,41 @@ impl Worker {
         dead: &CancellationToken,
     ) -> Option<StopReason> {
         let (queue, class, locks, token) = (&p.queue, &p.job.class, &p.rendered.locks, &p.token);
-        if matches!(end, RunEnd::LockLost) {
+        // a cancelled job's request is done with; `--requeue` puts it back at the tail.
+        let requeue_cancelled = match &end {
+            RunEnd::Cancelled(c) => {
+                let mut conn = self.conn.manager().clone();
+                super::cancel::forget(&mut conn, &self.keys, &self.id.process_id, &p.rid).await;
+                c.requeue
+            }
+            _ => false,
+        };
+        let lost = matches!(end, RunEnd::LockLost);
+        if lost {
             self.metrics.lock_lost();
             error!(target: LOG_TARGET, queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
-            if requeues(&end, on_lost) {
-                let release = p.rendered.releases(false);
-                let holds = FinishHolds {
+        }
+        if requeue_cancelled || requeues(&end, on_lost) {
+            let release = p.rendered.releases(false);
+            let holds = FinishHolds {
+                class,
+                digest: &p.digest,
+                release: &release,
+                resent: false,
+            };
+            return self
+                .finish_outcome(
+                    &p.rid,
+                    queue,
+                    token,
+                    locks,
+                    Finish::Requeue,
                     class,
-                    digest: &p.digest,
-                    release: &release,
-                    resent: false,
-                };
-                return self
-                    .finish_outcome(
-                        &p.rid,
-                        queue,
-                        token,
-                        locks,
-                        Finish::Requeue,
-                        class,
-                        p.started,
-                        "requeued",
-                        &holds,
-                    )
-                    .await;
-            }
+                    p.started,
+                    "requeued",
+                    &holds,
+                )
+                .await;
         }
         let mut result = result_of(end, locks);
         if let Err(f) = &mut result {
@@ -720,6 +731,10 @@ fn result_of(end: RunEnd, locks: &[LockSpec]) -> HandlerResult {
             "Child process received unhandled signal SIGKILL (signal 9): killed by USR1",
         )
         .dirty()),
+        RunEnd::Cancelled(c) => Err(JobFailure::new(
+            "Locket::Cancelled",
+            format!("cancelled by an operator: {}", c.by),
+        )),
         RunEnd::PresumedDead => Err(JobFailure::new(
             "Resque::DirtyExit",
             "locketd process was presumed dead and stopped the job",

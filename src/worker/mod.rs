@@ -4,6 +4,7 @@
 //! pop) → classify → ACQUIRE (+START) → run with lock heartbeats → FINISH, with a process
 //! heartbeat and the janitor running beside it.
 
+mod cancel;
 mod finish;
 mod idle;
 mod janitor;
@@ -48,6 +49,8 @@ pub struct Control {
     pub kill: CancellationToken,
     paused: Arc<watch::Sender<bool>>,
     kills: Arc<watch::Sender<u64>>,
+    /// Cancel requests for this process's jobs, read by `cancel::watch_requests`.
+    cancels: Arc<watch::Sender<cancel::Requests>>,
 }
 
 impl Default for Control {
@@ -58,6 +61,7 @@ impl Default for Control {
             kill: CancellationToken::new(),
             paused: Arc::new(watch::channel(false).0),
             kills: Arc::new(watch::channel(0).0),
+            cancels: Arc::new(watch::channel(cancel::Requests::new()).0),
         }
     }
 }
@@ -468,6 +472,20 @@ impl Worker {
                 background.clone(),
             ))
         });
+        // the caps of this config, before the first RESERVE.
+        let caps = self.config.queue_caps();
+        if let Err(e) =
+            crate::store::publish_caps(&mut self.conn.manager().clone(), &self.keys, &caps).await
+        {
+            warn!(error = %e, "could not write the queue caps; the janitor tries again");
+        }
+        // cancel requests, read once a second while a job runs.
+        let cancels = tokio::spawn(cancel::watch_requests(
+            self.conn.manager().clone(),
+            self.keys.cancel(&self.id.process_id),
+            control.cancels.clone(),
+            background.clone(),
+        ));
         // O-3 counts of the job path: written once per second and at stop (store::tally).
         let counts = tokio::spawn(crate::store::tally::flush_loop(
             self.conn.manager().clone(),
@@ -500,6 +518,7 @@ impl Worker {
         let _ = beat.await;
         let _ = jan.await;
         let _ = counts.await;
+        let _ = cancels.await;
         if let Some(t) = handlers_task {
             let _ = t.await;
         }

@@ -38,6 +38,9 @@ pub(super) enum RunEnd {
     KilledByUsr1,
     /// The process lease lapsed.
     PresumedDead,
+    /// An operator cancelled the job (A-21: `locketd cancel`, the page) and the handler was
+    /// stopped as for a lost lock.
+    Cancelled(super::cancel::Request),
 }
 
 impl RunEnd {
@@ -49,6 +52,7 @@ impl RunEnd {
             RunEnd::LockLost => "lock_lost",
             RunEnd::KilledByUsr1 => "usr1",
             RunEnd::PresumedDead => "presumed_dead",
+            RunEnd::Cancelled(_) => "cancelled",
             RunEnd::Terminated { .. } | RunEnd::Finished(_) => "shutdown",
         }
     }
@@ -56,7 +60,8 @@ impl RunEnd {
     /// Whether this end puts the job back in its queue (A-11's `requeue`) rather than
     /// recording it. Known before the handler is asked to stop, so that it can be told.
     pub(super) fn requeues(&self, on_lost: OnLockLost) -> bool {
-        matches!(self, RunEnd::LockLost) && on_lost == OnLockLost::Requeue
+        (matches!(self, RunEnd::LockLost) && on_lost == OnLockLost::Requeue)
+            || matches!(self, RunEnd::Cancelled(c) if c.requeue)
     }
 
     /// A shutdown's stop that ended in SIGKILL (for other ends the kill changes nothing).
@@ -82,6 +87,8 @@ pub(super) struct Supervision {
     pub shutdown_timeout: Duration,
     pub term_timeout: Duration,
     pub on_lock_lost: OnLockLost,
+    /// The job's reservation id: what a cancel request names.
+    pub rid: String,
 }
 
 /// How long after the hard stop's latest time (the local deadline) the watchdog thread kills
@@ -127,6 +134,8 @@ struct Running {
     /// How long before `lease_end` the master kills.
     master_margin: Duration,
     kills: tokio::sync::watch::Receiver<u64>,
+    /// the process's cancel requests (subscribing makes the process read them).
+    cancels: tokio::sync::watch::Receiver<super::cancel::Requests>,
 }
 
 impl Running {
@@ -182,6 +191,7 @@ impl Supervision {
             watch,
             master_margin: (self.kill_grace / 2).min(MASTER_MARGIN),
             kills,
+            cancels: control.cancels.subscribe(),
         };
         let end = match self.until_end(&mut r, control, dead).await {
             Ok(result) => return RunEnd::Finished(result),
@@ -221,6 +231,10 @@ impl Supervision {
         let mut shutdown_end = far_future();
         let mut quitting = false;
         let mut extend_failing = false;
+        // a request read before this run subscribed counts too.
+        if let Some(c) = r.cancels.borrow_and_update().get(&self.rid).cloned() {
+            return Err(self.cancelled(c));
+        }
         loop {
             r.arm();
             // L-9, issue 23: while no EXTEND succeeds, the polite stop begins kill_grace before
@@ -235,6 +249,11 @@ impl Supervision {
             };
             tokio::select! {
                 result = &mut r.fut => return Ok(result),
+                Ok(()) = r.cancels.changed() => {
+                    if let Some(c) = r.cancels.borrow_and_update().get(&self.rid).cloned() {
+                        return Err(self.cancelled(c));
+                    }
+                }
                 _ = sleep_until(r.next_extend), if r.extension.is_terminated() => {
                     r.extension = self.extend();
                 }
@@ -425,6 +444,12 @@ impl Supervision {
     /// so that several attempts fit before the stop.
     fn retry_after(&self) -> Duration {
         (self.heartbeat_interval / 4).clamp(Duration::from_millis(25), Duration::from_secs(1))
+    }
+
+    /// an operator's cancel: logged, then the run stops as for a lost lock.
+    fn cancelled(&self, c: super::cancel::Request) -> RunEnd {
+        warn!(rid = %self.rid, by = %c.by, requeue = c.requeue, "job cancelled by an operator: stopping it");
+        RunEnd::Cancelled(c)
     }
 
     /// what a lost lock means for this class. `None` means keep running (`continue`).

@@ -734,7 +734,9 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
         reserve(c, &s4, &["a", "b", "c"], false).await,
         Reserved::Nothing {
             skipped: vec![],
-            unreadable: vec![]
+            unreadable: vec![],
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert!(!exists(c, &s4.inflight()).await);
@@ -761,7 +763,9 @@ async fn reserve_passes_over_a_queue_key_that_is_not_a_list() {
         reserve(c, &slot, &["aaa", "bbb", "ccc"], false).await,
         Reserved::Nothing {
             skipped: vec![],
-            unreadable: vec!["aaa".into(), "bbb".into()]
+            unreadable: vec!["aaa".into(), "bbb".into()],
+            paused: vec![],
+            capped: vec![]
         }
     );
 }
@@ -794,7 +798,9 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         reserve(c, &slot(), &["high", "low"], false).await,
         Reserved::Nothing {
             skipped: vec!["high".into()],
-            unreadable: vec![]
+            unreadable: vec![],
+            paused: vec![],
+            capped: vec![]
         }
     );
     // counter > LLEN: still skipped.
@@ -803,7 +809,9 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         reserve(c, &slot(), &["high", "low"], false).await,
         Reserved::Nothing {
             skipped: vec!["high".into()],
-            unreadable: vec![]
+            unreadable: vec![],
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
@@ -823,7 +831,9 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
         reserve(c, &slot(), &["empty", "high", "low"], false).await,
         Reserved::Nothing {
             skipped: vec!["high".into()],
-            unreadable: vec![]
+            unreadable: vec![],
+            paused: vec![],
+            capped: vec![]
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, vec![h[2].clone()]);
@@ -1816,6 +1826,8 @@ async fn an_idle_pass_clears_only_the_skipped_queues_counters_and_only_when_enab
     let skipped_a = Reserved::Nothing {
         skipped: vec!["a".into()],
         unreadable: vec![],
+        paused: vec![],
+        capped: vec![],
     };
 
     assert_eq!(reserve(c, &slot, &["a", "b", "d"], false).await, skipped_a);

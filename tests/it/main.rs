@@ -17,6 +17,7 @@ mod liveness;
 mod lock;
 mod logs;
 mod node_interop;
+mod operate;
 mod ops;
 mod parked;
 mod persistent;

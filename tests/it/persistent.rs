@@ -933,3 +933,45 @@ fn h1_preload_starts_the_handler_with_its_slot() {
         "a lazy handler waits for its first job"
     );
 }
+
+/// A-21, H-11, H-14: a 60 s job of a persistent handler that ignores SIGTERM, run by one of two
+/// daemons, cancelled by `locketd cancel` (another process): the handler's group is gone within
+/// 2 s + kill_grace (1 s), the failure record says `Locket::Cancelled`, the failure hooks run
+/// in the fresh handler, which runs the next job.
+#[test]
+fn a21_a_cancelled_persistent_job_kills_the_group_and_a_fresh_handler_runs_the_next() {
+    let mut s = Setup::new();
+    let config = s.config("", "", "");
+    let _a = Daemon::start(&s.redis, &config, &[]);
+    let _b = Daemon::start(&s.redis, &config, &[]);
+    wait_until(LONG, "two workers registered", || s.r.workers().len() == 2);
+    s.push("IgnoreTerm", json!([60]));
+    wait_until(LONG, "the job runs", || s.jobs_of("IgnoreTerm").len() == 1);
+    let handler = pid_of(&s.jobs_of("IgnoreTerm")[0]);
+    let rid = crate::operate::running_rid(&mut s.r);
+    let asked = Instant::now();
+    let out = crate::ops::locketd(&s.redis, &["cancel", &rid]);
+    assert!(out.status.success(), "{out:?}");
+    wait_until(LONG, "the group is gone", || {
+        process_group_members(handler).is_empty()
+    });
+    let took = asked.elapsed();
+    eprintln!("cancel to group gone: {took:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "the group outlived 2 s + kill_grace after the cancel: {took:?}"
+    );
+    assert!(!pid_alive(handler));
+    wait_until(LONG, "the failure is recorded", || {
+        !s.r.failures().is_empty()
+    });
+    assert_eq!(s.r.failures()[0]["exception"], "Locket::Cancelled");
+    s.push("Ok", json!([]));
+    wait_until(LONG, "the next job ran", || s.jobs_of("Ok").len() == 1);
+    assert_ne!(pid_of(&s.jobs_of("Ok")[0]), handler);
+    wait_until(LONG, "the failure hooks ran", || {
+        s.of("failure_hooks").len() == 1
+    });
+    let hooks = s.of("failure_hooks");
+    assert_eq!(hooks[0]["exception"], "Locket::Cancelled");
+}

@@ -66,6 +66,15 @@ enum Step {
     Unpark,
     /// The janitor's purge of an expired hold, which wakes the job parked on it (PK-2).
     PurgeHoldWake,
+    // -- operator controls (issue 27) --
+    /// `locketd pause q2 q`: every key checked before the first write.
+    Pause,
+    /// RESERVE of a queue whose pause key another tool wrote: passed over.
+    ReservePaused,
+    /// RESERVE of a capped queue: the running set read before the pop.
+    ReserveCapped,
+    /// FINISH (a failure) of a capped queue's job: its unit freed.
+    FinishCapped,
 }
 
 /// The due bucket of [`Step::Deliver`] and its item, in the gem's format (SC-1).
@@ -107,6 +116,10 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::WakeDue, &["queue:q2", "queues"]),
     (Step::Unpark, &["queue:q2", "queues"]),
     (Step::PurgeHoldWake, &["queue:q2", "queues"]),
+    (Step::Pause, &["pause:queue:q"]),
+    (Step::ReservePaused, &["pause:queue:q", "pause:all"]),
+    (Step::ReserveCapped, &["locket:running:q"]),
+    (Step::FinishCapped, &["locket:running:q", "failed"]),
 ];
 
 /// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or
@@ -325,6 +338,26 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
             cmd(c, &["ZADD", &k.delayed(), "1", &member]).await;
             Prepared::default()
         }
+        Step::Pause | Step::ReservePaused => {
+            push(c).await;
+            cmd(c, &["SET", &k.alive(PROCESS), "{}", "PX", "600000"]).await;
+            Prepared::default()
+        }
+        Step::ReserveCapped => {
+            push(c).await;
+            cmd(c, &["SET", &k.alive(PROCESS), "{}", "PX", "600000"]).await;
+            cmd(c, &["SET", &k.cap("q"), "3"]).await;
+            Prepared::default()
+        }
+        Step::FinishCapped => {
+            push(c).await;
+            cmd(c, &["SET", &k.cap("q"), "3"]).await;
+            let rid = reserve(c, k).await;
+            let token = random_hex(16);
+            let a = acquire(c, k, &rid, &token, false).await.expect("ACQUIRE");
+            assert!(matches!(a, store::Acquired::Started { .. }), "{a:?}");
+            Prepared { rid, token }
+        }
         Step::Return | Step::RecoverReserved => {
             push(c).await;
             let rid = reserve(c, k).await;
@@ -504,6 +537,18 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
             .await
             .map(drop),
         Step::PurgeHoldWake => store::purge_holds(c, k, 100).await.map(drop),
+        Step::Pause => store::set_paused(c, k, Some(&["q2".to_string(), "q".to_string()]), true)
+            .await
+            .map(drop),
+        Step::ReservePaused | Step::ReserveCapped => {
+            store::reserve(c, &slot(k), &random_hex(8), &["q".to_string()], false)
+                .await
+                .map(drop)
+        }
+        Step::FinishCapped => {
+            let record = format!("{{\"exception\":\"E\",\"payload\":{PAYLOAD}}}");
+            finish(Finish::Failure(record)).await
+        }
         Step::Unpark => store::unpark(c, k, &["lock:L".to_string()], None)
             .await
             .map(drop),

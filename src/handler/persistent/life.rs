@@ -219,6 +219,7 @@ impl Parts {
                 let exception = match reason {
                     "timeout" => "Locket::Timeout",
                     "lock_lost" => "Locket::LockLost",
+                    "cancelled" => "Locket::Cancelled",
                     _ => "Resque::DirtyExit",
                 };
                 self.queue_hooks(&mut slot, sent, exception, &text);

@@ -65,6 +65,14 @@
 -- to a queue, `queues`, a failure list or `failed_queues` that holds another type (S-6).
 
 local inflight = KEYS[1]
+-- A-22: a job that leaves its reservation in a conflict path frees its queue's unit
+-- (redis.pcall: a set spoiled by hand is left to the janitor, never a half-done step).
+local function free_unit()
+  local p = locket_prefix(ARGV[8])
+  if sget(p .. 'cap:' .. ARGV[9]) then
+    redis.pcall('SREM', p .. 'running:' .. ARGV[9], ARGV[1] .. ' ' .. inflight)
+  end
+end
 local n = (#ARGV - 14) / 2
 local ttl = tonumber(ARGV[3])
 local counter_prefix = ARGV[8]
@@ -329,6 +337,7 @@ if #conflicts > 0 then
     end
     incr_later(opt['stat_failed'])
     incr_later(opt['stat_failed_by'])
+    free_unit()
     redis.call('DEL', inflight)
     count(prefix, now, 'conflict_failed', class)
     action = 'failed'
@@ -343,6 +352,7 @@ if #conflicts > 0 then
   if fallback == 'park' then
     -- PK-1: the entry was pushed above, before the record goes; nothing touches the queue,
     -- its counter or stat:*.
+    free_unit()
     redis.call('DEL', inflight)
     if park_len == 1 then
       -- The janitor looks at the resource when its earliest holder's lease ends (PK-4).
@@ -359,6 +369,7 @@ if #conflicts > 0 then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
     -- reserved and is returned or recovered, never lost.
     redis.call('RPUSH', KEYS[2], payload)
+    free_unit()
     redis.call('DEL', inflight)
     redis.call('SADD', KEYS[3], queue)
     known[KEYS[4]] = nil
@@ -374,6 +385,7 @@ if #conflicts > 0 then
     count(prefix, now, 'requeued', class)
     action = 'requeued'
   elseif fallback == 'discard' then
+    free_unit()
     redis.call('DEL', inflight)
     count(prefix, now, 'discarded', class)
     action = 'discarded'
@@ -395,6 +407,7 @@ if #conflicts > 0 then
       local member = cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
         reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt})
       redis.call('ZADD', prefix .. 'delayed', due, member)
+      free_unit()
       redis.call('DEL', inflight)
       count(prefix, now, 'delayed', class)
       action = 'delayed'

@@ -72,6 +72,11 @@ local dels = {}
 -- The reservation and Resque's "working on" record end together (done_working), once the
 -- payload is where the outcome puts it (S-6: a push that raises leaves the record in place).
 local function end_reservation()
+  -- A-22: the job's unit of its queue's cap is free again.
+  local cap_key = prefix .. 'cap:' .. ARGV[7]
+  if sget(cap_key) then
+    redis.call('SREM', prefix .. 'running:' .. ARGV[7], ARGV[1] .. ' ' .. inflight)
+  end
   dels[#dels + 1] = inflight
   dels[#dels + 1] = KEYS[2]
   redis.call('DEL', unpack(dels))
@@ -79,7 +84,11 @@ local function end_reservation()
   inflight_freed[inflight] = true
 end
 
--- S-6: the keys the outcome pushes to are checked before anything is released or written.
+-- S-6: the keys the outcome pushes to are checked before anything is released or written;
+-- and, for a capped queue (A-22), the set its unit is freed from.
+if sget(prefix .. 'cap:' .. ARGV[7]) then
+  must_be('finish', prefix .. 'running:' .. ARGV[7], 'set')
+end
 if mine then
   if outcome == 'requeue' or outcome == 'return' then
     must_be('finish', KEYS[9], 'list')

@@ -437,6 +437,47 @@ local function counter_key(prefix, q)
   return k
 end
 
+-- Operator pause (issue 27, A-20): resque-pause's keys <ns>:pause:queue:<q> and <ns>:pause:all.
+-- A key that exists pauses, whatever it holds (resque-pause reads "not nil"; one of another
+-- type, written by hand, pauses too and is never overwritten by locketd: `locketd pause`
+-- refuses it). RESERVE asks once per run, at the first queue that may hold a job: one EXISTS
+-- over every key (0 in the common case, nothing paused); only when some exist, one MGET and an
+-- EXISTS for each key MGET cannot read tell which. Returns false when nothing is paused, else
+-- a set of paused queue names (every name when pause:all exists).
+-- `queue_prefix` is "<ns>:queue:"; `A[first..last]` are the queue names.
+local function paused_queues(queue_prefix, A, first, last)
+  local pause_prefix = string.sub(queue_prefix, 1, -7) .. 'pause:'
+  local keys = {pause_prefix .. 'all'}
+  for i = first, last do keys[#keys + 1] = pause_prefix .. 'queue:' .. A[i] end
+  local total = 0
+  for i = 1, #keys, 1000 do
+    total = total + redis.call('EXISTS', unpack(keys, i, math.min(i + 999, #keys)))
+  end
+  if total == 0 then return false end
+  local present = {}
+  local found = 0
+  for i = 1, #keys, 1000 do
+    local last_i = math.min(i + 999, #keys)
+    local vals = redis.call('MGET', unpack(keys, i, last_i))
+    for j = i, last_i do
+      if vals[j - i + 1] then
+        present[j] = true
+        found = found + 1
+      end
+    end
+  end
+  if found < total then
+    for j = 1, #keys do
+      if not present[j] and redis.call('EXISTS', keys[j]) == 1 then present[j] = true end
+    end
+  end
+  local out = {}
+  for i = first, last do
+    if present[1] or present[i - first + 2] then out[A[i]] = true end
+  end
+  return out
+end
+
 -- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
 -- of steps, reads all of them in one MGET (prefetch). The layouts are the scripts' own.
 -- RESERVE: the pause flag, the lease, and the queues' counters when there are at most 16
@@ -448,6 +489,8 @@ local function reserve_reads(K, A)
   if #A - 6 <= 16 then
     for i = 1, #A - 6 do
       out[#out + 1] = counter_key(A[4], A[6 + i])
+      -- A-22: the queue's cap, if any.
+      out[#out + 1] = A[4] .. 'cap:' .. A[6 + i]
     end
   end
   return out
@@ -456,6 +499,8 @@ end
 local function finish_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[6]), K[1])
+  -- A-22: the queue's cap, if any (its unit is freed).
+  out[#out + 1] = locket_prefix(A[6]) .. 'cap:' .. A[7]
   for i = 1, (#A - 11) / 2 do
     if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[11 + i] end
   end

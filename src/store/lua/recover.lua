@@ -54,6 +54,7 @@ if rid then
   must_be('recover', KEYS[3], 'list')
   must_be('recover', KEYS[4], 'set')
   if state == 'running' then must_be('recover', KEYS[5], 'list') end
+  must_be('recover', locket_prefix(ARGV[8]) .. 'running:' .. (queue or ''), 'set')
   if state == 'running' then
     local digest = redis.call('HGET', KEYS[1], 'digest') or ''
     local requeue = false
@@ -85,6 +86,8 @@ if rid then
   local stat = result
   if stat == 'requeued_running' then stat = 'recovered_running' end
   count(locket_prefix(ARGV[8]), now_ms(), stat, redis.call('HGET', KEYS[1], 'class') or '')
+  -- A-22: the dead holder's unit of its queue's cap is free again.
+  redis.call('SREM', locket_prefix(ARGV[8]) .. 'running:' .. queue, rid .. ' ' .. KEYS[1])
   redis.call('DEL', KEYS[1])
 end
 

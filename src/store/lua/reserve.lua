@@ -20,7 +20,13 @@
 --
 -- Returns one of
 --   {"job", queue, payload, rid}
---   {"nothing", {skipped queue...}, {unreadable queue...}}
+--   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}, {capped queue...}}
+--                         a capped queue (A-22: <ns>:locket:cap:<q> holds N and N of its jobs
+--                         hold a unit in <ns>:locket:running:<q>) is passed over in this same
+--                         step: nothing is popped from it
+--                         a paused queue (A-20: <ns>:pause:queue:<q> or <ns>:pause:all
+--                         exists) that holds jobs is passed over in this same step: nothing
+--                         is popped from it
 --   {"paused"}            pause-all-workers is "true" (trimmed, any case)
 --   {"busy"}              the slot already holds a reservation (K-2; a bug report)
 --   {"dead"}              the slot's process lease alive:<process id> is gone (R-2): it may
@@ -57,6 +63,14 @@ local function qkey(i)
 end
 local skipped = {}
 local unreadable = {}
+local paused = {}
+local capped = {}
+-- A-20: the pause keys, read once, at the first queue that may hold a job (lib.lua).
+local pause_set = nil
+local function is_paused(i)
+  if pause_set == nil then pause_set = paused_queues(queue_prefix, ARGV, 7, 6 + n) end
+  return pause_set and pause_set[ARGV[6 + i]] or false
+end
 -- LPOP / LLEN of queue i, or false (and the queue noted) when its key is not a list.
 local function read(cmd, i)
   local r = redis.pcall(cmd, qkey(i))
@@ -81,12 +95,20 @@ for i = 1, n do
     end
   end
   local payload = false
-  if i > empty_until then
+  if i > empty_until and is_paused(i) then
+    -- A-20: passed over when it holds jobs (an empty paused queue is watched as empty).
+    if redis.call('EXISTS', qkey(i)) == 1 then paused[#paused + 1] = ARGV[6 + i] end
+  elseif i > empty_until then
     -- A-2: skip q when its counter has reached its length. With no counter (the common
     -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
     local ck = counter_key(prefix, ARGV[6 + i])
     local c = tonumber(sget(ck) or 0) or 0
-    if c <= 0 then
+    -- A-22: a queue at its cap is passed over (its running units counted here, atomically
+    -- with the pop).
+    local cap = tonumber(sget(prefix .. 'cap:' .. ARGV[6 + i]) or '')
+    if cap and redis.call('SCARD', prefix .. 'running:' .. ARGV[6 + i]) >= cap then
+      if redis.call('EXISTS', qkey(i)) == 1 then capped[#capped + 1] = ARGV[6 + i] end
+    elseif c <= 0 then
       payload = read('LPOP', i)
     else
       local len = read('LLEN', i)
@@ -109,6 +131,9 @@ for i = 1, n do
       'state', 'reserved',
       'resque_worker', ARGV[2])
     inflight_freed[inflight] = nil
+    if sget(prefix .. 'cap:' .. ARGV[6 + i]) then
+      redis.call('SADD', prefix .. 'running:' .. ARGV[6 + i], ARGV[1] .. ' ' .. inflight)
+    end
     count(prefix, now, 'reserved', '')
     if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
     return {'job', ARGV[6 + i], payload, ARGV[1]}
@@ -121,4 +146,4 @@ if ARGV[3] == '1' then
   end
 end
 if #skipped > 0 then count(prefix, nil, 'queue_skipped', '', #skipped) end
-return {'nothing', skipped, unreadable}
+return {'nothing', skipped, unreadable, paused, capped}

@@ -604,6 +604,48 @@ fn actions_need_the_right_token_and_are_logged() {
     assert!(!r.exists("resque:locket:counter:busy"));
     d.wait_for_log("web: lock counter reset by an operator", SHORT);
 
+    // A-20: pause and resume a queue from the page; `/metrics` shows the worked queue's pause.
+    assert_eq!(ok("/api/queues/pause", r#"{"queue":"busy"}"#)["changed"], 1);
+    ok("/api/queues/pause", r#"{"queue":"web_worked"}"#);
+    assert!(r.exists("resque:pause:queue:busy"));
+    d.wait_for_log("web: queue paused by an operator", SHORT);
+    let (_, _, page) = http(&addr, "GET", "/", &[], "");
+    assert!(
+        page.contains("data-endpoint=\"/api/queues/resume\""),
+        "{page}"
+    );
+    let (_, _, metrics) = http(&addr, "GET", "/metrics", &[], "");
+    assert!(
+        metrics.contains("locketd_queue_paused{queue=\"web_worked\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        ok("/api/queues/resume", r#"{"queue":"busy"}"#)["changed"],
+        1
+    );
+    ok("/api/queues/resume", r#"{"queue":"web_worked"}"#);
+    assert!(!r.exists("resque:pause:queue:busy"));
+    r.cmd::<()>(&["HSET", "resque:pause:queue:busy", "by", "hand"]);
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/queues/pause",
+        &[("Authorization", &auth)],
+        r#"{"queue":"busy"}"#,
+    );
+    assert_eq!(code, 409, "{body}");
+    r.cmd::<()>(&["DEL", "resque:pause:queue:busy"]);
+    // A-21: a cancel of a job that runs nowhere does nothing and says so.
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/jobs/cancel",
+        &[("Authorization", &auth)],
+        r#"{"target":"0123456789abcdef"}"#,
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("nothing done"), "{body}");
+
     let before = r.llen("resque:queue:busy");
     let retried = ok("/api/failures/retry", r#"{"list":"failed","index":0}"#);
     assert_eq!(retried["retried"]["class"], "Acct::Sync");
