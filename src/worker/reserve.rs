@@ -96,8 +96,9 @@ impl Worker {
                 Ok(Reserved::Busy) => {
                     // Only after a RESERVE whose reply was lost (connection dropped after the
                     // script ran): the job is safe in the inflight record and goes back to the
-                    // head of its queue, where it was.
-                    warn!(target: LOG_TARGET, slot = %self.id.slot_key, "slot already holds a reservation; returning it to its queue");
+                    // head of its queue, where it was. The outage that lost the reply is
+                    // logged already (as a warning, once); this is its expected mending.
+                    info!(target: LOG_TARGET, slot = %self.id.slot_key, "slot already holds a reservation (a RESERVE whose reply was lost); returning it to its queue");
                     self.return_stale().await;
                     sleep_or_stop(backoff, control, dead).await;
                 }
