@@ -8,10 +8,9 @@ use super::run::{self, RunEnd};
 use super::{Control, StopReason, Worker};
 use crate::config::plans::{ClassPlan, Plans, RenderedPlan};
 use crate::config::OnLockLost;
-use crate::handler::{Handler, HandlerResult, JobContext, Stopped};
+use crate::handler::{Handler, JobContext, Stopped};
 use crate::locks::canonical;
 use crate::locks::template::RenderInput;
-use crate::locks::LockSpec;
 use crate::locks::Policy;
 use crate::resque::failure::{self, JobFailure};
 use crate::resque::payload::Job;
@@ -486,7 +485,7 @@ impl Worker {
         // the handler is told whether the end is a requeue (no failure hooks for it, H-14).
         let stopped = stop_note.get().map(|reason| Stopped {
             reason,
-            requeued: requeues(&end, on_lost),
+            requeued: end.requeues(on_lost),
         });
         p.handler.after_run(stopped).await;
         // H-17: read after after_run, where a fresh handler may have recorded a killed job.
@@ -505,21 +504,17 @@ impl Worker {
         dead: &CancellationToken,
     ) -> Option<StopReason> {
         let (queue, class, locks, token) = (&p.queue, &p.job.class, &p.rendered.locks, &p.token);
-        // a cancelled job's request is done with; `--requeue` puts it back at the tail.
-        let requeue_cancelled = match &end {
-            RunEnd::Cancelled(c) => {
-                let mut conn = self.conn.manager().clone();
-                super::cancel::forget(&mut conn, &self.keys, &self.id.process_id, &p.rid).await;
-                c.requeue
-            }
-            _ => false,
-        };
-        let lost = matches!(end, RunEnd::LockLost);
-        if lost {
+        // a cancelled job's request is done with (`--requeue` puts it back at the tail,
+        // below, as `RunEnd::requeues` says).
+        if matches!(end, RunEnd::Cancelled(_)) {
+            let mut conn = self.conn.manager().clone();
+            super::cancel::forget(&mut conn, &self.keys, &self.id.process_id, &p.rid).await;
+        }
+        if matches!(end, RunEnd::LockLost) {
             self.metrics.lock_lost();
             error!(target: LOG_TARGET, queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
         }
-        if requeue_cancelled || requeues(&end, on_lost) {
+        if end.requeues(on_lost) {
             let release = p.rendered.releases(false);
             let holds = FinishHolds {
                 class,
@@ -541,7 +536,7 @@ impl Worker {
                 )
                 .await;
         }
-        let mut result = result_of(end, locks);
+        let mut result = end.into_result(locks);
         if let Err(f) = &mut result {
             f.recorded |= recorded;
         }
@@ -692,53 +687,4 @@ enum Acquire {
     /// The path ends here (a conflict settled, the job returned or failed); `Some` when the
     /// worker must stop.
     Ended(Option<StopReason>),
-}
-
-/// Whether the run's end puts the job back in its queue (A-11's `requeue`) rather than
-/// recording it: what `end_job` does, and what `after_run` is told.
-fn requeues(end: &RunEnd, on_lost: OnLockLost) -> bool {
-    end.requeues(on_lost)
-}
-
-/// The job's result as Resque records it, for each way a supervised run ends.
-fn result_of(end: RunEnd, locks: &[LockSpec]) -> HandlerResult {
-    match end {
-        RunEnd::Finished(r) => r,
-        RunEnd::LockLost => Err(JobFailure::new(
-            "Locket::LockLost",
-            format!(
-                "lost the job lock {} while the job ran; it was stopped",
-                locks.first().map(|l| l.id.as_str()).unwrap_or("")
-            ),
-        )),
-        RunEnd::TimedOut(limit) => Err(JobFailure::new(
-            "Locket::Timeout",
-            format!(
-                "job ran longer than its timeout of {}s and was stopped",
-                limit.as_secs_f64()
-            ),
-        )),
-        RunEnd::Terminated { killed: false } => {
-            Err(JobFailure::new("Resque::TermException", "SIGTERM"))
-        }
-        RunEnd::Terminated { killed: true } => Err(JobFailure::new(
-            "Resque::DirtyExit",
-            "Child process received unhandled signal SIGKILL (signal 9): stopped by a shutdown",
-        )
-        .dirty()),
-        RunEnd::KilledByUsr1 => Err(JobFailure::new(
-            "Resque::DirtyExit",
-            "Child process received unhandled signal SIGKILL (signal 9): killed by USR1",
-        )
-        .dirty()),
-        RunEnd::Cancelled(c) => Err(JobFailure::new(
-            "Locket::Cancelled",
-            format!("cancelled by an operator: {}", c.by),
-        )),
-        RunEnd::PresumedDead => Err(JobFailure::new(
-            "Resque::DirtyExit",
-            "locketd process was presumed dead and stopped the job",
-        )
-        .dirty()),
-    }
 }

@@ -4,6 +4,7 @@
 use crate::config::OnLockLost;
 use crate::handler::{Handler, HandlerResult, JobContext};
 use crate::locks::LockSpec;
+use crate::resque::failure::JobFailure;
 use crate::resque::keys::Keys;
 use crate::store;
 use crate::store::registry;
@@ -62,6 +63,49 @@ impl RunEnd {
     pub(super) fn requeues(&self, on_lost: OnLockLost) -> bool {
         (matches!(self, RunEnd::LockLost) && on_lost == OnLockLost::Requeue)
             || matches!(self, RunEnd::Cancelled(c) if c.requeue)
+    }
+
+    /// The job's result as Resque records it, for each way a supervised run ends.
+    pub(super) fn into_result(self, locks: &[LockSpec]) -> HandlerResult {
+        match self {
+            RunEnd::Finished(r) => r,
+            RunEnd::LockLost => Err(JobFailure::new(
+                "Locket::LockLost",
+                format!(
+                    "lost the job lock {} while the job ran; it was stopped",
+                    locks.first().map(|l| l.id.as_str()).unwrap_or("")
+                ),
+            )),
+            RunEnd::TimedOut(limit) => Err(JobFailure::new(
+                "Locket::Timeout",
+                format!(
+                    "job ran longer than its timeout of {}s and was stopped",
+                    limit.as_secs_f64()
+                ),
+            )),
+            RunEnd::Terminated { killed: false } => {
+                Err(JobFailure::new("Resque::TermException", "SIGTERM"))
+            }
+            RunEnd::Terminated { killed: true } => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "Child process received unhandled signal SIGKILL (signal 9): stopped by a shutdown",
+            )
+            .dirty()),
+            RunEnd::KilledByUsr1 => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "Child process received unhandled signal SIGKILL (signal 9): killed by USR1",
+            )
+            .dirty()),
+            RunEnd::Cancelled(c) => Err(JobFailure::new(
+                "Locket::Cancelled",
+                format!("cancelled by an operator: {}", c.by),
+            )),
+            RunEnd::PresumedDead => Err(JobFailure::new(
+                "Resque::DirtyExit",
+                "locketd process was presumed dead and stopped the job",
+            )
+            .dirty()),
+        }
     }
 
     /// A shutdown's stop that ended in SIGKILL (for other ends the kill changes nothing).
