@@ -93,13 +93,29 @@ pub fn pid_looks_like_resque_worker(pid: u32) -> bool {
 /// All pids of this host (one pass over `/proc`) for which [`pid_looks_like_resque_worker`]
 /// is true. Processes that exit during the scan are simply left out.
 pub fn resque_worker_pids() -> HashSet<u32> {
+    pids()
+        .into_iter()
+        .filter(|&pid| pid_looks_like_resque_worker(pid))
+        .collect()
+}
+
+/// Every pid of this host's `/proc` (one pass; a process that starts or exits meanwhile may
+/// be missed or listed).
+pub fn pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return HashSet::new();
+        return Vec::new();
     };
     dir.filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid_looks_like_resque_worker(pid))
         .collect()
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (`state ppid pgrp …`, the name
+/// itself may hold spaces and parentheses); `None` when the process is gone.
+pub fn stat_fields(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    Some(stat[close + 1..].to_string())
 }
 
 #[cfg(test)]

@@ -32,25 +32,12 @@ pub(super) fn become_subreaper() {
 pub(super) fn adopted(workers: &HashSet<u32>) -> Vec<(u32, char, i32)> {
     let me = std::process::id();
     let mut found = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in crate::host::pids() {
         if workers.contains(&pid) {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) S ppid pgrp ..." where comm may contain spaces and parentheses.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        // "S ppid pgrp ...": what follows the command name.
+        let Some(rest) = crate::host::stat_fields(pid) else {
             continue;
         };
         let mut f = rest.split_whitespace();

@@ -433,9 +433,8 @@ pub(super) fn try_send(w: Option<&pipe::Sender>, line: &[u8]) {
 
 /// A process's parent, from `/proc/<pid>/stat`.
 fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
+    // "S ppid ...": what follows the command name.
+    let rest = crate::host::stat_fields(u32::try_from(pid).ok()?)?;
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -445,31 +444,19 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// state letter.
 fn other_members(pgid: i32, keep: &[i32]) -> Vec<i32> {
     let mut found = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
+    for pid in crate::host::pids() {
+        let Ok(pid) = i32::try_from(pid) else {
             continue;
         };
         // SAFETY: getpgid(2) only reads.
         if keep.contains(&pid) || unsafe { libc::getpgid(pid) } != pgid {
             continue;
         }
-        // A zombie is still in its group until reaped, but can no longer act.
-        let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
-            continue; // gone meanwhile
-        };
-        // "pid (comm) S ...": comm may hold spaces and parentheses.
-        let state = stat
-            .iter()
-            .rposition(|&b| b == b')')
-            .and_then(|close| stat.get(close + 2).copied());
-        if !matches!(state, Some(b'Z' | b'X') | None) {
+        // A zombie is still in its group until reaped, but can no longer act; a process gone
+        // meanwhile has no state.
+        let state = crate::host::stat_fields(pid.unsigned_abs())
+            .and_then(|rest| rest.split_whitespace().next().map(str::to_string));
+        if !matches!(state.as_deref(), Some("Z" | "X") | None) {
             found.push(pid);
         }
     }
