@@ -1140,7 +1140,9 @@ fn a_dead_worker_record_of_the_wrong_type_is_pruned_without_failing_the_start() 
         !r.workers().iter().any(|w| w == dead)
     });
     assert!(!d.log().contains("worker died"), "{}", d.log());
-    assert!(d.log().contains("pruned dead resque worker"), "{}", d.log());
+    wait_until(SHORT, "the prune logged", || {
+        d.log().contains("pruned dead resque worker")
+    });
     d.signal(libc::SIGQUIT);
     assert_eq!(exit_code(&mut d, SHORT), Some(0));
 }
