@@ -3,9 +3,9 @@
 //! (issue 6; docs/performance.md explains every figure and how it is taken).
 //!
 //! ```sh
-//! cargo run --release --bin locketd-bench -- all            # every scenario, one Markdown table
-//! cargo run --release --bin locketd-bench -- noop --jobs 20000 --workers 1
-//! cargo run --release --bin locketd-bench -- ruby             # Ruby adapter vs Sidekiq (bench/README.md)
+//! cargo run --profile dist --bin locketd-bench -- all            # every scenario, one Markdown table
+//! cargo run --profile dist --bin locketd-bench -- noop --jobs 20000 --workers 1
+//! cargo run --profile dist --bin locketd-bench -- ruby             # Ruby adapter vs Sidekiq (bench/README.md)
 //! ```
 
 mod delayed;
@@ -98,8 +98,8 @@ struct Opts {
     /// locketd's `log_level` (probe latency lines are kept whatever the level).
     #[arg(long, default_value = "info")]
     log_level: String,
-    /// The locketd binary (default: `locketd` next to this program, rebuilt with
-    /// `cargo build --release` first unless --no-build).
+    /// The locketd binary (default: `locketd` next to this program, rebuilt first
+    /// with this program's own profile unless --no-build).
     #[arg(long)]
     locketd: Option<PathBuf>,
     /// Do not run `cargo build` for the default binary.
@@ -210,7 +210,13 @@ fn locketd_exe(opts: &Opts) -> Result<PathBuf> {
         .parent()
         .ok_or_else(|| anyhow!("no directory for {}", me.display()))?;
     let exe = dir.join("locketd");
-    let profile_release = dir.file_name().is_some_and(|n| n == "release");
+    // The profile this program was built with (its directory's name): `dist` is the measured
+    // build, `release` is close to it, anything else is not representative.
+    let profile = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| ["dist", "release"].contains(n))
+        .map(str::to_owned);
     if !opts.no_build {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         if manifest.is_file() {
@@ -234,12 +240,12 @@ fn locketd_exe(opts: &Opts) -> Result<PathBuf> {
                     cmd.env_remove(k.as_ref());
                 }
             }
-            if profile_release {
-                cmd.arg("--release");
+            if let Some(p) = &profile {
+                cmd.args(["--profile", p]);
             }
             eprintln!(
                 "locketd-bench: building locketd ({})",
-                if profile_release { "release" } else { "debug" }
+                profile.as_deref().unwrap_or("debug")
             );
             let status = cmd.status().context("running cargo build for locketd")?;
             if !status.success() {
@@ -249,13 +255,13 @@ fn locketd_exe(opts: &Opts) -> Result<PathBuf> {
     }
     if !exe.is_file() {
         bail!(
-            "no locketd binary at {}: build it with `cargo build --release --bin locketd`, or pass --locketd PATH",
+            "no locketd binary at {}: build it with `cargo build --profile dist --bin locketd`, or pass --locketd PATH",
             exe.display()
         );
     }
-    if !profile_release {
+    if profile.is_none() {
         eprintln!(
-            "locketd-bench: warning: {} is not a release build; figures are not representative",
+            "locketd-bench: warning: {} is not a dist or release build; figures are not representative",
             exe.display()
         );
     }
