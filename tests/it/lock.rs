@@ -5,7 +5,7 @@
 //! state the rules promise. Every test names the rules it covers.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -2448,7 +2448,10 @@ async fn the_deadline_returned_is_redis_server_time_plus_the_ttl() {
 /// counts live members; every start is checked against an in-process "running" counter.
 async fn hammer(limit: u32) {
     const TASKS: usize = 20;
+    // At least RUN, and on past it (up to MAX_RUN) until the run has exercised enough: a
+    // loaded machine gives the tasks fewer turns per second.
     const RUN: Duration = Duration::from_millis(2500);
+    const MAX_RUN: Duration = Duration::from_secs(15);
     let server = RedisServer::start();
     let k = keys();
     let lock_id = format!("hot:{limit}");
@@ -2458,11 +2461,13 @@ async fn hammer(limit: u32) {
     let conflicts = Arc::new(AtomicU64::new(0));
     let abandons = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(Mutex::new(Vec::<String>::new()));
-    let stop = Instant::now() + RUN;
+    let started = Instant::now();
+    let stopped = Arc::new(AtomicBool::new(false));
 
     let mut tasks = Vec::new();
     for i in 0..TASKS {
         let mut c = server.conn().await;
+        let stopped = stopped.clone();
         let (running, max_running, starts, conflicts, abandons, violations) = (
             running.clone(),
             max_running.clone(),
@@ -2481,7 +2486,7 @@ async fn hammer(limit: u32) {
                 format!("testhost:{i}:{queue}"),
             );
             push(c, &queue, &payload("Hot", json!([i]))).await;
-            'work: while Instant::now() < stop {
+            'work: while !stopped.load(Ordering::SeqCst) {
                 let res = reserve_job(c, &slot, &[&queue]).await;
                 let abandon = rand::rng().random_bool(0.03)
                     && abandons
@@ -2512,7 +2517,7 @@ async fn hammer(limit: u32) {
                                     "conflict reported with {holders} holders below limit {l}"
                                 ));
                             }
-                            if Instant::now() >= stop {
+                            if stopped.load(Ordering::SeqCst) {
                                 if abandon {
                                     abandons.fetch_sub(1, Ordering::SeqCst);
                                 }
@@ -2578,7 +2583,16 @@ async fn hammer(limit: u32) {
     let key = k.lock(&lock_id);
     let mut samples = 0u64;
     let mut max_live = 0u64;
-    while Instant::now() < stop {
+    loop {
+        let elapsed = started.elapsed();
+        let exercised = samples > 50
+            && starts.load(Ordering::Relaxed) >= 50
+            && conflicts.load(Ordering::Relaxed) > 0
+            && max_running.load(Ordering::SeqCst) == i64::from(limit);
+        if elapsed >= MAX_RUN || (elapsed >= RUN && exercised) {
+            stopped.store(true, Ordering::SeqCst);
+            break;
+        }
         let live = live_holders(&mut sc, &key).await;
         let card = zcard(&mut sc, &key).await;
         max_live = max_live.max(live);

@@ -148,12 +148,29 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32, i32)> {
     Some((state, ppid, pgrp))
 }
 
-/// True if `pid` exists and is not a zombie.
+/// True if `pid` exists, is not a zombie and is not already doomed by a pending SIGKILL.
 pub fn pid_alive(pid: i32) -> bool {
     matches!(proc_stat(pid), Some((state, _, _)) if state != 'Z' && state != 'X')
+        && !sigkill_pending(pid)
 }
 
-/// Live (non-zombie) processes whose process group is `pgid`, sorted.
+/// Whether a SIGKILL is pending for `pid` (its own or its thread group's). Such a process
+/// runs no more of its own code: it is only waiting for the CPU to finish its exit, which on
+/// a loaded machine can take a while after the killer moved on.
+pub fn sigkill_pending(pid: i32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status.lines().any(|l| {
+        let mask = l
+            .strip_prefix("SigPnd:")
+            .or_else(|| l.strip_prefix("ShdPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
+    })
+}
+
+/// Live processes (not zombies, not doomed by a pending SIGKILL) whose process group is `pgid`, sorted.
 pub fn process_group_members(pgid: i32) -> Vec<i32> {
     let mut pids: Vec<i32> = fs::read_dir("/proc")
         .map(|rd| {
@@ -161,6 +178,7 @@ pub fn process_group_members(pgid: i32) -> Vec<i32> {
                 .filter(|&pid| {
                     matches!(proc_stat(pid), Some((state, _, pgrp))
                         if pgrp == pgid && state != 'Z' && state != 'X')
+                        && !sigkill_pending(pid)
                 })
                 .collect()
         })
