@@ -182,6 +182,13 @@ fn title_bytes(title: &str, area: usize) -> Vec<u8> {
 /// directly; from any other thread `/proc/self/comm` (the thread group leader's name) is
 /// written instead, leaving the calling thread's own name (e.g. a tokio worker) alone.
 fn set_comm() {
+    // The name stays until the next exec (which starts with this flag clear), and a forked
+    // child inherits it: once per process is enough. Before, each title change (two a job)
+    // made three system calls for a name that was already set.
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     // SAFETY: getpid and the gettid syscall take no pointers and cannot fail.
     let (pid, tid) = unsafe {
         (

@@ -812,6 +812,9 @@ fn slots_run_jobs_concurrently_as_separate_resque_workers() {
     let log = read_lossy(&dir.join("runs"));
     let runs = parse_runs(&log);
     assert_each_tag_once(&mut r, &runs, 16);
+    // The process's name (`ps -o comm`, `pgrep locketd`) is set once and stays through jobs.
+    let comm = read_lossy(Path::new(&format!("/proc/{pid}/comm")));
+    assert_eq!(comm.trim_end(), "locketd", "process name after 16 jobs");
     // Concurrency from the handlers' own log (not from a duration, which a loaded machine
     // stretches): with one slot at a time, no start would come before the previous end.
     let (mut live, mut most) = (0i32, 0i32);
