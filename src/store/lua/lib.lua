@@ -437,60 +437,106 @@ local function counter_key(prefix, q)
   return k
 end
 
--- Operator pause (issue 27, A-20): resque-pause's keys <ns>:pause:queue:<q> and <ns>:pause:all.
--- A key that exists pauses, whatever it holds (resque-pause reads "not nil"; one of another
--- type, written by hand, pauses too and is never overwritten by locketd: `locketd pause`
--- refuses it). RESERVE asks once per run, at the first queue that may hold a job: one EXISTS
--- over every key (0 in the common case, nothing paused); only when some exist, one MGET and an
--- EXISTS for each key MGET cannot read tell which. Returns false when nothing is paused, else
--- a set of paused queue names (every name when pause:all exists).
--- `queue_prefix` is "<ns>:queue:"; `A[first..last]` are the queue names.
-local function paused_queues(queue_prefix, A, first, last)
+-- Operator controls of a queue, read by RESERVE in its own step (issue 27): resque-pause's
+-- keys <ns>:pause:queue:<q> and <ns>:pause:all (A-20) and the fleet-wide cap
+-- <ns>:locket:cap:<q> (A-22). A pause key that exists pauses, whatever it holds (resque-pause
+-- reads "not nil"; one of another type, written by hand, pauses too and is never overwritten:
+-- `locketd pause` refuses it). A cap key holds a whole number; one of another type, or a
+-- string that is not a number, refuses its queue (nothing is popped from it, the worker
+-- reports it) instead of reading as "no cap" (S-6).
+--
+-- One EXISTS over all these keys, and over the slot record `inflight` when given (the K-2
+-- check of a RESERVE not fused with its slot's FINISH), settles the common case: it counts 0,
+-- or exactly the string keys this run's MGET read already (reserve_reads reads the pause and
+-- cap keys of up to 16 queues), so the slot is free and those values are all there is.
+-- Otherwise the record gets an EXISTS of its own, the keys not read yet one MGET, and only
+-- when a key exists that MGET cannot read (another type), the unread ones an EXISTS each.
+-- Returns true when the record exists (nothing else is worked out), else false and
+-- {paused = false or a set of paused queue names, caps = queue -> cap, refused = set of
+-- queue names whose cap key is unreadable}. The keys' part is kept for the run (a batch's
+-- RESERVEs name the same queues; no job-path step writes these keys).
+-- `prefix` is "<ns>:locket:", `queue_prefix` "<ns>:queue:"; `A[first..last]` the queue names.
+local guards_of = {}
+local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
+  local id = prefix .. '\n' .. table.concat(A, '\n', first, last)
+  local g = guards_of[id]
+  if g ~= nil then
+    if inflight and redis.call('EXISTS', inflight) == 1 then return true, nil end
+    return false, g
+  end
   local pause_prefix = string.sub(queue_prefix, 1, -7) .. 'pause:'
   local keys = {pause_prefix .. 'all'}
   for i = first, last do keys[#keys + 1] = pause_prefix .. 'queue:' .. A[i] end
-  local total = 0
-  for i = 1, #keys, 1000 do
-    total = total + redis.call('EXISTS', unpack(keys, i, math.min(i + 999, #keys)))
+  for i = first, last do keys[#keys + 1] = prefix .. 'cap:' .. A[i] end
+  local ek = keys
+  if inflight then
+    ek = {inflight}
+    for _, k in ipairs(keys) do ek[#ek + 1] = k end
   end
-  if total == 0 then return false end
-  local present = {}
-  local found = 0
-  for i = 1, #keys, 1000 do
-    local last_i = math.min(i + 999, #keys)
-    local vals = redis.call('MGET', unpack(keys, i, last_i))
-    for j = i, last_i do
-      if vals[j - i + 1] then
-        present[j] = true
-        found = found + 1
+  local total = 0
+  for i = 1, #ek, 1000 do
+    total = total + redis.call('EXISTS', unpack(ek, i, math.min(i + 999, #ek)))
+  end
+  g = {paused = false, caps = {}, refused = {}}
+  if total > 0 then
+    local strings, all_read = 0, true
+    for _, k in ipairs(keys) do
+      if known[k] == nil then all_read = false elseif known[k] then strings = strings + 1 end
+    end
+    -- Keys that exist but hold another type than a string.
+    local other = {}
+    if not (all_read and total == strings) then
+      if inflight and redis.call('EXISTS', inflight) == 1 then return true, nil end
+      -- The record is absent: `total` counts the keys alone.
+      prefetch(keys)
+      strings = 0
+      for _, k in ipairs(keys) do
+        if known[k] then strings = strings + 1 end
+      end
+      if total > strings then
+        for j, k in ipairs(keys) do
+          if not known[k] and redis.call('EXISTS', k) == 1 then other[j] = true end
+        end
       end
     end
-  end
-  if found < total then
-    for j = 1, #keys do
-      if not present[j] and redis.call('EXISTS', keys[j]) == 1 then present[j] = true end
+    local n = last - first + 1
+    local paused, any = {}, false
+    for i = first, last do
+      local q, j = A[i], i - first + 1
+      local pj, cj = 1 + j, 1 + n + j
+      if known[keys[1]] or other[1] or known[keys[pj]] or other[pj] then
+        paused[q] = true
+        any = true
+      end
+      if other[cj] then
+        g.refused[q] = true
+      elseif known[keys[cj]] then
+        local cap = tonumber(known[keys[cj]])
+        if cap then g.caps[q] = cap else g.refused[q] = true end
+      end
     end
+    if any then g.paused = paused end
   end
-  local out = {}
-  for i = first, last do
-    if present[1] or present[i - first + 2] then out[A[i]] = true end
-  end
-  return out
+  guards_of[id] = g
+  return false, g
 end
 
 -- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
 -- of steps, reads all of them in one MGET (prefetch). The layouts are the scripts' own.
--- RESERVE: the pause flag, the lease, and the queues' counters when there are at most 16
--- queues (with more, most are empty, and RESERVE reads the counter of a queue only once an
--- EXISTS over its run of queues found a job).
+-- RESERVE: the pause flag, the lease, and, when there are at most 16 queues, the queues'
+-- counters, caps (A-22) and pause keys (A-20) (with more, most are empty, and RESERVE reads
+-- the counter of a queue only once an EXISTS over its run of queues found a job, and the caps
+-- and pause keys only once queue_guards found some).
 local function reserve_reads(K, A)
   local out = {K[2]}
   out[#out + 1] = lease_key(A[4], K[1])
   if #A - 6 <= 16 then
+    local pause_prefix = string.sub(A[5], 1, -7) .. 'pause:'
+    out[#out + 1] = pause_prefix .. 'all'
     for i = 1, #A - 6 do
       out[#out + 1] = counter_key(A[4], A[6 + i])
-      -- A-22: the queue's cap, if any.
       out[#out + 1] = A[4] .. 'cap:' .. A[6 + i]
+      out[#out + 1] = pause_prefix .. 'queue:' .. A[6 + i]
     end
   end
   return out
@@ -506,11 +552,13 @@ local function finish_reads(K, A)
   end
   return out
 end
--- ACQUIRE: the lease, the queue's counter and the job's limit-1 locks.
+-- ACQUIRE: the lease, the queue's counter and cap (A-22: a conflict frees its unit) and the
+-- job's limit-1 locks.
 local function acquire_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
   out[#out + 1] = K[4]
+  out[#out + 1] = locket_prefix(A[8]) .. 'cap:' .. A[9]
   for i = 1, (#A - 14) / 2 do
     if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
   end
@@ -626,4 +674,5 @@ local function reset_run()
   locket_prefixes = {}
   counter_keys = {}
   splits = {}
+  guards_of = {}
 end
