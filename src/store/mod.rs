@@ -59,6 +59,10 @@ pub enum Reserved {
         paused: Vec<String>,
         /// Queues that hold jobs but are at their fleet-wide cap: passed over.
         capped: Vec<String>,
+        /// Queues that hold jobs but whose cap key `<ns>:locket:cap:<q>` holds another type
+        /// or a string that is not a number (spoiled by hand, S-6): passed over, not read as
+        /// "no cap".
+        refused: Vec<String>,
     },
     /// `pause-all-workers` is set.
     Paused,

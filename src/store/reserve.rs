@@ -55,6 +55,7 @@ fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
                 unreadable: names(reply.get(2)),
                 paused: names(reply.get(3)),
                 capped: names(reply.get(4)),
+                refused: names(reply.get(5)),
             })
         }
         Some("paused") => Ok(Reserved::Paused),

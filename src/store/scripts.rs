@@ -1,5 +1,6 @@
 //! The locket Lua scripts, one operation per file under `lua/`, each prefixed with the shared
-//! helpers in `lua/lib.lua`. Only this file names the files.
+//! helpers in `lua/lib.lua` and `lua/lib_park.lua` (its parked waits). Only this file names the
+//! files.
 
 use redis::Script;
 use std::sync::OnceLock;
@@ -61,6 +62,7 @@ macro_rules! script {
         concat!(
             replicate!(),
             include_str!("lua/lib.lua"),
+            include_str!("lua/lib_park.lua"),
             "local function main_part(KEYS, ARGV)\n",
             include_str!(concat!("lua/", $file)),
             "\nend\n",
@@ -92,13 +94,14 @@ fn combined(entry: &str, tallied: bool) -> String {
 /// the job-path scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}\n\
+        "{}{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
          local function finish_reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
         include_str!("lua/lib.lua"),
+        include_str!("lua/lib_park.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
         include_str!("lua/acquire.lua"),

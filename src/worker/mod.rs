@@ -186,6 +186,8 @@ pub struct Worker {
     title_prefix: String,
     /// Queues whose key is not a list, warned about once each.
     unreadable_warned: std::collections::HashSet<String>,
+    /// Queues whose cap key is spoiled, warned about once each.
+    cap_refused_warned: std::collections::HashSet<String>,
     /// The last title set, so a poll loop does not rewrite (or flicker) the same one.
     title: String,
     redis_down: bool,
@@ -238,6 +240,7 @@ impl Worker {
         let mut worker = Worker {
             title_prefix: proctitle::title_prefix(),
             unreadable_warned: Default::default(),
+            cap_refused_warned: Default::default(),
             title: String::new(),
             config,
             sole_handler: handlers.sole(),
@@ -285,6 +288,7 @@ impl Worker {
             sole_handler: handlers.sole(),
             title_prefix: self.title_prefix.clone(),
             unreadable_warned: Default::default(),
+            cap_refused_warned: Default::default(),
             title: String::new(),
             config: self.config.clone(),
             handlers,

@@ -68,10 +68,15 @@ impl Worker {
                     unreadable,
                     mut paused,
                     capped,
+                    refused,
                 }) => {
                     // a capped queue is waited on as a paused one (its unit is freed by
-                    // a FINISH, whose slot reserves again in the same step).
+                    // a FINISH, whose slot reserves again in the same step); so is a queue
+                    // whose cap key is spoiled (reported once), until the next pass finds it
+                    // mended.
+                    self.caps_refused(&refused);
                     paused.extend(capped);
+                    paused.extend(refused);
                     self.redis_ok();
                     self.title(&waiting);
                     if interval.is_zero() {
@@ -166,6 +171,7 @@ impl Worker {
                 unreadable: vec![],
                 paused: vec![],
                 capped: vec![],
+                refused: vec![],
             }));
         }
         let Some(mut p) = self.pending.take() else {
@@ -219,6 +225,15 @@ impl Worker {
         for q in unreadable {
             if self.unreadable_warned.insert(q.clone()) {
                 warn!(target: LOG_TARGET, queue = %q, key = %self.keys.queue(q), "queue key is not a list (another tool wrote it): passed over until it is one");
+            }
+        }
+    }
+
+    /// Logs, once per queue, a queue RESERVE refused because its cap key is spoiled (A-22, S-6).
+    fn caps_refused(&mut self, refused: &[String]) {
+        for q in refused {
+            if self.cap_refused_warned.insert(q.clone()) {
+                warn!(target: LOG_TARGET, queue = %q, key = %self.keys.cap(q), "queue cap key is not a number (written by hand?): the queue is passed over until it is mended");
             }
         }
     }

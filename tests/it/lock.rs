@@ -736,7 +736,8 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
             skipped: vec![],
             unreadable: vec![],
             paused: vec![],
-            capped: vec![]
+            capped: vec![],
+            refused: vec![],
         }
     );
     assert!(!exists(c, &s4.inflight()).await);
@@ -765,9 +766,86 @@ async fn reserve_passes_over_a_queue_key_that_is_not_a_list() {
             skipped: vec![],
             unreadable: vec!["aaa".into(), "bbb".into()],
             paused: vec![],
-            capped: vec![]
+            capped: vec![],
+            refused: vec![],
         }
     );
+}
+
+// A-22, S-6: a cap key spoiled by hand (a hash, or a string that is not a number) is not read
+// as "no cap": RESERVE pops nothing from its queue and reports it, and serves the queues after
+// it; once mended, the queue is served and its unit taken. The K-2 check, made in the same
+// EXISTS as the pause and cap keys (lib.lua, queue_guards), still finds a slot's reservation.
+// With more than 16 queues (the keys not read ahead), a spoiled cap key and a pause key of
+// another type are found too.
+#[tokio::test]
+async fn reserve_refuses_a_queue_whose_cap_key_is_spoiled() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let a1 = payload("A", json!([1]));
+    let b = |i: i64| payload("B", json!([i]));
+    push(c, "aaa", &a1).await;
+    push(c, "bbb", &b(1)).await;
+    let cap = k.cap("aaa");
+    let _: i64 = rcmd!(c, "HSET", &cap, "by", "hand");
+    let slot = Slot::new("p:1:0", "testhost:1:aaa,bbb");
+    let r = reserve_job(c, &slot, &["aaa", "bbb"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("bbb", b(1)));
+    assert_eq!(
+        reserve(c, &slot, &["aaa", "bbb"], false).await,
+        Reserved::Busy
+    );
+    let refused = Reserved::Nothing {
+        skipped: vec![],
+        unreadable: vec![],
+        paused: vec![],
+        capped: vec![],
+        refused: vec!["aaa".into()],
+    };
+    let slot2 = Slot::new("p:2:0", "testhost:2:aaa,bbb");
+    assert_eq!(reserve(c, &slot2, &["aaa", "bbb"], false).await, refused);
+    let _: i64 = rcmd!(c, "DEL", &cap);
+    let _: () = rcmd!(c, "SET", &cap, "three");
+    assert_eq!(reserve(c, &slot2, &["aaa", "bbb"], false).await, refused);
+    assert_eq!(lrange(c, &k.queue("aaa")).await, vec![a1.clone()]);
+    assert!(!exists(c, &k.running("aaa")).await);
+    assert!(!exists(c, &slot2.inflight()).await);
+
+    let _: () = rcmd!(c, "SET", &cap, "3");
+    let r = reserve_job(c, &slot2, &["aaa", "bbb"]).await;
+    assert_eq!((r.queue.as_str(), r.payload), ("aaa", a1));
+    let units: i64 = rcmd!(c, "SCARD", k.running("aaa"));
+    assert_eq!(units, 1);
+
+    // 20 queues: q5's cap key is a hash, q7's pause key a hash; jobs in q5, q7 and q19.
+    let names: Vec<String> = (0..20).map(|i| format!("q{i}")).collect();
+    let qs: Vec<&str> = names.iter().map(String::as_str).collect();
+    for q in ["q5", "q7", "q19"] {
+        push(c, q, &b(2)).await;
+    }
+    let _: i64 = rcmd!(c, "HSET", k.cap("q5"), "by", "hand");
+    let _: i64 = rcmd!(c, "HSET", k.pause_queue("q7"), "by", "hand");
+    let slot3 = Slot::new("p:3:0", "testhost:3:q*");
+    let r = reserve_job(c, &slot3, &qs).await;
+    assert_eq!(r.queue, "q19");
+    let slot4 = Slot::new("p:4:0", "testhost:4:q*");
+    assert_eq!(
+        reserve(c, &slot4, &qs, false).await,
+        Reserved::Nothing {
+            skipped: vec![],
+            unreadable: vec![],
+            paused: vec!["q7".into()],
+            capped: vec![],
+            refused: vec!["q5".into()],
+        }
+    );
+    assert_eq!(c_len(c, &k.queue("q5")).await, 1);
+    assert_eq!(c_len(c, &k.queue("q7")).await, 1);
+}
+
+async fn c_len(conn: &mut Conn, key: &str) -> i64 {
+    rcmd!(conn, "LLEN", key)
 }
 
 // locking-semantics.md A-1 step 2, A-2, A-3, A-15
@@ -800,7 +878,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
             skipped: vec!["high".into()],
             unreadable: vec![],
             paused: vec![],
-            capped: vec![]
+            capped: vec![],
+            refused: vec![],
         }
     );
     // counter > LLEN: still skipped.
@@ -811,7 +890,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
             skipped: vec!["high".into()],
             unreadable: vec![],
             paused: vec![],
-            capped: vec![]
+            capped: vec![],
+            refused: vec![],
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, h[..2].to_vec());
@@ -833,7 +913,8 @@ async fn reserve_skips_a_queue_whose_counter_reached_its_length_for_that_pass_on
             skipped: vec!["high".into()],
             unreadable: vec![],
             paused: vec![],
-            capped: vec![]
+            capped: vec![],
+            refused: vec![],
         }
     );
     assert_eq!(lrange(c, &k.queue("high")).await, vec![h[2].clone()]);
@@ -1828,6 +1909,7 @@ async fn an_idle_pass_clears_only_the_skipped_queues_counters_and_only_when_enab
         unreadable: vec![],
         paused: vec![],
         capped: vec![],
+        refused: vec![],
     };
 
     assert_eq!(reserve(c, &slot, &["a", "b", "d"], false).await, skipped_a);

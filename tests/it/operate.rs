@@ -1,12 +1,12 @@
 //! Operating a fleet (issue 27): pausing queues with resque-pause's keys (A-20), against the
 //! real binary and a real redis-server. Run: `cargo test --test it operate::`.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::daemon::{cfg, exit_code, workdir, NS, R, SHORT};
 use crate::ops::{locketd, stdout_ok};
 use crate::support::{
-    pid_alive, process_group_members, wait_until, write_script, Daemon, RedisServer,
+    pid_alive, process_group_members, script_calls, wait_until, write_script, Daemon, RedisServer,
 };
 
 const NOOP: &str = "[classes.Noop]\nbuiltin = \"noop\"\n";
@@ -130,6 +130,105 @@ fn a20_a_wrong_typed_pause_key_pauses_and_is_refused_before_any_write() {
     wait_until(SHORT, "the other queue's job ran", || r.processed() == 1);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(r.llen(&format!("{NS}:queue:mail")), 1);
+    let _: i64 = r.cmd(&["DEL", &key]);
+    wait_until(SHORT, "the mended queue's job ran", || r.processed() == 2);
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// A-20: delayed jobs that fall due while their queue is paused are still delivered into it (a
+/// resque-scheduler item, as the gem's `enqueue_at` writes it, and an entry of locketd's own
+/// delayed set) and wait there, unpopped, over many passes; `locketd resume` runs them.
+#[test]
+fn a20_delayed_jobs_are_delivered_into_a_paused_queue_and_run_on_resume() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    stdout_ok(&locketd(&redis, &["pause", "mail"]));
+    let ts = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 5)
+    .to_string();
+    let item = r#"{"class":"Noop","args":["scheduled"],"queue":"mail"}"#;
+    let _: i64 = r.cmd(&["RPUSH", &format!("{NS}:delayed:{ts}"), item]);
+    let _: i64 = r.cmd(&[
+        "SADD",
+        &format!("{NS}:timestamps:{item}"),
+        &format!("delayed:{ts}"),
+    ]);
+    let _: i64 = r.cmd(&["ZADD", &format!("{NS}:delayed_queue_schedule"), &ts, &ts]);
+    let delayed = r#"{"class":"Noop","args":["delayed"]}"#;
+    let member = serde_json::json!({"rid": "r1", "queue": "mail", "payload": delayed,
+        "reason": "lock", "resource": "L", "attempt": 1})
+    .to_string();
+    let _: i64 = r.cmd(&["ZADD", &format!("{NS}:locket:delayed"), "1", &member]);
+
+    let config = format!("{}\n{NOOP}", cfg("mail,other").render());
+    let mut d = Daemon::start(&redis, &config, &["--workers", "1"]);
+    wait_until(SHORT, "both delivered into the paused queue", || {
+        r.llen(&format!("{NS}:queue:mail")) == 2
+    });
+    // Many passes (interval 0.1 s): nothing is popped.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut held: Vec<String> = lrange(&mut r, "mail")
+        .into_iter()
+        .map(|b| String::from_utf8(b).unwrap())
+        .collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [delayed, r#"{"class":"Noop","args":["scheduled"]}"#],
+        "{}",
+        crate::support::tail(&d.log(), 40)
+    );
+    assert_eq!(r.processed(), 0);
+    stdout_ok(&locketd(&redis, &["resume", "mail"]));
+    wait_until(SHORT, "the delivered jobs ran", || r.processed() == 2);
+    assert_eq!(r.failures().len(), 0);
+    d.signal(libc::SIGQUIT);
+    assert_eq!(exit_code(&mut d, SHORT), Some(0));
+}
+
+/// A-22, S-6: a cap key spoiled by hand (a hash) is not read as "no cap": its queue is held
+/// (its list byte for byte unchanged over many passes) while the other queue runs; the worker
+/// says so once in its log, and does not retry in a loop (its passes stay at the interval's
+/// pace); once the key is mended the job runs.
+#[test]
+fn a22_a_spoiled_cap_key_holds_its_queue_and_is_reported_once() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let key = format!("{NS}:locket:cap:mail");
+    let _: i64 = r.cmd(&["HSET", &key, "by", "hand"]);
+    r.push("mail", &job(1));
+    let before = lrange(&mut r, "mail");
+    let cfg = format!("queues = \"mail,other\"\ninterval = 0.2\n\n{NOOP}");
+    let mut d = Daemon::start(&redis, &cfg, &["--workers", "1"]);
+    wait_until(SHORT, "one worker registered", || r.workers().len() == 1);
+    r.push("other", &job(2));
+    wait_until(SHORT, "the other queue's job ran", || r.processed() == 1);
+    let calls = |r: &mut R| script_calls(&r.cmd::<String>(&["INFO", "commandstats"]));
+    let calls_before = calls(&mut r);
+    std::thread::sleep(Duration::from_secs(2));
+    let passes = calls(&mut r) - calls_before;
+    assert_eq!(
+        lrange(&mut r, "mail"),
+        before,
+        "a refused queue was touched"
+    );
+    assert_eq!(r.processed(), 1);
+    let log = d.log();
+    assert_eq!(
+        log.matches("queue cap key is not a number").count(),
+        1,
+        "{}",
+        crate::support::tail(&log, 40)
+    );
+    // About 10 passes of 0.2 s (and the janitor's and heartbeats' calls); a loop makes
+    // thousands.
+    assert!(passes < 100, "{passes} script calls in 2 s");
+    let t: String = r.cmd(&["TYPE", &key]);
+    assert_eq!(t, "hash", "the spoiled key was overwritten");
     let _: i64 = r.cmd(&["DEL", &key]);
     wait_until(SHORT, "the mended queue's job ran", || r.processed() == 2);
     d.signal(libc::SIGQUIT);

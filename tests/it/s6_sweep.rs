@@ -118,8 +118,13 @@ const STEPS: &[(Step, &[&str])] = &[
     (Step::PurgeHoldWake, &["queue:q2", "queues"]),
     (Step::Pause, &["pause:queue:q"]),
     (Step::ReservePaused, &["pause:queue:q", "pause:all"]),
-    (Step::ReserveCapped, &["locket:running:q"]),
-    (Step::FinishCapped, &["locket:running:q", "failed"]),
+    // The cap key is locketd's own (K-1) but read as S-6 reads another tool's: RESERVE
+    // refuses its queue rather than reading it as "no cap".
+    (Step::ReserveCapped, &["locket:running:q", "locket:cap:q"]),
+    (
+        Step::FinishCapped,
+        &["locket:running:q", "failed", "locket:cap:q"],
+    ),
 ];
 
 /// Each step with locketd's own keys (K-1: no other tool writes them) that it reads or

@@ -33,6 +33,13 @@ struct HotRun {
     /// The user's jobs' wall time, and the free jobs', from the daemon's first completion.
     hot_wall: Duration,
     free_wall: Duration,
+    /// When the first free job started, from the daemon's first completion: the time its
+    /// worker spent parking the backlog in front of the free jobs.
+    free_start: Duration,
+    /// The 2,000 free jobs alone, on the two workers and on one (with the user's jobs, the
+    /// other one runs their chain), first to last completion.
+    free_two_workers: Duration,
+    free_one_worker: Duration,
     requeued: u64,
     parked: u64,
 }
@@ -44,6 +51,35 @@ fn free_payloads(n: usize) -> impl Iterator<Item = String> {
             now_us()
         )
     })
+}
+
+/// Counts the `probe` lines of a daemon's log as it grows, reading each byte once (a re-read of
+/// the whole log every 10 ms would take the daemon's CPU on a small machine).
+#[derive(Default)]
+struct ProbeCount {
+    /// Bytes of the log counted so far (up to the end of the last whole line).
+    offset: u64,
+    n: usize,
+}
+
+impl ProbeCount {
+    fn count(&mut self, log: &Path) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(log) else {
+            return self.n;
+        };
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+            return self.n;
+        }
+        let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+            return self.n;
+        };
+        let text = String::from_utf8_lossy(&buf[..=end]);
+        self.n += text.matches("probe job started").count();
+        self.offset += end as u64 + 1;
+        self.n
+    }
 }
 
 fn stat(ctx: &mut Ctx, event: &str) -> Result<u64> {
@@ -66,6 +102,17 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
     let free_cmds = free.cmds_per_job();
     let free_cpu_us = free.cpu_us_per_job();
 
+    // The free jobs alone on one worker: what they can reach while the other worker carries
+    // the user's jobs one after the other (their lock is held all the time, so one of the two
+    // workers always runs one of them).
+    ctx.flush()?;
+    ctx.push("q", free_payloads(FREE))?;
+    let (one, daemon) = ctx.drain(&config, 1, FREE)?;
+    daemon.stop(Duration::from_secs(30));
+    one.report("hot-key: free jobs alone, one worker");
+    let free_one_worker = Duration::from_secs_f64(one.jobs as f64 / one.rate.max(1e-9));
+    let free_two_workers = Duration::from_secs_f64(free.jobs as f64 / free.rate.max(1e-9));
+
     // N hot jobs first (the backlog in the way), then the free jobs.
     ctx.flush()?;
     ctx.push(
@@ -82,7 +129,9 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
             .unwrap_or(120 + (n as f64 * HOT_MS / 500.0) as u64),
     );
     let mut first: Option<Instant> = None;
+    let mut free_first: Option<Instant> = None;
     let mut free_done: Option<Instant> = None;
+    let mut probes = ProbeCount::default();
     let mut gets = 0u64;
     let hot_done = loop {
         check_interrupt()?;
@@ -92,8 +141,14 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
         if p > 0 && first.is_none() {
             first = Some(now);
         }
-        if free_done.is_none() && daemon.log_text().matches("probe job started").count() >= FREE {
-            free_done = Some(now);
+        if free_done.is_none() {
+            let n = probes.count(&daemon.log);
+            if n > 0 && free_first.is_none() {
+                free_first = Some(now);
+            }
+            if n >= FREE {
+                free_done = Some(now);
+            }
         }
         if p >= total as u64 {
             break now;
@@ -122,6 +177,11 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
         all_cmds: all / total as f64,
         hot_wall: hot_done.duration_since(start),
         free_wall: free_done.unwrap_or(hot_done).duration_since(start),
+        free_start: free_first
+            .unwrap_or(hot_done)
+            .saturating_duration_since(start),
+        free_two_workers,
+        free_one_worker,
         requeued: stat(&mut ctx, "requeued")?,
         parked: stat(&mut ctx, "parked")?,
     };
@@ -129,7 +189,9 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
     println!(
         "hot-key N={n}: {:.1} commands/job overall; a hot job {:.1} commands, {:.0} us Redis CPU; \
          a free job {:.1} commands, {:.0} us; the user's jobs {:.2} s ({:.3}x of N x 20 ms), the \
-         free jobs {:.2} s; parked {}, requeued {}",
+         free jobs {:.2} s (the first started after {:.2} s; alone they take {:.2} s on two workers, {:.2} s on \
+         one); \
+         parked {}, requeued {}",
         run.all_cmds,
         run.hot_cmds,
         run.hot_cpu_us,
@@ -138,6 +200,9 @@ fn one_size(opts: &Opts, exe: &Path, n: usize) -> Result<HotRun> {
         run.hot_wall.as_secs_f64(),
         run.hot_wall.as_secs_f64() / ideal.as_secs_f64(),
         run.free_wall.as_secs_f64(),
+        run.free_start.as_secs_f64(),
+        run.free_two_workers.as_secs_f64(),
+        run.free_one_worker.as_secs_f64(),
         fmt_int(run.parked as f64),
         fmt_int(run.requeued as f64),
     );
@@ -181,6 +246,20 @@ pub(crate) fn scenario_hot_key(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> 
             format!("{:.2} s", r.free_wall.as_secs_f64()),
             format!("< {:.2} s", ideal / 10.0),
             Some(r.free_wall.as_secs_f64() < ideal / 10.0),
+        ));
+        rows.push(row(
+            format!(
+                "hot-key N={}: the first free job starts / free jobs alone, 2 / 1 workers",
+                r.n
+            ),
+            format!(
+                "{:.2} s / {:.2} s, {:.2} s",
+                r.free_start.as_secs_f64(),
+                r.free_two_workers.as_secs_f64(),
+                r.free_one_worker.as_secs_f64()
+            ),
+            "",
+            None,
         ));
         rows.push(row(
             format!("hot-key N={}: requeues / parks", r.n),

@@ -17,8 +17,8 @@ local function must_be(step, key, want)
   end
 end
 
--- Parked waits (PK-*): defined at the end of this file, named here so that the release
--- helpers below can wake the jobs parked on what they free.
+-- Parked waits (PK-*): defined in lib_park.lua (appended to this file), named here so that
+-- the release helpers below can wake the jobs parked on what they free.
 local parked_wake, lock1_handoff, parked_wake_freed
 
 -- HDEL of every field in `fields`, 1,000 at a time: `unpack()` of a long list raises ("too
@@ -437,60 +437,106 @@ local function counter_key(prefix, q)
   return k
 end
 
--- Operator pause (issue 27, A-20): resque-pause's keys <ns>:pause:queue:<q> and <ns>:pause:all.
--- A key that exists pauses, whatever it holds (resque-pause reads "not nil"; one of another
--- type, written by hand, pauses too and is never overwritten by locketd: `locketd pause`
--- refuses it). RESERVE asks once per run, at the first queue that may hold a job: one EXISTS
--- over every key (0 in the common case, nothing paused); only when some exist, one MGET and an
--- EXISTS for each key MGET cannot read tell which. Returns false when nothing is paused, else
--- a set of paused queue names (every name when pause:all exists).
--- `queue_prefix` is "<ns>:queue:"; `A[first..last]` are the queue names.
-local function paused_queues(queue_prefix, A, first, last)
+-- Operator controls of a queue, read by RESERVE in its own step (issue 27): resque-pause's
+-- keys <ns>:pause:queue:<q> and <ns>:pause:all (A-20) and the fleet-wide cap
+-- <ns>:locket:cap:<q> (A-22). A pause key that exists pauses, whatever it holds (resque-pause
+-- reads "not nil"; one of another type, written by hand, pauses too and is never overwritten:
+-- `locketd pause` refuses it). A cap key holds a whole number; one of another type, or a
+-- string that is not a number, refuses its queue (nothing is popped from it, the worker
+-- reports it) instead of reading as "no cap" (S-6).
+--
+-- One EXISTS over all these keys, and over the slot record `inflight` when given (the K-2
+-- check of a RESERVE not fused with its slot's FINISH), settles the common case: it counts 0,
+-- or exactly the string keys this run's MGET read already (reserve_reads reads the pause and
+-- cap keys of up to 16 queues), so the slot is free and those values are all there is.
+-- Otherwise the record gets an EXISTS of its own, the keys not read yet one MGET, and only
+-- when a key exists that MGET cannot read (another type), the unread ones an EXISTS each.
+-- Returns true when the record exists (nothing else is worked out), else false and
+-- {paused = false or a set of paused queue names, caps = queue -> cap, refused = set of
+-- queue names whose cap key is unreadable}. The keys' part is kept for the run (a batch's
+-- RESERVEs name the same queues; no job-path step writes these keys).
+-- `prefix` is "<ns>:locket:", `queue_prefix` "<ns>:queue:"; `A[first..last]` the queue names.
+local guards_of = {}
+local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
+  local id = prefix .. '\n' .. table.concat(A, '\n', first, last)
+  local g = guards_of[id]
+  if g ~= nil then
+    if inflight and redis.call('EXISTS', inflight) == 1 then return true, nil end
+    return false, g
+  end
   local pause_prefix = string.sub(queue_prefix, 1, -7) .. 'pause:'
   local keys = {pause_prefix .. 'all'}
   for i = first, last do keys[#keys + 1] = pause_prefix .. 'queue:' .. A[i] end
-  local total = 0
-  for i = 1, #keys, 1000 do
-    total = total + redis.call('EXISTS', unpack(keys, i, math.min(i + 999, #keys)))
+  for i = first, last do keys[#keys + 1] = prefix .. 'cap:' .. A[i] end
+  local ek = keys
+  if inflight then
+    ek = {inflight}
+    for _, k in ipairs(keys) do ek[#ek + 1] = k end
   end
-  if total == 0 then return false end
-  local present = {}
-  local found = 0
-  for i = 1, #keys, 1000 do
-    local last_i = math.min(i + 999, #keys)
-    local vals = redis.call('MGET', unpack(keys, i, last_i))
-    for j = i, last_i do
-      if vals[j - i + 1] then
-        present[j] = true
-        found = found + 1
+  local total = 0
+  for i = 1, #ek, 1000 do
+    total = total + redis.call('EXISTS', unpack(ek, i, math.min(i + 999, #ek)))
+  end
+  g = {paused = false, caps = {}, refused = {}}
+  if total > 0 then
+    local strings, all_read = 0, true
+    for _, k in ipairs(keys) do
+      if known[k] == nil then all_read = false elseif known[k] then strings = strings + 1 end
+    end
+    -- Keys that exist but hold another type than a string.
+    local other = {}
+    if not (all_read and total == strings) then
+      if inflight and redis.call('EXISTS', inflight) == 1 then return true, nil end
+      -- The record is absent: `total` counts the keys alone.
+      prefetch(keys)
+      strings = 0
+      for _, k in ipairs(keys) do
+        if known[k] then strings = strings + 1 end
+      end
+      if total > strings then
+        for j, k in ipairs(keys) do
+          if not known[k] and redis.call('EXISTS', k) == 1 then other[j] = true end
+        end
       end
     end
-  end
-  if found < total then
-    for j = 1, #keys do
-      if not present[j] and redis.call('EXISTS', keys[j]) == 1 then present[j] = true end
+    local n = last - first + 1
+    local paused, any = {}, false
+    for i = first, last do
+      local q, j = A[i], i - first + 1
+      local pj, cj = 1 + j, 1 + n + j
+      if known[keys[1]] or other[1] or known[keys[pj]] or other[pj] then
+        paused[q] = true
+        any = true
+      end
+      if other[cj] then
+        g.refused[q] = true
+      elseif known[keys[cj]] then
+        local cap = tonumber(known[keys[cj]])
+        if cap then g.caps[q] = cap else g.refused[q] = true end
+      end
     end
+    if any then g.paused = paused end
   end
-  local out = {}
-  for i = first, last do
-    if present[1] or present[i - first + 2] then out[A[i]] = true end
-  end
-  return out
+  guards_of[id] = g
+  return false, g
 end
 
 -- The string keys each job-path step reads, gathered so that a FINISH+RESERVE, or a batch
 -- of steps, reads all of them in one MGET (prefetch). The layouts are the scripts' own.
--- RESERVE: the pause flag, the lease, and the queues' counters when there are at most 16
--- queues (with more, most are empty, and RESERVE reads the counter of a queue only once an
--- EXISTS over its run of queues found a job).
+-- RESERVE: the pause flag, the lease, and, when there are at most 16 queues, the queues'
+-- counters, caps (A-22) and pause keys (A-20) (with more, most are empty, and RESERVE reads
+-- the counter of a queue only once an EXISTS over its run of queues found a job, and the caps
+-- and pause keys only once queue_guards found some).
 local function reserve_reads(K, A)
   local out = {K[2]}
   out[#out + 1] = lease_key(A[4], K[1])
   if #A - 6 <= 16 then
+    local pause_prefix = string.sub(A[5], 1, -7) .. 'pause:'
+    out[#out + 1] = pause_prefix .. 'all'
     for i = 1, #A - 6 do
       out[#out + 1] = counter_key(A[4], A[6 + i])
-      -- A-22: the queue's cap, if any.
       out[#out + 1] = A[4] .. 'cap:' .. A[6 + i]
+      out[#out + 1] = pause_prefix .. 'queue:' .. A[6 + i]
     end
   end
   return out
@@ -506,11 +552,13 @@ local function finish_reads(K, A)
   end
   return out
 end
--- ACQUIRE: the lease, the queue's counter and the job's limit-1 locks.
+-- ACQUIRE: the lease, the queue's counter and cap (A-22: a conflict frees its unit) and the
+-- job's limit-1 locks.
 local function acquire_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
   out[#out + 1] = K[4]
+  out[#out + 1] = locket_prefix(A[8]) .. 'cap:' .. A[9]
   for i = 1, (#A - 14) / 2 do
     if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
   end
@@ -609,111 +657,6 @@ local function hold_release(prefix, name, digest, now)
   return released
 end
 
--- Parked waits (PK-1..PK-7). A job whose lock or hold is taken, with the `park` policy, waits
--- in a list of its own, `<prefix>parked:lock:<id>` or `<prefix>parked:dep:<name>`, of JSON
--- entries {rid, queue, payload, parked_at, class, attempt, ttl, limit} (payload: the job's
--- exact bytes), oldest at the head. The ZSET `<prefix>parked` indexes the lists that have
--- entries (member "lock:<id>" or "dep:<name>", score: when the janitor should look at it next)
--- and the HASH `<prefix>parked_queues` counts the parked jobs per queue.
-
--- PK-2, PK-6: moves up to `max` entries from the head of the list of `res` ("lock:<id>" or
--- "dep:<name>") back to the heads of their queues, in parking order. It stops before the
--- first entry that cannot move (it does not decode, or its queue key holds another type):
--- that one stays parked, with its index entry, for the janitor to report. It never raises,
--- and it writes nothing before every check of what it moves was made. Returns the entries
--- moved (decoded), how many stay (counted up to one past `max`), and whether it stopped at
--- one that cannot move.
-parked_wake = function(prefix, res, max)
-  local pk = prefix .. 'parked:' .. res
-  local raw = redis.pcall('LRANGE', pk, 0, max)
-  if type(raw) ~= 'table' or raw.err then return {}, 1, true end
-  local ns = string.sub(prefix, 1, #prefix - 7)
-  local moved = {}
-  local want = math.min(max, #raw)
-  local bad = false
-  local types = {}
-  for i = 1, want do
-    local ok, d = pcall(cjson.decode, raw[i])
-    if not ok or type(d) ~= 'table' or type(d['queue']) ~= 'string' or
-        type(d['payload']) ~= 'string' then
-      bad = true
-      break
-    end
-    local qk = ns .. 'queue:' .. d['queue']
-    -- One entry is pushed with pcall (a refused push writes nothing); a run of them is
-    -- checked first, so that none is pushed when a later one would be refused.
-    if want > 1 then
-      if types[qk] == nil then
-        local t = redis.call('TYPE', qk)['ok']
-        types[qk] = (t == 'none' or t == 'list')
-      end
-      if not types[qk] then
-        bad = true
-        break
-      end
-    end
-    d['qk'] = qk
-    moved[#moved + 1] = d
-  end
-  local n = #moved
-  if n == 1 and want == 1 then
-    local r = redis.pcall('LPUSH', moved[1]['qk'], moved[1]['payload'])
-    if type(r) == 'table' and r.err then
-      n = 0
-      moved = {}
-      bad = true
-    end
-  else
-    for i = n, 1, -1 do redis.call('LPUSH', moved[i]['qk'], moved[i]['payload']) end
-  end
-  local left = #raw - n
-  if n == 0 then return moved, left, bad end
-  if n == 1 then redis.call('LPOP', pk) else redis.call('LTRIM', pk, n, -1) end
-  local per_queue = {}
-  for i = 1, n do
-    local d = moved[i]
-    per_queue[d['queue']] = (per_queue[d['queue']] or 0) + 1
-    count(prefix, nil, 'woken', type(d['class']) == 'string' and d['class'] or '')
-  end
-  for q, c in pairs(per_queue) do
-    redis.pcall('SADD', ns .. 'queues', q)
-    redis.pcall('HINCRBY', prefix .. 'parked_queues', q, int(-c))
-  end
-  if left == 0 then redis.pcall('ZREM', prefix .. 'parked', res) end
-  return moved, left, bad
-end
-
--- PK-2, PK-3 for a limit-1 lock whose unit is free (its holder left, or its lease lapsed):
--- wakes the first job parked on it and hands the unit to it: the lock's value becomes a
--- handoff, `~` and that job's payload digest in place of a token, for the job's lock_ttl.
--- Only an ACQUIRE of that digest (that job, or one with the same class and args) takes it
--- over (acquire.lua); every other job meets the lock
--- full and parks behind the others, so the jobs of one key run in parking order. The handoff
--- keeps the parked flag while jobs stay parked, and passes it on to the job that takes it.
--- Returns true when a job was woken (the key was written), false when none could be (the key
--- is left as it was).
-lock1_handoff = function(prefix, lk, id)
-  local moved, left = parked_wake(prefix, 'lock:' .. id, 1)
-  if #moved == 0 then return false end
-  local d = moved[1]
-  local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
-  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. who ..
-    '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
-  redis.call('SET', lk, v, 'PX', int(tonumber(d['ttl']) or 35000))
-  known[lk] = v
-  return true
-end
-
--- PK-2, PK-5 for a lock of a larger limit (a ZSET) that lost `freed` holders: as many parked
--- jobs wake (to the heads of their queues; the first to come takes the unit).
-parked_wake_freed = function(lock_key, counter_prefix, freed)
-  if freed <= 0 then return end
-  local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
-  local id = string.sub(lock_key, #p + 6)
-  if redis.call('EXISTS', p .. 'parked:lock:' .. id) == 0 then return end
-  parked_wake(p, 'lock:' .. id, freed)
-end
-
 -- Every per-run value above back to its start. A script's chunk runs anew for each EVALSHA,
 -- so there this changes nothing; a FUNCTION library's locals live as long as the library, so
 -- each of its functions calls this first (src/store/scripts.rs). Every local above that a run
@@ -731,4 +674,5 @@ local function reset_run()
   locket_prefixes = {}
   counter_keys = {}
   splits = {}
+  guards_of = {}
 end

@@ -20,7 +20,11 @@
 --
 -- Returns one of
 --   {"job", queue, payload, rid}
---   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}, {capped queue...}}
+--   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}, {capped queue...},
+--    {refused queue...}}
+--                         a refused queue (A-22, S-6: its <ns>:locket:cap:<q> holds another
+--                         type, or a string that is not a number) that holds jobs is passed
+--                         over in this same step: nothing is popped from it
 --                         a capped queue (A-22: <ns>:locket:cap:<q> holds N and N of its jobs
 --                         hold a unit in <ns>:locket:running:<q>) is passed over in this same
 --                         step: nothing is popped from it
@@ -35,23 +39,37 @@
 -- the types locking-semantics.md §2 gives them (only locketd writes there, K-1).
 
 local inflight = KEYS[1]
--- One MGET reads the pause flag, the lease and the first queues' counters (lib.lua); a batch
--- of RESERVEs reads them once.
+-- One MGET reads the pause flag, the lease, and the first queues' counters, caps and pause
+-- keys (lib.lua); a batch of RESERVEs reads them once.
 if not reads_done then prefetch(reserve_reads(KEYS, ARGV)) end
 if is_true(sget(KEYS[2])) then
   return {'paused'}
-end
-if not inflight_freed[inflight] and redis.call('EXISTS', inflight) == 1 then
-  return {'busy'}
-end
-if not lease_held(ARGV[4], inflight) then
-  return {'dead'}
 end
 
 local n = #ARGV - 6
 local prefix = ARGV[4]
 local queue_prefix = ARGV[5]
 local counter_prefix = prefix .. 'counter:'
+-- K-2, A-20, A-22: the slot's record, the pause keys and the caps, in one EXISTS (lib.lua,
+-- queue_guards). A RESERVE fused with its slot's FINISH (the record freed in this run) needs
+-- no K-2 check and reads the rest at the first queue that may hold a job.
+local guards = nil
+if not inflight_freed[inflight] then
+  local busy
+  busy, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, inflight)
+  if busy then return {'busy'} end
+end
+if not lease_held(prefix, inflight) then
+  return {'dead'}
+end
+local function guard()
+  if guards == nil then
+    local _
+    _, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, nil)
+  end
+  return guards
+end
+
 local qkeys = {}
 local function qkey(i)
   local k = qkeys[i]
@@ -65,12 +83,7 @@ local skipped = {}
 local unreadable = {}
 local paused = {}
 local capped = {}
--- A-20: the pause keys, read once, at the first queue that may hold a job (lib.lua).
-local pause_set = nil
-local function is_paused(i)
-  if pause_set == nil then pause_set = paused_queues(queue_prefix, ARGV, 7, 6 + n) end
-  return pause_set and pause_set[ARGV[6 + i]] or false
-end
+local refused = {}
 -- LPOP / LLEN of queue i, or false (and the queue noted) when its key is not a list.
 local function read(cmd, i)
   local r = redis.pcall(cmd, qkey(i))
@@ -95,26 +108,31 @@ for i = 1, n do
     end
   end
   local payload = false
-  if i > empty_until and is_paused(i) then
+  local q = ARGV[6 + i]
+  local g = (i > empty_until) and guard() or nil
+  if g and g.paused and g.paused[q] then
     -- A-20: passed over when it holds jobs (an empty paused queue is watched as empty).
-    if redis.call('EXISTS', qkey(i)) == 1 then paused[#paused + 1] = ARGV[6 + i] end
-  elseif i > empty_until then
+    if redis.call('EXISTS', qkey(i)) == 1 then paused[#paused + 1] = q end
+  elseif g and g.refused[q] then
+    -- A-22, S-6: its cap key is not a number: passed over, reported, when it holds jobs.
+    if redis.call('EXISTS', qkey(i)) == 1 then refused[#refused + 1] = q end
+  elseif g then
     -- A-2: skip q when its counter has reached its length. With no counter (the common
     -- case) nothing can be skipped, so the length is not needed: LPOP answers both.
-    local ck = counter_key(prefix, ARGV[6 + i])
+    local ck = counter_key(prefix, q)
     local c = tonumber(sget(ck) or 0) or 0
     -- A-22: a queue at its cap is passed over (its running units counted here, atomically
     -- with the pop).
-    local cap = tonumber(sget(prefix .. 'cap:' .. ARGV[6 + i]) or '')
-    if cap and redis.call('SCARD', prefix .. 'running:' .. ARGV[6 + i]) >= cap then
-      if redis.call('EXISTS', qkey(i)) == 1 then capped[#capped + 1] = ARGV[6 + i] end
+    local cap = g.caps[q]
+    if cap and redis.call('SCARD', prefix .. 'running:' .. q) >= cap then
+      if redis.call('EXISTS', qkey(i)) == 1 then capped[#capped + 1] = q end
     elseif c <= 0 then
       payload = read('LPOP', i)
     else
       local len = read('LLEN', i)
       if len and len > 0 then
         if c >= len then
-          skipped[#skipped + 1] = ARGV[6 + i]
+          skipped[#skipped + 1] = q
         else
           payload = read('LPOP', i)
         end
@@ -131,7 +149,7 @@ for i = 1, n do
       'state', 'reserved',
       'resque_worker', ARGV[2])
     inflight_freed[inflight] = nil
-    if sget(prefix .. 'cap:' .. ARGV[6 + i]) then
+    if guards.caps[ARGV[6 + i]] then
       redis.call('SADD', prefix .. 'running:' .. ARGV[6 + i], ARGV[1] .. ' ' .. inflight)
     end
     count(prefix, now, 'reserved', '')
@@ -146,4 +164,4 @@ if ARGV[3] == '1' then
   end
 end
 if #skipped > 0 then count(prefix, nil, 'queue_skipped', '', #skipped) end
-return {'nothing', skipped, unreadable, paused, capped}
+return {'nothing', skipped, unreadable, paused, capped, refused}
