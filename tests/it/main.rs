@@ -11,6 +11,7 @@ mod builtin;
 mod compat;
 mod counts;
 mod daemon;
+mod first_run;
 mod harness;
 mod holds;
 mod liveness;
