@@ -20,6 +20,7 @@ mod logs;
 mod node_interop;
 mod operate;
 mod ops;
+mod package;
 mod parked;
 mod persistent;
 mod pickup;
