@@ -146,3 +146,34 @@ fn a_wrong_password_exits_78_at_once_with_the_reason() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "{keys:?}");
 }
+
+// The operator commands answer a wrong password the same way: 78 with the reason, at once.
+#[test]
+fn status_and_admin_commands_exit_78_on_a_wrong_password() {
+    let redis = RedisServer::start();
+    let mut conn = redis.sync_conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://:wrong@127.0.0.1:{}/0", redis.port());
+    for cmd in [&["status"][..], &["failed", "list"], &["locks"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--config", "/dev/null", "--redis", &url, "--queues", "q"])
+            .args(cmd)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{cmd:?}: {out:?}");
+        assert!(
+            err.contains("Password authentication failed"),
+            "{cmd:?}: {err}"
+        );
+        assert!(
+            !err.contains(":wrong@"),
+            "{cmd:?}: the password was printed: {err}"
+        );
+    }
+}
