@@ -24,10 +24,12 @@ pub enum Error {
     Enqueue(String),
     /// Redis could not be reached at start within the allowed time, or refused us at once (a
     /// wrong password or TLS setting, which retrying cannot fix).
-    #[error("redis at {url} {}", unreachable_why(*.refused, *.secs))]
+    #[error("redis at {url}{} {}", from_why(.from.as_deref()), unreachable_why(*.refused, *.secs))]
     Unreachable {
         /// The URL (password removed).
         url: String,
+        /// Where the URL came from, when the caller knows ("given by --redis", "given by REDIS_URL").
+        from: Option<String>,
         /// How long we tried.
         secs: u64,
         /// Refused at once rather than silent until `secs` ran out.
@@ -70,6 +72,10 @@ pub enum ConfigError {
 
 /// Result with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+fn from_why(from: Option<&str>) -> String {
+    from.map(|f| format!(" ({f})")).unwrap_or_default()
+}
 
 fn unreachable_why(refused: bool, secs: u64) -> String {
     if refused {

@@ -1,7 +1,8 @@
 //! The `locketd` binary: command line, config, runtime, then the library.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use locketd::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 use locketd::handler::Handlers;
 use locketd::logsink::LogSink;
@@ -37,6 +38,9 @@ struct Cli {
     /// Redis URL: redis://[:password@]host:port/db, rediss:// for TLS.
     #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
     redis: Option<String>,
+    /// Where `redis` came from, when it did: "given by --redis" or "given by REDIS_URL".
+    #[arg(skip)]
+    redis_given: Option<&'static str>,
     /// Resque namespace (key prefix).
     #[arg(long, global = true, value_name = "NS")]
     namespace: Option<String>,
@@ -104,7 +108,13 @@ fn main() -> ExitCode {
     let retitle = locketd::proctitle::ensure_title_space();
     // Read before any title overwrites the argv area: the master re-executes workers with them.
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.redis_given = match matches.value_source("redis") {
+        Some(ValueSource::CommandLine) => Some("given by --redis"),
+        Some(ValueSource::EnvVariable) => Some("given by REDIS_URL"),
+        _ => None,
+    };
     // A password given with --redis must not stay readable in /proc/<pid>/cmdline (world-
     // readable) while the process connects: the title overwrites the argv area now. The
     // arguments were read above; nothing reads argv after this.
@@ -389,14 +399,23 @@ fn run(
     })
 }
 
-/// Exit code for an error at start (69 Redis unreachable, 78 config), or the error itself.
+/// Exit code for an error at start (69 Redis unreachable, 78 config or a Redis that refused us:
+/// a wrong password or TLS setting, which a restart cannot fix), or the error itself.
 fn start_error(e: locketd::Error) -> anyhow::Result<ExitCode> {
     match e {
-        locketd::Error::Unreachable { ref source, .. } => {
+        locketd::Error::Unreachable {
+            ref source,
+            refused,
+            ..
+        } => {
             // The redis error once: its own text already holds its io cause, which the
             // alternate chain would print a second time.
             tracing::error!("{e}: {source}");
-            Ok(ExitCode::from(EXIT_UNAVAILABLE))
+            Ok(ExitCode::from(if refused {
+                EXIT_CONFIG
+            } else {
+                EXIT_UNAVAILABLE
+            }))
         }
         e @ (locketd::Error::Config(_)
         | locketd::Error::Queues(_)
@@ -411,12 +430,7 @@ fn start_error(e: locketd::Error) -> anyhow::Result<ExitCode> {
 /// The config for `status` and `failed`: parsed with the command line applied, not checked
 /// (they need only the Redis URL and namespace).
 fn load_for_ops(cli: &Cli) -> Result<Config, String> {
-    let path = match &cli.config {
-        Some(p) => Some(p.clone()),
-        None if Path::new(DEFAULT_CONFIG_PATH).exists() => Some(PathBuf::from(DEFAULT_CONFIG_PATH)),
-        None => None,
-    };
-    let mut config = match path {
+    let mut config = match config_path(cli) {
         None => Config::default(),
         Some(p) => Config::load(&p).map_err(|e| e.to_string())?,
     };
@@ -446,14 +460,33 @@ fn load_text(
     ))
 }
 
-/// The config file named by --config, else /etc/locketd/locketd.toml if present, else defaults.
-fn load_effective(cli: &Cli) -> Result<(locketd::master::Loaded, Vec<String>), String> {
-    let path = match &cli.config {
+/// The config file named by --config, else /etc/locketd/locketd.toml if present.
+fn config_path(cli: &Cli) -> Option<PathBuf> {
+    match &cli.config {
         Some(p) => Some(p.clone()),
         None if Path::new(DEFAULT_CONFIG_PATH).exists() => Some(PathBuf::from(DEFAULT_CONFIG_PATH)),
         None => None,
-    };
-    match path {
+    }
+}
+
+/// Where the Redis URL in use came from (issue 29 item 5): the flag, `REDIS_URL`, the config
+/// file `text` (when it sets `redis`), or the default.
+fn redis_from(cli: &Cli, text: &str) -> String {
+    if let Some(given) = cli.redis_given {
+        return given.to_string();
+    }
+    let in_file = text
+        .parse::<toml::Table>()
+        .is_ok_and(|t| t.contains_key("redis"));
+    match config_path(cli) {
+        Some(p) if in_file => format!("set by `redis` in {}", p.display()),
+        _ => "the default: no --redis, REDIS_URL or `redis` in a config".to_string(),
+    }
+}
+
+/// The config file named by --config, else /etc/locketd/locketd.toml if present, else defaults.
+fn load_effective(cli: &Cli) -> Result<(locketd::master::Loaded, Vec<String>), String> {
+    match config_path(cli) {
         None => load_text("", "command line", cli),
         Some(p) => {
             let text = std::fs::read_to_string(&p).map_err(|e| {
@@ -474,8 +507,12 @@ async fn run_master(
     loaded: locketd::master::Loaded,
 ) -> anyhow::Result<ExitCode> {
     let cfg = &loaded.config;
-    // Fail fast, before any worker starts: Redis must answer (69) and must not evict (78).
-    match locketd::conn::connect(&cfg.redis, cfg.redis_connect_timeout.get()).await {
+    // Fail fast, before any worker starts: Redis must answer (69), accept our password (78)
+    // and not evict (78).
+    let from = redis_from(&cli, &loaded.text);
+    match locketd::conn::connect_from(&cfg.redis, Some(&from), cfg.redis_connect_timeout.get())
+        .await
+    {
         Ok(mut conn) => {
             if let Err(e) =
                 locketd::conn::check_eviction(&mut conn, cfg.locket.allow_evicting_redis).await
@@ -498,8 +535,30 @@ async fn run_master(
 
 #[cfg(test)]
 mod tests {
-    use super::OneLine;
+    use super::{redis_from, Cli, OneLine};
+    use clap::Parser;
     use std::io::Write;
+
+    // Issue 29 item 5: the origin named when no Redis answers. The flag and REDIS_URL cases
+    // run through the binary (tests/it/first_run.rs); the default cannot (it is port 6379).
+    #[test]
+    fn the_redis_url_origin_is_the_file_only_when_it_sets_redis() {
+        let mut cli = Cli::try_parse_from(["locketd", "--config", "/x/l.toml"]).unwrap();
+        cli.redis_given = None;
+        assert_eq!(
+            redis_from(&cli, "queues = \"q\"\n"),
+            "the default: no --redis, REDIS_URL or `redis` in a config"
+        );
+        assert_eq!(
+            redis_from(&cli, "redis = \"redis://h:1/0\"\n"),
+            "set by `redis` in /x/l.toml"
+        );
+        cli.redis_given = Some("given by REDIS_URL");
+        assert_eq!(
+            redis_from(&cli, "redis = \"redis://h:1/0\"\n"),
+            "given by REDIS_URL"
+        );
+    }
 
     // A class name with a newline must not start a line of its own in the text log.
     #[test]

@@ -260,9 +260,10 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
         .build()
         .context("building the async runtime")?;
     rt.block_on(async {
-        // As `status` and `failed`: at most 5 s, and exit 69 (EX_UNAVAILABLE) saying why.
-        let Some(conn) = crate::ops::connect_or_report(config).await else {
-            return Ok(ExitCode::from(69));
+        // As `status` and `failed`: at most 5 s, then exit 69 (or 78: refused) saying why.
+        let conn = match crate::ops::connect_or_report(config).await {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
         };
         let keys = Keys::new(&config.namespace);
         let mut a = Admin { conn, keys };

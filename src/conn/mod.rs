@@ -44,6 +44,18 @@ pub fn client_resp3(url: &str) -> redis::RedisResult<redis::Client> {
 
 /// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
 pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
+    connect_from(url, None, wait).await
+}
+
+/// [`connect`] for the daemon's start, which knows where `url` came from (`from`: "given by
+/// --redis", "given by REDIS_URL", "set by `redis` in <file>", the default). At the first attempt that
+/// finds no Redis there it says so, once, with that origin and the two ways out (issue 29
+/// item 5); the error it returns names the origin too.
+pub async fn connect_from(
+    url: &str,
+    from: Option<&str>,
+    wait: Duration,
+) -> Result<ConnectionManager> {
     let client = client(url)?;
     let cfg = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
@@ -52,6 +64,7 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
         .set_max_delay(Duration::from_secs(2));
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
+    let mut hinted = false;
     loop {
         let attempt = async {
             let mut conn = ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?;
@@ -62,6 +75,17 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
             Ok(conn) => return Ok(conn),
             // A wrong password or a bad TLS setting will not fix itself: report it at once.
             Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
+                if let Some(from) = from.filter(|_| !hinted && nobody_there(&e)) {
+                    hinted = true;
+                    warn!(
+                        target: LOG_TARGET,
+                        "no redis answers at {} ({from}): start one \
+                         (redis-server, or systemctl start redis-server), or point REDIS_URL \
+                         or --redis at your Redis; retrying for {}s",
+                        redact(url),
+                        wait.as_secs()
+                    );
+                }
                 warn!(target: LOG_TARGET, error = %e, "redis not answering yet, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
@@ -69,6 +93,7 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
             Err(source) => {
                 return Err(Error::Unreachable {
                     url: redact(url),
+                    from: from.map(str::to_string),
                     secs: wait.as_secs(),
                     refused: refused_at_once(&source),
                     source,
@@ -76,6 +101,12 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
             }
         }
     }
+}
+
+/// No server at the address: refused, reset, timed out, an unknown host or socket file (not a
+/// server that answered with an error, such as `LOADING`).
+fn nobody_there(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal() || e.is_io_error() || e.is_timeout()
 }
 
 /// A connection error that retrying cannot fix: a wrong password, a bad TLS setting.

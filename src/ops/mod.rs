@@ -18,17 +18,33 @@ pub async fn connect(config: &Config) -> Result<ConnectionManager> {
     crate::conn::connect(&config.redis, wait).await
 }
 
-/// [`connect`] for the CLI: prints why on failure, and the caller exits 69 (EX_UNAVAILABLE).
-pub(crate) async fn connect_or_report(config: &Config) -> Option<ConnectionManager> {
+/// [`connect`] for the CLI: prints why on failure and gives the exit status: 69
+/// (EX_UNAVAILABLE) for a Redis that did not answer, 78 (EX_CONFIG) for one that refused us (a
+/// wrong password or TLS setting), as the daemon does.
+pub(crate) async fn connect_or_report(
+    config: &Config,
+) -> std::result::Result<ConnectionManager, std::process::ExitCode> {
     match connect(config).await {
-        Ok(c) => Some(c),
+        Ok(c) => Ok(c),
         Err(e) => {
-            match &e {
+            let code = match &e {
                 // The redis error once (the alternate chain repeats its io cause).
-                crate::Error::Unreachable { source, .. } => eprintln!("locketd: {e}: {source}"),
-                _ => eprintln!("locketd: {:#}", anyhow::Error::from(e)),
-            }
-            None
+                crate::Error::Unreachable {
+                    source, refused, ..
+                } => {
+                    eprintln!("locketd: {e}: {source}");
+                    if *refused {
+                        78
+                    } else {
+                        69
+                    }
+                }
+                _ => {
+                    eprintln!("locketd: {:#}", anyhow::Error::from(e));
+                    69
+                }
+            };
+            Err(std::process::ExitCode::from(code))
         }
     }
 }

@@ -597,8 +597,9 @@ pub fn run_cli(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let Some(mut conn) = super::connect_or_report(config).await else {
-            return Ok(std::process::ExitCode::from(69));
+        let mut conn = match super::connect_or_report(config).await {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
         };
         let every = watch
             .filter(|w| w.is_finite() && *w > 0.0)

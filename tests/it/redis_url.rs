@@ -68,7 +68,7 @@ fn password_in_the_url_authenticates() {
     let status = daemon
         .wait_exit(Duration::from_secs(10))
         .expect("exits on a wrong password");
-    assert_eq!(status.code(), Some(69), "{}", daemon.log());
+    assert_eq!(status.code(), Some(78), "{}", daemon.log());
     assert!(
         daemon.log().to_lowercase().contains("auth"),
         "{}",

@@ -105,8 +105,9 @@ pub fn run_cli(config: &Config, args: &FailedArgs) -> anyhow::Result<std::proces
         return Ok(ExitCode::FAILURE);
     }
     rt.block_on(async {
-        let Some(mut conn) = crate::ops::connect_or_report(config).await else {
-            return Ok(ExitCode::from(69));
+        let mut conn = match crate::ops::connect_or_report(config).await {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
         };
         let keys = Keys::new(&config.namespace);
         let all_lists = lists(&mut conn, config, args.failed_queue.as_deref()).await?;
