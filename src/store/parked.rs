@@ -34,6 +34,9 @@ pub struct WakeReport {
     /// Whether the index still names a resource (due now or later): while it does not,
     /// nothing is parked anywhere and the checks between janitor passes can rest.
     pub pending: bool,
+    /// While something is pending, how soon the earliest resource is due (at most the
+    /// `every` asked for): a rate's next start (RL-3) can come sooner than the next look.
+    pub next_in: Duration,
     /// Resources whose first entry cannot move (a key of another type, PK-6); each is
     /// reported at most once a minute.
     pub stuck: Vec<String>,
@@ -57,10 +60,11 @@ pub async fn wake_due<C: ConnectionLike + Send>(
         .await?;
     let mut it = reply.iter();
     let woken = it.next().map(super::int).unwrap_or(0);
-    let pending = it.next().map(super::int).unwrap_or(1) != 0;
+    let pending_ms = it.next().map(super::int).unwrap_or(1);
     Ok(WakeReport {
         woken,
-        pending,
+        pending: pending_ms != 0,
+        next_in: Duration::from_millis(pending_ms.saturating_sub(1)).min(every),
         stuck: it.map(super::text).collect(),
     })
 }

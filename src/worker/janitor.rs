@@ -10,7 +10,7 @@ use crate::store::{self, scripts::scripts};
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 use std::collections::HashMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -331,9 +331,12 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
     // park_check_interval (PK-4's bound).
     let mut parked = true;
     let mut next_pass = tokio::time::Instant::now() + every;
+    // RL-3: a rate's parked jobs are due when its next start is allowed, which can come
+    // sooner than park_check_interval; 5 ms at least between looks.
+    let mut nap = park_every;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(park_every) => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = stop.cancelled() => return,
         }
         if tokio::time::Instant::now() < next_pass {
@@ -343,12 +346,19 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             // PK-4 between passes: one script call, idempotent, so no mutex (two processes
             // that run it at once while the role changes hands find the second's resources
             // rescheduled by the first).
+            nap = park_every;
             match wake_parked(&mut conn.clone(), &keys, &config).await {
-                Ok(r) => parked = r.pending,
+                Ok(r) => {
+                    parked = r.pending;
+                    if r.pending {
+                        nap = r.next_in.max(Duration::from_millis(5)).min(park_every);
+                    }
+                }
                 Err(e) => debug!(error = %e, "parked check failed"),
             }
             continue;
         }
+        nap = park_every;
         next_pass = tokio::time::Instant::now() + every;
         let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
         if let Ok(r) = &pass {
