@@ -32,6 +32,8 @@ pub struct JanitorReport {
     /// Whether anything is parked anywhere (the `parked` index is not empty), as the pass's
     /// wake found it.
     pub parked: bool,
+    /// How soon the earliest parked resource is due, as the pass's wake found it (RL-3).
+    pub parked_next_in: Option<Duration>,
 }
 
 const RELEASE_MUTEX: &str = r"
@@ -82,7 +84,8 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
     );
     let wake = keep_first(&mut first_error, wake_parked(conn, keys, config).await);
     report.woken = wake.as_ref().map_or(0, |w| w.woken);
-    report.parked = wake.is_none_or(|w| w.pending);
+    report.parked = wake.as_ref().is_none_or(|w| w.pending);
+    report.parked_next_in = wake.as_ref().filter(|w| w.pending).map(|w| w.next_in);
     // A-22: the caps as this config sets them, and the units of reservations that ended
     // without a FINISH.
     let caps = config.queue_caps();
@@ -358,7 +361,6 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             }
             continue;
         }
-        nap = park_every;
         next_pass = tokio::time::Instant::now() + every;
         let pass = janitor_pass(&mut conn.clone(), &keys, &config, &token).await;
         if let Ok(r) = &pass {
@@ -366,6 +368,9 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             if r.ran {
                 parked = r.parked;
             }
+            nap = r.parked_next_in.map_or(park_every, |d| {
+                d.max(Duration::from_millis(5)).min(park_every)
+            });
         }
         match &pass {
             Ok(r)

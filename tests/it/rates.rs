@@ -242,3 +242,275 @@ async fn rl1_a_wrong_typed_rate_key_refuses_acquire_having_changed_nothing() {
     assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
     assert!(!exists(&mut c, &k.locket("parked:rate:api:10")).await);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Through the daemon
+// ---------------------------------------------------------------------------------------------
+
+use crate::daemon::{cfg, workdir, NS, R};
+use crate::support::{read_lossy, wait_until, write_script, Daemon};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A handler that logs `start <epoch ms> <args>` and `end <epoch ms> <args>` around `body`.
+fn stamped(dir: &Path, name: &str, log: &Path, body: &str) -> PathBuf {
+    write_script(
+        dir,
+        name,
+        &format!(
+            "cat >/dev/null\necho \"start $(date +%s%3N) $LOCKETD_ARGS\" >> {log}\n{body}\n\
+             rc=$?\necho \"end $(date +%s%3N) $LOCKETD_ARGS\" >> {log}\nexit $rc\n",
+            log = log.display()
+        ),
+    )
+}
+
+/// The start stamps (epoch ms) of a handler log, sorted.
+fn starts(log: &Path) -> Vec<u64> {
+    let mut out: Vec<u64> = read_lossy(log)
+        .lines()
+        .filter_map(|l| l.strip_prefix("start "))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
+    out.sort();
+    out
+}
+
+/// The most starts in any window of `window_ms` (half-open: a start exactly a window after
+/// another is in the next one), from sorted stamps.
+fn most_in_window(stamps: &[u64], window_ms: u64) -> usize {
+    let (mut lo, mut most) = (0, 0);
+    for hi in 0..stamps.len() {
+        while stamps[hi] - stamps[lo] >= window_ms {
+            lo += 1;
+        }
+        most = most.max(hi - lo + 1);
+    }
+    most
+}
+
+/// The most runs at once in a handler log.
+fn max_running(log: &Path) -> usize {
+    let (mut cur, mut max) = (0i64, 0i64);
+    for l in read_lossy(log).lines() {
+        if l.starts_with("start ") {
+            cur += 1;
+        } else if l.starts_with("end ") {
+            cur -= 1;
+        }
+        max = max.max(cur);
+    }
+    max as usize
+}
+
+fn stat(r: &mut R, event: &str) -> i64 {
+    r.int(&format!("{NS}:locket:stat:{event}"))
+}
+
+/// The daemons' `job started` stamps (epoch ms) of `class`, sorted: each worker logs it as
+/// ACQUIRE's reply comes back, before the handler is spawned (a spawn on a busy machine lags
+/// by hundreds of milliseconds, so the handler's own clock cannot show a one-second bound).
+fn job_starts(daemons: &[&Daemon], class: &str) -> Vec<u64> {
+    let needle = "job started queue=";
+    let class_field = format!("class={class} ");
+    let mut out: Vec<u64> = daemons
+        .iter()
+        .flat_map(|d| {
+            d.log()
+                .lines()
+                .filter(|l| l.contains(needle) && l.contains(&class_field))
+                .filter_map(|l| {
+                    let t = chrono::DateTime::parse_from_rfc3339(l.split_whitespace().next()?);
+                    t.ok().map(|t| t.timestamp_millis() as u64)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The stamps' allowance: a `job started` line is written a little after the ACQUIRE that
+/// counted the start, and not always equally soon (the worker's task is scheduled on a busy
+/// machine). A window this much shorter than the period is what the stamps can show.
+const STAMP_SKEW_MS: u64 = 150;
+
+// RL-1, §4 accuracy (the suite's shorter variant of the benchmark): two daemons with four
+// slots each share one key of 20 starts a second; 200 jobs never put more than 20 starts in
+// any sliding second, nothing fails, nothing is left parked, and the whole run keeps close to
+// the allowed rate (the benchmark, `locketd-bench rates`, reports the exact figure).
+#[test]
+fn rl1_two_daemons_never_exceed_the_rate_of_one_key() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    // In-process jobs: nothing but the daemons competes for the CPU with the stamps.
+    let config = cfg("api")
+        .top(
+            "[classes.Call]\nbuiltin = \"noop\"\nlock = false\n\
+             rate = { key = \"api:{args[0]}\", limit = 20, period = \"1s\" }",
+        )
+        .render();
+    drop(work);
+    let n = 200;
+    for i in 0..n {
+        r.push("api", &format!(r#"{{"class":"Call","args":[1,{i}]}}"#));
+    }
+    let t0 = Instant::now();
+    let mut a = Daemon::start(&redis, &config, &["--workers", "2", "--slots", "4"]);
+    let mut b = Daemon::start(&redis, &config, &["--workers", "2", "--slots", "4"]);
+    // Every start by Redis's clock: the key's log keeps each start until 20 newer ones came
+    // (a second at least), so reading it every few tens of milliseconds sees them all.
+    let rate_log = format!("{NS}:locket:rate:api:1");
+    let mut seen = std::collections::BTreeMap::<String, u64>::new();
+    wait_until(LONG, "every job ran", || {
+        let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
+        seen.extend(entries);
+        job_starts(&[&a, &b], "Call").len() == n
+    });
+    let took = t0.elapsed();
+    let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
+    seen.extend(entries);
+    assert_eq!(seen.len(), n, "each start seen in the log once");
+    let mut by_redis: Vec<u64> = seen.values().copied().collect();
+    by_redis.sort();
+    let most = most_in_window(&by_redis, 1000);
+    assert!(
+        most <= 20,
+        "{most} starts within one sliding second (Redis clock)"
+    );
+    // The jobs' own stamps (the workers' `job started` lines) agree, within their lag.
+    let stamps = job_starts(&[&a, &b], "Call");
+    assert_eq!(stamps.len(), n);
+    let most = most_in_window(&stamps, 1000 - STAMP_SKEW_MS);
+    assert!(
+        most <= 20,
+        "{most} starts within one sliding second (job stamps)"
+    );
+    // The ideal: 20 at once, then 20 more each second: (200 - 20) / 20 = 9 s from first to last.
+    let span = stamps[n - 1] - stamps[0];
+    eprintln!("rates accuracy: {n} starts over {span} ms (ideal 9000 ms), {took:?} in all");
+    assert!(
+        span >= 9000 - STAMP_SKEW_MS,
+        "faster than the rate: {span} ms"
+    );
+    assert!(
+        span <= 10_500,
+        "the parked jobs woke late: {span} ms for an ideal 9000"
+    );
+    assert_eq!(a.terminate(LONG).code(), Some(0));
+    assert_eq!(b.terminate(LONG).code(), Some(0));
+    assert_eq!(r.failed_stat(), 0);
+    assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:1")), 0);
+    assert!(stat(&mut r, "rate_limited") > 0);
+    assert_eq!(
+        stat(&mut r, "requeued"),
+        0,
+        "refused jobs parked, never cycled"
+    );
+}
+
+// §4: a lock and a rate on one class: never two holders of a user's lock, never over the rate
+// of the API key, every job runs once.
+#[test]
+fn rl2_a_lock_and_a_rate_on_one_class_never_exceed_either() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = stamped(work.path(), "sync.sh", &log, "sleep 0.05");
+    let config = cfg("sync")
+        .class(
+            "Sync",
+            &h,
+            "lock = \"user:{args[0]}\"\nrate = { key = \"gh-api:{args[1]}\", limit = 10, period = \"1s\" }",
+        )
+        .render();
+    // 40 jobs: 4 users, one API key; each user's jobs are pushed together.
+    let n = 40;
+    for u in 0..4 {
+        for i in 0..10 {
+            r.push(
+                "sync",
+                &format!(r#"{{"class":"Sync","args":[{u},"k",{i}]}}"#),
+            );
+        }
+    }
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2", "--slots", "4"]);
+    let rate_log = format!("{NS}:locket:rate:gh-api:k");
+    let mut seen = std::collections::BTreeMap::<String, u64>::new();
+    wait_until(LONG, "every job ran", || {
+        let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
+        seen.extend(entries);
+        read_lossy(&log)
+            .lines()
+            .filter(|l| l.starts_with("end "))
+            .count()
+            == n
+    });
+    assert_eq!(starts(&log).len(), n, "each job ran once");
+    assert_eq!(seen.len(), n, "each start in the rate's log");
+    let mut by_redis: Vec<u64> = seen.values().copied().collect();
+    by_redis.sort();
+    let most = most_in_window(&by_redis, 1000);
+    assert!(most <= 10, "{most} starts within one sliding second");
+    // Per user: never two at once.
+    for u in 0..4 {
+        let prefix = format!("[{u},");
+        let mut cur = 0i64;
+        for l in read_lossy(&log).lines() {
+            let args = l.splitn(3, ' ').nth(2).unwrap_or("");
+            if !args.starts_with(&prefix) {
+                continue;
+            }
+            if l.starts_with("start ") {
+                cur += 1;
+            } else if l.starts_with("end ") {
+                cur -= 1;
+            }
+            assert!(cur <= 1, "two holders of user:{u}'s lock");
+        }
+    }
+    assert!(max_running(&log) <= 4);
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(r.failed_stat(), 0);
+}
+
+// RL-1 + S-6 through the daemon: a wrong-typed rate log makes ACQUIRE refuse before its first
+// write; the job is recorded as failed once (E-3), and is nowhere else.
+#[test]
+fn rl1_a_wrong_typed_rate_key_fails_the_job_once_and_it_is_nowhere_else() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let h = stamped(work.path(), "call.sh", &log, "");
+    let config = cfg("api")
+        .class(
+            "Call",
+            &h,
+            "lock = \"user:{args[0]}\"\nrate = { key = \"api:{args[0]}\", limit = 5, period = \"1s\" }",
+        )
+        .render();
+    let _: () = r.cmd(&["HSET", &format!("{NS}:locket:rate:api:3"), "x", "1"]);
+    r.push("api", r#"{"class":"Call","args":[3]}"#);
+    let mut d = Daemon::start(&redis, &config, &[]);
+    wait_until(LONG, "the job is failed", || r.failures().len() == 1);
+    // A while for anything else to happen to it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    let f = r.failures();
+    assert_eq!(f.len(), 1, "reported once: {f:?}");
+    assert!(
+        f[0]["error"].as_str().unwrap_or("").contains("WRONGTYPE"),
+        "{f:?}"
+    );
+    assert_eq!(r.llen(&format!("{NS}:queue:api")), 0);
+    assert!(!r.exists(&format!("{NS}:locket:parked:rate:api:3")));
+    assert!(!r.exists(&format!("{NS}:locket:lock:user:3")));
+    assert_eq!(starts(&log).len(), 0, "never ran");
+    let inflight: Vec<String> = r.keys(&format!("{NS}:locket:inflight:*"));
+    assert!(inflight.is_empty(), "{inflight:?}");
+}

@@ -55,19 +55,29 @@ local function rate_record(prefix, r, now, member, full)
   redis.call('PEXPIRE', rk, int(r[3]))
 end
 
--- RL-3, RL-5: how many starts `r` allows now, and when the next one is allowed (ms), or nil
--- when its log holds another type.
+-- RL-3, RL-5: how many starts `r` allows now, when the next one is allowed (ms), and the
+-- starts in the window now; nil when its log holds another type.
 local function rate_free(prefix, r, now)
   local key, limit, period = r[1], tonumber(r[2]), tonumber(r[3])
   local rk = prefix .. 'rate:' .. key
   local closed = tonumber(sget(prefix .. 'rate_closed:' .. key) or '')
-  if closed and closed > now then return 0, closed end
+  if closed and closed > now then return 0, closed, 0 end
   local used = redis.pcall('ZCOUNT', rk, '(' .. int(now - period), '+inf')
-  if type(used) ~= 'number' then return nil, now end
+  if type(used) ~= 'number' then return nil, now, 0 end
   local ok, at = pcall(rate_allowed_at, prefix, r, now, 'rate')
-  if not ok then return nil, now end
+  if not ok then return nil, now, 0 end
   local n = math.max(limit - used, 0)
   if (r[4] == 1 or r[4] == true) and n > 0 then n = 1 end
   if at > now then n = 0 end
-  return n, at
+  return n, at, used
+end
+
+-- RL-3: when the start after `n` more (woken now, not yet started) is allowed: the oldest
+-- start in the window, `used` of them, a period on; unknown (nil) when the window is empty
+-- or spread spaces the starts (the woken ones' own starts decide).
+local function rate_after(prefix, r, used)
+  if used <= 0 or r[4] == 1 or r[4] == true then return nil end
+  local e = redis.call('ZRANGE', prefix .. 'rate:' .. r[1], -used, -used, 'WITHSCORES')
+  if #e == 0 then return nil end
+  return tonumber(e[2]) + tonumber(r[3])
 end
