@@ -438,6 +438,9 @@ pub struct ClassConfig {
     /// Several rate limits, all must allow the start (RL-1).
     #[serde(default)]
     pub rates: Option<Vec<RateEntry>>,
+    /// The command's exit status that reports a throttled run (RL-4), default 76.
+    #[serde(default)]
+    pub throttled_exit_code: Option<i32>,
 }
 
 pub use crate::locks::Policy;

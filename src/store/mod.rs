@@ -109,6 +109,15 @@ pub enum Finish {
     Requeue,
     /// Back to the head of its queue, no Resque stats: no code of the job ran (H-9).
     Return,
+    /// The remote side throttled the run (rate-limits.md RL-4): `rate`'s key is closed for
+    /// `retry_after`, and the job is parked at the head of the key's line; no Resque stats, no
+    /// failure.
+    Throttled {
+        /// The rate whose key is closed.
+        rate: crate::locks::RateSpec,
+        /// How long.
+        retry_after: std::time::Duration,
+    },
 }
 
 /// The slot-level inputs shared by every step of one job.

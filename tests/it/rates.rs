@@ -514,3 +514,96 @@ fn rl1_a_wrong_typed_rate_key_fails_the_job_once_and_it_is_nowhere_else() {
     let inflight: Vec<String> = r.keys(&format!("{NS}:locket:inflight:*"));
     assert!(inflight.is_empty(), "{inflight:?}");
 }
+
+/// The starts of rate key `key` by Redis's clock (the log keeps up to `limit` of them).
+fn logged_starts(r: &mut R, key: &str) -> Vec<u64> {
+    let entries: Vec<(String, u64)> = r.cmd(&[
+        "ZRANGE",
+        &format!("{NS}:locket:rate:{key}"),
+        "0",
+        "-1",
+        "WITHSCORES",
+    ]);
+    let mut out: Vec<u64> = entries.into_iter().map(|(_, s)| s).collect();
+    out.sort();
+    out
+}
+
+/// RL-4: after a throttled run closed `key` (its close read from Redis), every later start of
+/// the key waits until the close ends and comes soon after; nothing is recorded as failed.
+fn assert_held_back(r: &mut R, key: &str, throttled_at: u64, until: u64, runs: usize) {
+    assert!(
+        until >= throttled_at + 2_990 && until <= throttled_at + 3_200,
+        "closed for 3 s: {throttled_at} .. {until}"
+    );
+    let later: Vec<u64> = logged_starts(r, key)
+        .into_iter()
+        .filter(|s| *s > throttled_at)
+        .collect();
+    assert_eq!(
+        later.len(),
+        runs,
+        "every held job ran after the close: {later:?}"
+    );
+    assert!(
+        later[0] >= until,
+        "a start {} ms before the close ended",
+        until - later[0]
+    );
+    assert!(
+        later[0] <= until + 200,
+        "the first start came {} ms after the close ended",
+        later[0] - until
+    );
+    assert_eq!(r.failed_stat(), 0);
+    assert!(r.failures().is_empty());
+}
+
+// RL-4: a command handler exiting 76 with `retry-after: 3` on its last stdout line closes its
+// rate key for 3 s: it and every other job of the key wait, then run; nothing is failed.
+#[test]
+fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let mark = work.path().join("throttled-once");
+    let h = stamped(
+        work.path(),
+        "call.sh",
+        &log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"t\"'*) if [ ! -f {m} ]; then touch {m}; \
+             echo working; echo 'retry-after: 3'; exit 76; fi;; esac; true",
+            m = mark.display()
+        ),
+    );
+    let config = cfg("api")
+        .class(
+            "Call",
+            &h,
+            "lock = false\nrate = { key = \"api:{args[0]}\", limit = 100, period = \"10s\" }",
+        )
+        .render();
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    r.push("api", r#"{"class":"Call","args":[5,"t"]}"#);
+    let closed = format!("{NS}:locket:rate_closed:api:5");
+    wait_until(LONG, "the key is closed", || r.exists(&closed));
+    let until: u64 = r.cmd(&["GET", &closed]);
+    let throttled_at = logged_starts(&mut r, "api:5")[0];
+    for i in 0..5 {
+        r.push("api", &format!(r#"{{"class":"Call","args":[5,{i}]}}"#));
+    }
+    // Six ends: the throttled run exits before its own `end` line, then runs again.
+    wait_until(LONG, "every job ran", || {
+        read_lossy(&log)
+            .lines()
+            .filter(|l| l.starts_with("end "))
+            .count()
+            == 6
+    });
+    assert_held_back(&mut r, "api:5", throttled_at, until, 6);
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(stat(&mut r, "throttled"), 1);
+    assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:5")), 0);
+}
