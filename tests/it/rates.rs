@@ -607,3 +607,124 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
     assert_eq!(stat(&mut r, "throttled"), 1);
     assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:5")), 0);
 }
+
+/// RL-4 through a persistent adapter: `job_file` (written to the work directory) raises the
+/// adapter's throttle once for the job with args `[6, "t"]`; its on-failure hook would log.
+fn check_adapter_throttle(program: &str, adapter: &str, job_name: &str, job_file: &str) {
+    if std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("{program} is not installed: skipped (.ci/run installs it)");
+        return;
+    }
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let jobs = work.path().join(job_name);
+    std::fs::write(&jobs, job_file).unwrap();
+    let (mark, hooks) = (work.path().join("mark"), work.path().join("hooks.log"));
+    let adapter = crate::support::manifest_dir().join(adapter);
+    let config = format!(
+        "{}\n[handlers.app]\nmode = \"persistent\"\ncommand = [\"{program}\", \"{}\", \"{}\"]\n\
+         boot_timeout = \"60s\"\nenv = {{ MARK = \"{}\", HOOK_LOG = \"{}\" }}\n\n\
+         [classes.Hit]\nhandler = \"app\"\nlock = false\n\
+         rate = {{ key = \"api:{{args[0]}}\", limit = 100, period = \"10s\" }}\n",
+        cfg("api").render(),
+        adapter.display(),
+        jobs.display(),
+        mark.display(),
+        hooks.display(),
+    );
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    r.push("api", r#"{"class":"Hit","args":[6,"t"]}"#);
+    let closed = format!("{NS}:locket:rate_closed:api:6");
+    wait_until(LONG, "the key is closed", || r.exists(&closed));
+    let until: u64 = r.cmd(&["GET", &closed]);
+    let throttled_at = logged_starts(&mut r, "api:6")[0];
+    for i in 0..3 {
+        r.push("api", &format!(r#"{{"class":"Hit","args":[6,{i}]}}"#));
+    }
+    wait_until(LONG, "every job ran", || r.processed() == 4);
+    assert_held_back(&mut r, "api:6", throttled_at, until, 4);
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(read_lossy(&hooks), "", "no failure hook ran");
+    assert_eq!(stat(&mut r, "throttled"), 1);
+}
+
+// RL-4: `raise Locket::Throttled.new(retry_after: 3)` in a Ruby job, through the adapter.
+#[test]
+fn rl4_ruby_locket_throttled_holds_the_key_back() {
+    check_adapter_throttle(
+        "ruby",
+        "adapters/ruby/locketd-ruby",
+        "jobs.rb",
+        r#"class Hit
+  def self.perform(*args)
+    if args[1] == "t" && !File.exist?(ENV["MARK"])
+      File.write(ENV["MARK"], "")
+      raise Locket::Throttled.new(retry_after: 3)
+    end
+  end
+
+  def self.on_failure_log(exception, *args)
+    File.open(ENV["HOOK_LOG"], "a") { |f| f.puts("on_failure #{exception.class}") }
+  end
+end
+"#,
+    );
+}
+
+// RL-4: `raise locketd_handler.Throttled(retry_after=3)` in a Python job.
+#[test]
+fn rl4_python_throttled_holds_the_key_back() {
+    check_adapter_throttle(
+        "python3",
+        "adapters/python/locketd_handler.py",
+        "jobs.py",
+        r#"import os
+from locketd_handler import Throttled
+
+
+class Hit:
+    @staticmethod
+    def perform(*args):
+        if len(args) > 1 and args[1] == "t" and not os.path.exists(os.environ["MARK"]):
+            open(os.environ["MARK"], "w").close()
+            raise Throttled(retry_after=3)
+
+    @staticmethod
+    def on_failure_log(exception, *args):
+        with open(os.environ["HOOK_LOG"], "a") as f:
+            f.write("on_failure\n")
+"#,
+    );
+}
+
+// RL-4: a Node job rejecting with an error that carries `retryAfter`.
+#[test]
+fn rl4_node_retry_after_error_holds_the_key_back() {
+    check_adapter_throttle(
+        "node",
+        "adapters/node/locketd-handler.js",
+        "jobs.js",
+        r#""use strict";
+const fs = require("fs");
+module.exports.jobs = {
+  Hit: {
+    perform: async (...args) => {
+      if (args[1] === "t" && !fs.existsSync(process.env.MARK)) {
+        fs.writeFileSync(process.env.MARK, "");
+        const e = new Error("HTTP 429");
+        e.retryAfter = 3;
+        throw e;
+      }
+    },
+    onFailure: async () => { fs.appendFileSync(process.env.HOOK_LOG, "on_failure\n"); },
+  },
+};
+"#,
+    );
+}
