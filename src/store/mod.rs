@@ -10,6 +10,7 @@ mod fcall;
 mod finish;
 mod parked;
 mod pause;
+mod rates;
 pub mod registry;
 mod reserve;
 pub mod schedule;
@@ -22,6 +23,7 @@ pub use acquire::*;
 pub use finish::*;
 pub use parked::*;
 pub use pause::*;
+pub use rates::*;
 pub use reserve::*;
 pub use upkeep::*;
 

@@ -105,6 +105,21 @@ pub async fn parked_resources<C: ConnectionLike + Send>(
         .await
 }
 
+/// When the janitor looks at `resource`'s parked jobs next (ms, the `parked` index's score):
+/// for a rate key (RL-3), when its next start is allowed.
+pub async fn parked_due<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    resource: &str,
+) -> RedisResult<Option<u64>> {
+    let s: Option<f64> = redis::cmd("ZSCORE")
+        .arg(parked_index(keys))
+        .arg(resource)
+        .query_async(conn)
+        .await?;
+    Ok(s.map(|s| s as u64))
+}
+
 /// PK-9: moves every job parked on `resources` (only those of `queue` when given) back to
 /// the heads of their queues, in batches. Returns the jobs moved and the resources whose
 /// next entry could not move (PK-6).

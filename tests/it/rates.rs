@@ -728,3 +728,55 @@ module.exports.jobs = {
 "#,
     );
 }
+
+fn cli(redis: &RedisServer, config: &Path, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .arg("--config")
+        .arg(config)
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .output()
+        .expect("run locketd");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+// RL-5: `locketd limits --json` lists the key in use with its limit, period, the starts
+// allowed now, the next allowed start and its parked jobs; `locketd parked` says why
+// (`rate <key> until <time>`).
+#[tokio::test]
+async fn rl5_limits_and_parked_show_a_rate_key_and_why_its_jobs_wait() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let work = workdir();
+    let config = work.path().join("locketd.toml");
+    std::fs::write(
+        &config,
+        "queues = \"q\"\n[classes.Call]\ncommand = [\"true\"]\n\
+         rate = { key = \"api:{args[0]}\", limit = 2, period = \"1m\" }\n",
+    )
+    .unwrap();
+    let rates = [rate("api:4", 2, 60_000, false)];
+    for i in 0..3 {
+        let mut j = reserved(&mut c, &format!("s{i}"), "q", "Call", json!([4, i])).await;
+        j.acquire(&mut c, &[], &with_rates(&rates)).await;
+    }
+    let now = server_ms(&mut c).await;
+    let limits = cli(&r, &config, &["limits", "--json"]);
+    let k = &limits["keys"][0];
+    assert_eq!(k["key"], "api:4", "{limits}");
+    assert_eq!(k["limit"], 2);
+    assert_eq!(k["period_ms"], 60_000);
+    assert_eq!(k["used"], 2);
+    assert_eq!(k["allowed_now"], 0);
+    assert_eq!(k["parked"], 1);
+    let next = k["next_allowed_ms"].as_u64().unwrap();
+    assert!(
+        next > now + 59_000 && next <= now + 60_000,
+        "{next} vs {now}"
+    );
+    let parked = cli(&r, &config, &["parked", "--json"]);
+    let why = parked["resources"][0]["why"].as_str().unwrap();
+    assert!(why.starts_with("rate api:4 until "), "{parked}");
+}
