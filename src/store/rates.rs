@@ -66,7 +66,18 @@ pub struct RateState {
     pub parked_due_ms: Option<u64>,
 }
 
-/// Reads `key`'s state (five reads, pipelined).
+/// The replies of [`rate_state`]'s reads: the window's count, the `limit`-th newest and the
+/// newest start, the close, the parked count and the index score.
+type Reads = (
+    Option<u64>,
+    Vec<(String, f64)>,
+    Vec<(String, f64)>,
+    Option<u64>,
+    Option<u64>,
+    Option<f64>,
+);
+
+/// Reads `key`'s state (six reads, pipelined).
 pub async fn rate_state<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -78,14 +89,7 @@ pub async fn rate_state<C: ConnectionLike + Send>(
 ) -> RedisResult<RateState> {
     let log = keys.locket(&format!("rate:{key}"));
     let limit = i64::from(limit.max(1));
-    let (used, nth, last, closed, parked, due): (
-        Option<u64>,
-        Vec<(String, f64)>,
-        Vec<(String, f64)>,
-        Option<u64>,
-        Option<u64>,
-        Option<f64>,
-    ) = redis::pipe()
+    let (used, nth, last, closed, parked, due): Reads = redis::pipe()
         .cmd("ZCOUNT")
         .arg(&log)
         .arg(format!("({}", now_ms.saturating_sub(period_ms)))
