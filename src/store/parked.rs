@@ -34,8 +34,8 @@ pub struct WakeReport {
     /// Whether the index still names a resource (due now or later): while it does not,
     /// nothing is parked anywhere and the checks between janitor passes can rest.
     pub pending: bool,
-    /// While something is pending, how soon the earliest resource is due (at most the
-    /// `every` asked for): a rate's next start (RL-3) can come sooner than the next look.
+    /// While something is pending, when to look next: the `every` asked for, or sooner when a
+    /// rate's next start (RL-3) comes first (locks and holds keep `every`, PK-4).
     pub next_in: Duration,
     /// Resources whose first entry cannot move (a key of another type, PK-6); each is
     /// reported at most once a minute.

@@ -14,8 +14,8 @@
 -- time its next start is allowed.
 --
 -- Returns {woken, pending, stuck...}: the jobs woken; while the index still names a resource
--- (so the janitor keeps looking), 1 + the ms until its earliest is due (at most
--- park_check_interval: the janitor looks no later than that), else 0; then each resource whose
+-- (so the janitor keeps looking), 1 + the ms until the next look (park_check_interval, or
+-- less when a rate's next start is due sooner), else 0; then each resource whose
 -- first entry cannot move (its list, its lock or its queue holds another type; PK-6): it is
 -- due again in a minute, so that it is reported once a minute. Raises nothing.
 
@@ -133,8 +133,17 @@ for _, res in ipairs(members) do
   if next_at then redis.call('ZADD', KEYS[1], 'XX', int(next_at), res) end
 end
 out[1] = woken
-head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- The next look: park_check_interval, or sooner when a rate's next start comes first among
+-- the earliest ten (RL-3). Locks and holds keep their interval (PK-4).
+head = redis.call('ZRANGE', KEYS[1], 0, 9, 'WITHSCORES')
 if #head > 0 then
-  out[2] = 1 + math.max(math.min(tonumber(head[2]) - now, every), 0)
+  local soon = every
+  for i = 1, #head, 2 do
+    if string.sub(head[i], 1, 5) == 'rate:' then
+      soon = math.max(math.min(tonumber(head[i + 1]) - now, every), 0)
+      break
+    end
+  end
+  out[2] = 1 + soon
 end
 return out
