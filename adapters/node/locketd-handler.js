@@ -9,7 +9,10 @@
 // module), says `ready`, then serves one request at a time until EOF on fd 3
 // (then it exits 0):
 //
-//   job            -> started, then exactly one done (ok | failed | reschedule)
+//   job            -> started, then exactly one done (ok | failed | reschedule | throttled)
+// A rejected error with a numeric `retryAfter` (seconds), or named "Throttled", answers
+// "throttled": the remote side throttled the job, every job of its class's rate key waits
+// that long (rate-limits.md RL-4); not a failure, no onFailure hooks.
 //   failure_hooks  -> done, after the job's onFailure hook ran
 //   stop           -> advisory, the SIGTERM that follows is what counts; read
 //                     when that SIGTERM comes during a job (see below)
@@ -76,6 +79,13 @@ const O_CLOEXEC = 0o2000000; // Linux, as in /proc/self/fdinfo "flags:"
 class Reschedule extends Error {
   constructor(message) { super(message); this.name = "Reschedule"; }
 }
+class Throttled extends Error {
+  constructor(message, retryAfter) {
+    super(message || "throttled by the remote side");
+    this.name = "Throttled";
+    this.retryAfter = retryAfter;
+  }
+}
 class DontPerform extends Error {
   constructor(message) { super(message); this.name = "DontPerform"; }
 }
@@ -98,7 +108,7 @@ const state = {
   warnedPlugins: new Set(),
 };
 
-module.exports = { Reschedule, DontPerform, current: null };
+module.exports = { Reschedule, Throttled, DontPerform, current: null };
 
 function warn(message) {
   try { process.stderr.write(`locketd-handler: ${message}\n`); } catch (_) { /* nothing to do */ }
@@ -409,10 +419,15 @@ async function runJob(ctx) {
       for (const hook of hooks(def, "after_perform", "afterPerform")) await hook.apply(def, args);
       return { status: "ok", performed: true };
     } catch (err) {
-      if (!isReschedule(err)) await runFailureHooks(ctx, err);
+      if (!isReschedule(err) && !isThrottled(err)) await runFailureHooks(ctx, err);
       throw err;
     }
   } catch (err) {
+    if (isThrottled(err)) {
+      const frame = { status: "throttled" };
+      if (typeof err.retryAfter === "number" && isFinite(err.retryAfter)) frame.retry_after = err.retryAfter;
+      return frame;
+    }
     return isReschedule(err) ? { status: "reschedule" } : failure(err);
   }
 }
@@ -458,6 +473,12 @@ function errorName(err) {
     if (typeof ctor === "string" && ctor && ctor !== "Object" && ctor !== "Function") return ctor;
   }
   return "Error";
+}
+
+function isThrottled(err) {
+  return err !== null && typeof err === "object" &&
+    (errorName(err) === "Throttled" || err.name === "Throttled" ||
+     (typeof err.retryAfter === "number" && isFinite(err.retryAfter)));
 }
 
 function isReschedule(err) {

@@ -8,7 +8,7 @@ fd 3 and the reply pipe on fd 4 (docs/persistent-handlers.md, H-3, H-4, H-16).
 It imports MODULE once, says `ready`, then serves one request at a time until
 EOF on fd 3 (then it exits 0):
 
-    job            -> started, then exactly one done (ok | failed | reschedule)
+    job            -> started, then exactly one done (ok | failed | reschedule | throttled)
     failure_hooks  -> done, after the class's on_failure* hooks ran
     stop           -> advisory, the SIGTERM that follows is what counts; read
                       when that SIGTERM comes during a job (see below)
@@ -76,6 +76,16 @@ class Reschedule(Exception):
     """Raised by a job to be put back on its queue: not a failure, no on_failure hooks."""
 
 
+class Throttled(Reschedule):
+    """Raised by a job whose remote side throttled it (HTTP 429): every job of the class's
+    rate key waits `retry_after` seconds (None: the rate's period); not a failure, no
+    on_failure hooks (rate-limits.md RL-4)."""
+
+    def __init__(self, message="throttled by the remote side", retry_after=None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class DontPerform(Exception):
     """Raised by a before_perform hook: the job is skipped, a success with performed false."""
 
@@ -99,7 +109,7 @@ class BadPayload(Exception):
     _locketd_no_backtrace = True
 
 
-for _cls in (Reschedule, DontPerform, TermException, DirtyExit, BadPayload):
+for _cls in (Reschedule, Throttled, DontPerform, TermException, DirtyExit, BadPayload):
     _cls.__module__ = "locketd_handler"
 del _cls
 
@@ -425,7 +435,7 @@ def _perform(obj, class_name, args):
             _call(hook, *args)
         return True
     except BaseException as err:
-        if not _named(err, "Reschedule") and not _State.requeued:
+        if not (_named(err, "Reschedule") or _named(err, "Throttled")) and not _State.requeued:
             _run_failure_hooks(obj, err, args)
         raise
 
@@ -505,6 +515,12 @@ def _failure_hooks(app, frame):
 # -- outcomes ---------------------------------------------------------------
 
 def _outcome(err):
+    if _named(err, "Throttled"):
+        frame = {"status": "throttled"}
+        after = getattr(err, "retry_after", None)
+        if after is not None:
+            frame["retry_after"] = float(after)
+        return frame
     if _named(err, "Reschedule"):
         return {"status": "reschedule"}
     return _failure(err)

@@ -15,11 +15,13 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 mod cancel;
+mod limits;
 mod parked;
 mod pause;
 mod read;
 mod schedule;
 pub use cancel::{cancel_job, CancelArgs, Cancelled};
+pub use limits::LimitsArgs;
 pub use parked::{ParkedArgs, UnparkArgs};
 pub use pause::PauseArgs;
 pub use read::{
@@ -56,6 +58,8 @@ pub const EVENTS: &[&str] = &[
     "parked",
     "woken",
     "park_full",
+    "rate_limited",
+    "throttled",
 ];
 
 /// The operator subcommands, flattened into the binary's command enum.
@@ -81,6 +85,9 @@ pub enum AdminCommand {
     /// Move parked jobs back to the heads of their queues (PK-9), e.g. before stopping a
     /// fleet for good.
     Unpark(UnparkArgs),
+    /// List the keyed rate limits in use (rate-limits.md RL-5): allowed now, next start,
+    /// back-off closes, parked jobs.
+    Limits(LimitsArgs),
     /// Pause queues (resque-pause's keys, A-20): their jobs stay in their queues, running
     /// ones finish; delayed and scheduled jobs are still delivered into them.
     Pause(PauseArgs),
@@ -277,6 +284,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Schedule(s) => a.schedule(s, config).await,
             AdminCommand::Parked(p) => a.parked(p).await,
             AdminCommand::Unpark(u) => a.unpark(u).await,
+            AdminCommand::Limits(l) => a.limits(l, config).await,
             AdminCommand::Pause(p) => a.pause(p, true).await,
             AdminCommand::Resume(p) => a.pause(p, false).await,
             AdminCommand::Cancel(c) => a.cancel(c).await,

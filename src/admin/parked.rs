@@ -77,7 +77,9 @@ impl Admin {
             if *n == 0 {
                 continue;
             }
-            per_resource.push(json!({"resource": res, "parked": n}));
+            let due = store::parked_due(&mut self.conn, &self.keys, res).await?;
+            let why = super::limits::parked_reason(res, due);
+            per_resource.push(json!({"resource": res, "parked": n, "why": why}));
             for j in store::parked_jobs(&mut self.conn, &self.keys, res, a.limit).await? {
                 if a.queue.as_deref().is_none_or(|q| q == j.queue) {
                     jobs.push(j);
@@ -103,10 +105,11 @@ impl Admin {
                 vec![
                     r["resource"].as_str().unwrap_or("").to_string(),
                     r["parked"].to_string(),
+                    r["why"].as_str().unwrap_or("").to_string(),
                 ]
             })
             .collect();
-        table(&["LOCK OR HOLD", "PARKED"], &rows);
+        table(&["LOCK, HOLD OR RATE", "PARKED", "WHY"], &rows);
         println!();
         let rows: Vec<Vec<String>> = jobs
             .iter()

@@ -11,6 +11,7 @@ mod check;
 mod handlers;
 pub mod hosts;
 pub mod plans;
+pub mod rates;
 pub mod schedule;
 mod values;
 
@@ -430,10 +431,21 @@ pub struct ClassConfig {
     /// Per-class override of `locket.on_park_full`.
     #[serde(default)]
     pub on_park_full: Option<Policy>,
+    // -- keyed rate limits (rate-limits.md, issue 26) --
+    /// One rate limit: `{ key = "api:{args[0]}", limit = 10, period = "1s", spread = false }`.
+    #[serde(default)]
+    pub rate: Option<RateEntry>,
+    /// Several rate limits, all must allow the start (RL-1).
+    #[serde(default)]
+    pub rates: Option<Vec<RateEntry>>,
+    /// The command's exit status that reports a throttled run (RL-4), default 76.
+    #[serde(default)]
+    pub throttled_exit_code: Option<i32>,
 }
 
 pub use crate::locks::Policy;
 pub use plans::{HoldEntry, LockEntry, LockSetting};
+pub use rates::RateEntry;
 pub use schedule::{Schedule, ScheduleConfig, SchedulerConfig};
 
 fn default_redis() -> String {

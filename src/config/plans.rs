@@ -112,6 +112,8 @@ pub struct ClassPlan {
     pub max_parked: u64,
     /// The policy when the parked list is full (PK-7).
     pub on_park_full: Policy,
+    /// Keyed rate limits, all must allow a start (rate-limits.md RL-1).
+    pub rates: Vec<super::rates::RatePlan>,
 }
 
 /// A class plan rendered for one payload.
@@ -131,6 +133,8 @@ pub struct RenderedPlan {
     pub release_on_success: Vec<String>,
     /// Holds released on any outcome.
     pub release_on_completion: Vec<String>,
+    /// Rate limits (RL-1), whether or not the class is locked.
+    pub rates: Vec<crate::locks::RateSpec>,
 }
 
 impl RenderedPlan {
@@ -164,6 +168,14 @@ impl ClassPlan {
                     });
                     out.lock_sources.push(r.source);
                 }
+            }
+        }
+        for r in &self.rates {
+            let spec = r.render(input)?;
+            // One key named twice counts once (its strictest entry would be ambiguous: keep
+            // the first).
+            if !out.rates.iter().any(|x| x.key == spec.key) {
+                out.rates.push(spec);
             }
         }
         for t in &self.locked_by {
@@ -352,7 +364,9 @@ fn compile_class(
     for (i, t) in c.locked_by.iter().enumerate() {
         locked_by.push(template(&format!("{setting}.locked_by[{i}]"), t)?);
     }
+    let rates = super::rates::compile(setting, c.rate.as_ref(), c.rates.as_deref())?;
     Ok(ClassPlan {
+        rates,
         locks,
         on_conflict: c.on_conflict.unwrap_or(l.on_conflict),
         on_dependency_conflict: c.on_dependency_conflict.unwrap_or(l.on_dependency_conflict),

@@ -3,7 +3,9 @@
 //! process is started by [`super::spawn`], which does not fork the worker and still gives it
 //! `PR_SET_PDEATHSIG`, so it dies with the worker.
 
-use super::{Handler, HandlerResult, JobContext, ARGS_ENV_LIMIT, EX_TEMPFAIL, RESCHEDULE};
+use super::{
+    Handler, HandlerResult, JobContext, ARGS_ENV_LIMIT, EX_TEMPFAIL, EX_THROTTLED, RESCHEDULE,
+};
 use crate::config::ClassConfig;
 use crate::resque::failure::{signal_status_text, JobFailure};
 use futures::future::BoxFuture;
@@ -27,6 +29,8 @@ use super::spawn::{env_entry, Child, Program};
 pub struct CommandHandler {
     program_name: Arc<str>,
     program: Arc<std::io::Result<Program>>,
+    /// The exit status that reports a throttled run (RL-4).
+    throttled_code: i32,
 }
 
 /// The daemon's own variables, which a handler does not inherit: the service manager's, the
@@ -62,7 +66,9 @@ impl CommandHandler {
     /// From a class table (`command` must be set and non-empty; `Config::check` ensures it).
     pub fn new(class: &ClassConfig) -> CommandHandler {
         let argv = class.command.clone().unwrap_or_default();
-        CommandHandler::build(argv, class.dir.clone(), env_pairs(&class.env))
+        let mut h = CommandHandler::build(argv, class.dir.clone(), env_pairs(&class.env));
+        h.throttled_code = class.throttled_exit_code.unwrap_or(EX_THROTTLED);
+        h
     }
 
     /// From a `[handlers.<name>]` table of mode `exec`.
@@ -88,6 +94,7 @@ impl CommandHandler {
         CommandHandler {
             program_name: argv.first().map(String::as_str).unwrap_or_default().into(),
             program: Arc::new(program),
+            throttled_code: EX_THROTTLED,
         }
     }
 }
@@ -158,8 +165,14 @@ impl CommandHandler {
         };
         // The handler is gone; anything it left in its group goes too.
         drop(guard);
-        let tail = pipes.finish().await;
+        let (tail, last_out) = pipes.finish().await;
         match status {
+            Ok(status) if status.code() == Some(self.throttled_code) => {
+                // RL-4: the remote side throttled the job; its last stdout line may say how long.
+                Err(super::throttled(
+                    last_out.as_deref().and_then(super::parse_retry_after),
+                ))
+            }
             Ok(status) => outcome(program, pid, status, tail),
             Err(e) => Err(JobFailure::new(
                 "Locket::HandlerError",
@@ -252,6 +265,8 @@ struct Pipes {
     out: tokio::task::JoinHandle<()>,
     err: tokio::task::JoinHandle<()>,
     tail: Arc<std::sync::Mutex<VecDeque<String>>>,
+    /// The last non-empty stdout line (RL-4's `retry-after: S`).
+    last_out: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Pipes {
@@ -268,10 +283,15 @@ impl Pipes {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let (class, queue) = (job.class.clone(), job.queue.clone());
+        let last_out = Arc::new(std::sync::Mutex::new(None));
+        let out_last = last_out.clone();
         let out = tokio::spawn(async move {
             if let Some(out) = stdout {
                 for_each_line(out, |line| {
                     tracing::info!(target: "locketd::handler", class = %class, queue = %queue, stream = "stdout", "{}", line);
+                    if !line.trim().is_empty() {
+                        *out_last.lock().unwrap_or_else(|p| p.into_inner()) = Some(line);
+                    }
                 })
                 .await;
             }
@@ -297,13 +317,14 @@ impl Pipes {
             out,
             err,
             tail,
+            last_out,
         }
     }
 
-    /// Once the handler is gone: the stderr tail. A process that left the group (setsid) may
+    /// Once the handler is gone: the stderr tail and the last stdout line. A process that left the group (setsid) may
     /// still hold the pipes: the readers get a moment to drain what the handler wrote, then
     /// they and the stdin writer are stopped, so nothing of this job outlives it.
-    async fn finish(self) -> Vec<String> {
+    async fn finish(self) -> (Vec<String>, Option<String>) {
         let drain = Duration::from_secs(1);
         let (out_abort, err_abort) = (self.out.abort_handle(), self.err.abort_handle());
         let (out, err) = (self.out, self.err);
@@ -318,7 +339,8 @@ impl Pipes {
             t.abort();
         }
         let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
-        tail.iter().cloned().collect()
+        let last = self.last_out.lock().unwrap_or_else(|p| p.into_inner());
+        (tail.iter().cloned().collect(), last.clone())
     }
 }
 

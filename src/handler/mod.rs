@@ -135,6 +135,42 @@ pub fn reschedule() -> JobFailure {
     JobFailure::new(RESCHEDULE, "rescheduled by the handler")
 }
 
+/// The exception of a run whose remote side throttled it (rate-limits.md RL-4): a command
+/// exited `throttled_exit_code` (default [`EX_THROTTLED`]), a persistent handler answered
+/// `result: "throttled"`, an adapter's `Throttled` was raised. Its error text is the seconds to
+/// hold the key back (`retry-after`), or empty for the rate's period. FINISH closes the class's
+/// first rate key until then and parks the job at the head of its line; no failure is recorded.
+pub const THROTTLED: &str = "Locket::Throttled";
+
+/// The default exit status of a throttled command handler (RL-4).
+pub const EX_THROTTLED: i32 = 76;
+
+/// The result a handler returns when the remote side throttled it (RL-4): `retry_after` holds
+/// every job of the rate key back that long (`None`: the rate's period).
+pub fn throttled(retry_after: Option<std::time::Duration>) -> JobFailure {
+    JobFailure::new(
+        THROTTLED,
+        retry_after.map_or(String::new(), |d| format!("{}", d.as_secs_f64())),
+    )
+}
+
+/// The `retry-after` of a [`THROTTLED`] failure: the seconds in its error text, if any.
+pub fn throttled_retry_after(f: &JobFailure) -> Option<std::time::Duration> {
+    let s: f64 = f.error.trim().parse().ok()?;
+    (s.is_finite() && s >= 0.0).then(|| std::time::Duration::from_secs_f64(s.min(86_400.0 * 7.0)))
+}
+
+/// `retry-after: S` (any case, S seconds, fractions allowed) from a handler's last stdout
+/// line.
+pub fn parse_retry_after(line: &str) -> Option<std::time::Duration> {
+    let (k, v) = line.trim().split_once(':')?;
+    if !k.trim().eq_ignore_ascii_case("retry-after") {
+        return None;
+    }
+    let s: f64 = v.trim().parse().ok()?;
+    (s.is_finite() && s >= 0.0).then(|| std::time::Duration::from_secs_f64(s.min(86_400.0 * 7.0)))
+}
+
 /// The longest args JSON handed to a command handler in `LOCKETD_ARGS`. Linux refuses an
 /// environment string over 128 KiB; longer args are left out (`LOCKETD_ARGS_OMITTED=1`) and
 /// read from the payload on stdin.

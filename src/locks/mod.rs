@@ -18,6 +18,20 @@ pub struct LockSpec {
     pub limit: u32,
 }
 
+/// One keyed rate limit a job's start must meet (rate-limits.md RL-1): at most `limit` starts
+/// of `key` in any sliding window of `period`, by Redis's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateSpec {
+    /// The rendered key (the Redis key is `<ns>:locket:rate:<key>`).
+    pub key: String,
+    /// Most starts per period.
+    pub limit: u32,
+    /// The window.
+    pub period: Duration,
+    /// Starts spaced at least `period / limit` apart.
+    pub spread: bool,
+}
+
 /// What happens to a job whose lock (or dependency) is taken (§6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]

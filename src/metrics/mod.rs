@@ -54,7 +54,7 @@ impl Outcome {
         match label {
             "success" => Outcome::Succeeded,
             "killed" => Outcome::Killed,
-            "requeued" | "rescheduled" => Outcome::Requeued,
+            "requeued" | "rescheduled" | "throttled" => Outcome::Requeued,
             _ => Outcome::Failed,
         }
     }

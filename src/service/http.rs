@@ -60,6 +60,10 @@ pub struct ParkedGauges {
     pub parks: u64,
     /// Wakes so far (`stat:woken`).
     pub wakes: u64,
+    /// Keyed rate limits (RL-5): (class, jobs a rate refused) and (class, throttled runs).
+    pub rate_limited: Vec<(String, u64)>,
+    /// Runs throttled by the remote side, per class (RL-4).
+    pub throttled: Vec<(String, u64)>,
 }
 
 /// Reads the scrape-time gauges (bounded: a handful of commands plus two per queue).
@@ -129,7 +133,24 @@ async fn read_redis_inner(
         .query_async(conn)
         .await
         .unwrap_or_default();
+    // RL-5: the rate paths' per-class counts (`<ns>:locket:rate_stats`, "event|class").
+    let rate_stats: Vec<(String, u64)> = redis::cmd("HGETALL")
+        .arg(k.locket("rate_stats"))
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let per_class = |event: &str| -> Vec<(String, u64)> {
+        rate_stats
+            .iter()
+            .filter_map(|(f, n)| {
+                let (e, class) = f.split_once('|')?;
+                (e == event).then(|| (class.to_string(), *n))
+            })
+            .collect()
+    };
     let parked = ParkedGauges {
+        rate_limited: per_class("rate_limited"),
+        throttled: per_class("throttled"),
         per_queue: crate::store::parked_per_queue(conn, &k)
             .await
             .unwrap_or_default(),
@@ -482,6 +503,22 @@ impl Collector for Scrape {
                 "locketd_wakes",
                 "Parked jobs moved back to their queues, fleet-wide (stat:woken).",
                 &[(Vec::new(), r.parked.wakes)],
+            )?;
+            // Keyed rate limits (RL-5), fleet-wide.
+            let per_class = |rows: &[(String, u64)]| -> Vec<(Labels, u64)> {
+                rows.iter().map(|(c, n)| (l(&[("class", c)]), *n)).collect()
+            };
+            counter_family(
+                &mut enc,
+                "locketd_rate_limited",
+                "Jobs a keyed rate refused and parked until their start was allowed, per class.",
+                &per_class(&r.parked.rate_limited),
+            )?;
+            counter_family(
+                &mut enc,
+                "locketd_throttled",
+                "Runs the remote side throttled (exit 76, Throttled), per class: not failures.",
+                &per_class(&r.parked.throttled),
             )?;
             let d = &r.delayed;
             gauge_family(

@@ -2,7 +2,7 @@
 
 use super::scripts::scripts;
 use super::{int, lock_keys, ms, text, unexpected, Acquired, SlotRef};
-use crate::locks::{DelaySettings, LockSpec, Policy};
+use crate::locks::{DelaySettings, LockSpec, Policy, RateSpec};
 use crate::resque::failure::FailureBackend;
 use crate::resque::keys::Keys;
 use redis::aio::ConnectionLike;
@@ -102,6 +102,8 @@ pub struct AcquireOptions<'a> {
     pub max_parked: u64,
     /// The policy when the resource's parked list is full (PK-7).
     pub on_park_full: Policy,
+    /// Keyed rate limits, checked with the locks, all or nothing (rate-limits.md RL-1, RL-2).
+    pub rates: &'a [RateSpec],
 }
 
 impl Default for AcquireOptions<'_> {
@@ -121,6 +123,7 @@ impl Default for AcquireOptions<'_> {
             last_wait: false,
             max_parked: DEFAULT_MAX_PARKED,
             on_park_full: Policy::Requeue,
+            rates: &[],
         }
     }
 }
@@ -135,6 +138,8 @@ pub enum ConflictKind {
     Lock,
     /// A `locked_by` hold was live.
     Dependency,
+    /// A keyed rate allowed no start yet (RL-1); `earliest_deadline_ms` is when it will.
+    Rate,
 }
 
 impl ConflictKind {
@@ -143,6 +148,7 @@ impl ConflictKind {
         match self {
             ConflictKind::Lock => "lock",
             ConflictKind::Dependency => "dep",
+            ConflictKind::Rate => "rate",
         }
     }
 }
@@ -324,6 +330,14 @@ fn extras(slot: &SlotRef<'_>, req: &AcquireRequest<'_>, o: &AcquireOptions<'_>) 
     if o.on_park_full != Policy::Requeue {
         m.insert("park_full".into(), o.on_park_full.script_word().into());
     }
+    if !o.rates.is_empty() {
+        let rates: Vec<serde_json::Value> = o
+            .rates
+            .iter()
+            .map(|r| serde_json::json!([r.key, r.limit, ms(r.period), u8::from(r.spread)]))
+            .collect();
+        m.insert("rates".into(), rates.into());
+    }
     if o.on_lock_conflict == Policy::Wait || o.on_dep_conflict == Policy::Wait {
         m.insert("wait".into(), true.into());
     }
@@ -355,10 +369,10 @@ fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
             let conflicts = reply[4..]
                 .chunks(5)
                 .map(|c| Conflict {
-                    kind: if text(&c[0]) == "dep" {
-                        ConflictKind::Dependency
-                    } else {
-                        ConflictKind::Lock
+                    kind: match text(&c[0]).as_str() {
+                        "dep" => ConflictKind::Dependency,
+                        "rate" => ConflictKind::Rate,
+                        _ => ConflictKind::Lock,
                     },
                     id: text(&c[1]),
                     holders: int(&c[2]),

@@ -80,12 +80,24 @@ pub(super) fn finish_parts(
             format!("{}_failed", req.queue),
         ),
     };
+    let throttled;
     let (outcome, record) = match req.outcome {
         Finish::Success => ("success", ""),
         Finish::Failure(r) => ("failure", r.as_str()),
         Finish::Dirty(r) => ("dirty", r.as_str()),
         Finish::Requeue => ("requeue", ""),
         Finish::Return => ("return", ""),
+        Finish::Throttled { rate, retry_after } => {
+            throttled = serde_json::json!({
+                "key": rate.key,
+                "limit": rate.limit,
+                "period": super::ms(rate.period),
+                "spread": u8::from(rate.spread),
+                "for": super::ms(*retry_after),
+            })
+            .to_string();
+            ("throttled", throttled.as_str())
+        }
     };
     let mut k = vec![
         keys.inflight(slot.slot_key),

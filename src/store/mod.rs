@@ -10,6 +10,7 @@ mod fcall;
 mod finish;
 mod parked;
 mod pause;
+mod rates;
 pub mod registry;
 mod reserve;
 pub mod schedule;
@@ -22,6 +23,7 @@ pub use acquire::*;
 pub use finish::*;
 pub use parked::*;
 pub use pause::*;
+pub use rates::*;
 pub use reserve::*;
 pub use upkeep::*;
 
@@ -113,6 +115,15 @@ pub enum Finish {
     Requeue,
     /// Back to the head of its queue, no Resque stats: no code of the job ran (H-9).
     Return,
+    /// The remote side throttled the run (rate-limits.md RL-4): `rate`'s key is closed for
+    /// `retry_after`, and the job is parked at the head of the key's line; no Resque stats, no
+    /// failure.
+    Throttled {
+        /// The rate whose key is closed.
+        rate: crate::locks::RateSpec,
+        /// How long.
+        retry_after: std::time::Duration,
+    },
 }
 
 /// The slot-level inputs shared by every step of one job.

@@ -34,6 +34,9 @@ pub struct WakeReport {
     /// Whether the index still names a resource (due now or later): while it does not,
     /// nothing is parked anywhere and the checks between janitor passes can rest.
     pub pending: bool,
+    /// While something is pending, when to look next: the `every` asked for, or sooner when a
+    /// rate's next start (RL-3) comes first (locks and holds keep `every`, PK-4).
+    pub next_in: Duration,
     /// Resources whose first entry cannot move (a key of another type, PK-6); each is
     /// reported at most once a minute.
     pub stuck: Vec<String>,
@@ -57,10 +60,11 @@ pub async fn wake_due<C: ConnectionLike + Send>(
         .await?;
     let mut it = reply.iter();
     let woken = it.next().map(super::int).unwrap_or(0);
-    let pending = it.next().map(super::int).unwrap_or(1) != 0;
+    let pending_ms = it.next().map(super::int).unwrap_or(1);
     Ok(WakeReport {
         woken,
-        pending,
+        pending: pending_ms != 0,
+        next_in: Duration::from_millis(pending_ms.saturating_sub(1)).min(every),
         stuck: it.map(super::text).collect(),
     })
 }
@@ -99,6 +103,21 @@ pub async fn parked_resources<C: ConnectionLike + Send>(
         .arg(limit.max(1) as i64 - 1)
         .query_async(conn)
         .await
+}
+
+/// When the janitor looks at `resource`'s parked jobs next (ms, the `parked` index's score):
+/// for a rate key (RL-3), when its next start is allowed.
+pub async fn parked_due<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    resource: &str,
+) -> RedisResult<Option<u64>> {
+    let s: Option<f64> = redis::cmd("ZSCORE")
+        .arg(parked_index(keys))
+        .arg(resource)
+        .query_async(conn)
+        .await?;
+    Ok(s.map(|s| s as u64))
 }
 
 /// PK-9: moves every job parked on `resources` (only those of `queue` when given) back to

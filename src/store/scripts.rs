@@ -63,6 +63,7 @@ macro_rules! script {
             replicate!(),
             include_str!("lua/lib.lua"),
             include_str!("lua/lib_park.lua"),
+            include_str!("lua/rate.lua"),
             "local function main_part(KEYS, ARGV)\n",
             include_str!(concat!("lua/", $file)),
             "\nend\n",
@@ -94,7 +95,7 @@ fn combined(entry: &str, tallied: bool) -> String {
 /// the job-path scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}{}\n\
+        "{}{}\n{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
@@ -102,6 +103,7 @@ fn job_path_parts() -> String {
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
         include_str!("lua/lib.lua"),
         include_str!("lua/lib_park.lua"),
+        include_str!("lua/rate.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
         include_str!("lua/acquire.lua"),

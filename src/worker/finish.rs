@@ -41,8 +41,35 @@ impl Worker {
         // the lock released in the same FINISH so the next run of this key starts without
         // overlap; a job a persistent handler never started (H-9, no code of it ran) to the
         // head.
+        // RL-4: the remote side throttled the run: the class's first rate key is closed and
+        // the job waits at the head of its line; not a failure (no record, no hooks).
+        let rate = holds.and_then(|(_, r)| r.rates.first());
+        if let (Err(f), Some(rate)) = (&result, rate) {
+            if f.exception == crate::handler::THROTTLED {
+                let retry_after = crate::handler::throttled_retry_after(f).unwrap_or(rate.period);
+                info!(target: LOG_TARGET, queue = %queue, class = %class, rate = %rate.key, retry_after_s = retry_after.as_secs_f64(), "job throttled by the remote side: its rate key is closed until then");
+                let outcome = Finish::Throttled {
+                    rate: rate.clone(),
+                    retry_after,
+                };
+                return self
+                    .finish_outcome(
+                        rid,
+                        queue,
+                        token,
+                        locks,
+                        outcome,
+                        class,
+                        started,
+                        "throttled",
+                        &fh,
+                    )
+                    .await;
+            }
+        }
         let back = result.as_ref().err().and_then(|f| {
-            if f.exception == crate::handler::RESCHEDULE {
+            if f.exception == crate::handler::RESCHEDULE || f.exception == crate::handler::THROTTLED
+            {
                 Some((
                     Finish::Requeue,
                     "rescheduled",

@@ -10,7 +10,7 @@ use crate::store::{self, scripts::scripts};
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 use std::collections::HashMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -32,6 +32,8 @@ pub struct JanitorReport {
     /// Whether anything is parked anywhere (the `parked` index is not empty), as the pass's
     /// wake found it.
     pub parked: bool,
+    /// How soon the earliest parked resource is due, as the pass's wake found it (RL-3).
+    pub parked_next_in: Option<Duration>,
 }
 
 const RELEASE_MUTEX: &str = r"
@@ -82,7 +84,8 @@ pub async fn janitor_pass<C: ConnectionLike + Send>(
     );
     let wake = keep_first(&mut first_error, wake_parked(conn, keys, config).await);
     report.woken = wake.as_ref().map_or(0, |w| w.woken);
-    report.parked = wake.is_none_or(|w| w.pending);
+    report.parked = wake.as_ref().is_none_or(|w| w.pending);
+    report.parked_next_in = wake.as_ref().filter(|w| w.pending).map(|w| w.next_in);
     // A-22: the caps as this config sets them, and the units of reservations that ended
     // without a FINISH.
     let caps = config.queue_caps();
@@ -331,9 +334,12 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
     // park_check_interval (PK-4's bound).
     let mut parked = true;
     let mut next_pass = tokio::time::Instant::now() + every;
+    // RL-3: a rate's parked jobs are due when its next start is allowed, which can come
+    // sooner than park_check_interval; 5 ms at least between looks.
+    let mut nap = park_every;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(park_every) => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = stop.cancelled() => return,
         }
         if tokio::time::Instant::now() < next_pass {
@@ -343,8 +349,14 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             // PK-4 between passes: one script call, idempotent, so no mutex (two processes
             // that run it at once while the role changes hands find the second's resources
             // rescheduled by the first).
+            nap = park_every;
             match wake_parked(&mut conn.clone(), &keys, &config).await {
-                Ok(r) => parked = r.pending,
+                Ok(r) => {
+                    parked = r.pending;
+                    if r.pending {
+                        nap = r.next_in.max(Duration::from_millis(5)).min(park_every);
+                    }
+                }
                 Err(e) => debug!(error = %e, "parked check failed"),
             }
             continue;
@@ -356,6 +368,9 @@ pub(super) async fn janitor_loop<C: ConnectionLike + Send + Clone>(
             if r.ran {
                 parked = r.parked;
             }
+            nap = r.parked_next_in.map_or(park_every, |d| {
+                d.max(Duration::from_millis(5)).min(park_every)
+            });
         }
         match &pass {
             Ok(r)

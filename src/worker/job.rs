@@ -168,6 +168,7 @@ impl Worker {
         // The plain path (requeue policy, no holds, no fencing) sends no options at all.
         let plain = plan.on_conflict == Policy::Requeue
             && !plan.has_dependencies()
+            && rendered.rates.is_empty()
             && !plan.fencing
             && rendered
                 .lock_sources
@@ -237,6 +238,7 @@ impl Worker {
             last_wait: false,
             max_parked: plan.max_parked,
             on_park_full: plan.on_park_full,
+            rates: &p.rendered.rates,
         }
     }
 

@@ -251,7 +251,10 @@ impl Supervision {
         if let (RunEnd::Terminated { killed: false }, Some(r)) = (&end, returned) {
             match r {
                 Ok(()) => return RunEnd::Finished(Ok(())),
-                Err(f) if f.exception == crate::handler::RESCHEDULE => {
+                Err(f)
+                    if f.exception == crate::handler::RESCHEDULE
+                        || f.exception == crate::handler::THROTTLED =>
+                {
                     return RunEnd::Finished(Err(f))
                 }
                 Err(_) => {}

@@ -25,6 +25,7 @@ mod parked;
 mod persistent;
 mod pickup;
 mod policies;
+mod rates;
 mod redis_url;
 mod refusals;
 mod s6_sweep;

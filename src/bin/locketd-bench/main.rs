@@ -15,6 +15,7 @@ mod idle;
 mod peers;
 mod persistent;
 mod procs;
+mod rates;
 mod scenarios;
 mod sidekiq;
 mod spawn;
@@ -66,6 +67,9 @@ enum Scenario {
     /// `--workers 2`: a hot job's Redis cost against a free job's, and the wall times
     /// (N = 200 and 2,000, or `--jobs N`).
     HotKey,
+    /// rate-limits.md §4: 600 jobs at 20/s on one key by two daemons; 300 limited jobs among
+    /// 3,000 free ones in one queue (the free jobs' time against alone, commands per job).
+    Rates,
     /// Everything above, then one Markdown table against the targets (ruby, python and
     /// handler-latency only when their interpreters are installed).
     All,
@@ -579,6 +583,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::HandlerLatency => persistent::scenario_handler_latency(&opts, &exe, &mut rows)?,
         Scenario::Delayed => delayed::scenario_delayed(&opts, &exe, &mut rows)?,
         Scenario::HotKey => hotkey::scenario_hot_key(&opts, &exe, &mut rows)?,
+        Scenario::Rates => rates::scenario_rates(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,

@@ -42,6 +42,9 @@ pub(super) enum Done {
     },
     /// `reschedule`: like exit status 75.
     Reschedule,
+    /// `throttled` (rate-limits.md RL-4), with `retry_after` seconds when given: like exit
+    /// status 76.
+    Throttled { retry_after: Option<f64> },
 }
 
 /// A frame that breaks the protocol (H-5): what was wrong and the frame's first bytes.
@@ -129,7 +132,9 @@ pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
             child_pid: number(&v, "child_pid"),
         }),
         Some("done") => {
-            let outcome = match v.get("status").and_then(Value::as_str) {
+            // RL-4 names the field `result`; the protocol's is `status`: either is read.
+            let status = v.get("status").or_else(|| v.get("result"));
+            let outcome = match status.and_then(Value::as_str) {
                 Some("ok") => Done::Ok {
                     performed: v.get("performed").and_then(Value::as_bool).unwrap_or(true),
                 },
@@ -141,6 +146,12 @@ pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
                     backtrace: strings(&v, "backtrace"),
                 },
                 Some("reschedule") => Done::Reschedule,
+                Some("throttled") => Done::Throttled {
+                    retry_after: v
+                        .get("retry_after")
+                        .and_then(Value::as_f64)
+                        .filter(|s| s.is_finite() && *s >= 0.0),
+                },
                 _ => return Err(bad("a done frame with an unknown status", line)),
             };
             Ok(Frame::Done {

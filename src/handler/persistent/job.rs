@@ -292,6 +292,11 @@ fn result_of_done(d: Done) -> HandlerResult {
     match d {
         Done::Ok { .. } => Ok(()),
         Done::Reschedule => Err(JobFailure::new(RESCHEDULE, "rescheduled by the handler")),
+        Done::Throttled { retry_after } => {
+            Err(crate::handler::throttled(retry_after.map(|s| {
+                std::time::Duration::from_secs_f64(s.min(86_400.0 * 7.0))
+            })))
+        }
         Done::Failed {
             exception,
             error,

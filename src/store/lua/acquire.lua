@@ -43,6 +43,9 @@
 --                attempts       true: HDEL attempts <digest> on start (A-8)
 --                max_parked     most entries of one parked list (PK-7), default 100000
 --                park_full      the fallback when it is full, default "requeue"
+--                rates          [[key, limit, period ms, spread 0/1]...] (rate-limits.md RL-1,
+--                               RL-2): all must allow the start; a refusal parks the job on
+--                               the first refusing rate (RL-3), whatever the lock policy
 -- ARGV[13]     the worker's clock in ms (acquired_at, started_at: shown, never a deadline)
 -- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
 -- ARGV[13+2i]  lock id i       for i = 1..n
@@ -58,7 +61,9 @@
 --        action: "parked", "requeued", "delayed", "discarded", "failed" or "none" (still
 --        reserved);
 --        due_ms and attempt are set for "delayed" (attempt also for "failed" by max_delays);
---        one group of five per conflicting resource, kind "lock" or "dep" (limit 0 for deps)
+--        one group of five per conflicting resource, kind "lock", "dep" (limit 0) or
+--        "rate" (holders: the limit when its window is full, else 0; earliest: the time its
+--        next start is allowed)
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
 --   {"dead"}      the slot's process lease is gone (R-2); nothing changed
 -- Raises a LOCKET_STORE error, having changed nothing, when a conflict's fallback would push
@@ -115,6 +120,21 @@ local enqueue_holds = opt['enqueue_holds'] or {}
 local start_holds = opt['start_holds'] or {}
 local function lock_at(i)
   return KEYS[6 + i], ARGV[13 + 2 * i], tonumber(ARGV[14 + 2 * i])
+end
+
+-- RL-1, RL-2: the rates are read first, before any write of this step (a log of another type
+-- raises here, having changed nothing); a refusal is a conflict like a lock's, so no lock is
+-- taken, and a lock's refusal records no start.
+local rates = opt['rates'] or {}
+local rate_full = {}
+local rate_conflicts = {}
+for i, r in ipairs(rates) do
+  local at, full = rate_allowed_at(prefix, r, now_ms(), 'acquire')
+  rate_full[i] = full
+  if at > now_ms() then
+    rate_conflicts[#rate_conflicts + 1] = {'rate', r[1], full and int(r[2]) or 0, int(r[2]),
+      int(at), nil, r}
+  end
 end
 
 -- A conflict on a lock whose key is a limit-1 holder's STRING (or, for a limit-1 lock, a
@@ -183,6 +203,7 @@ for _, name in ipairs(locked_by) do
     dep_conflict = true
   end
 end
+for _, c in ipairs(rate_conflicts) do conflicts[#conflicts + 1] = c end
 
 -- The lockinfo object gets its times and per-lock fields appended as text (the object from
 -- the worker holds none of them), which spares a cjson decode and encode per lock. Its fields
@@ -229,7 +250,16 @@ for i = 1, n do
   local lk, id, limit = lock_at(i)
   if limit <= 1 then
     if #conflicts > 0 then
-      if redis.call('EXISTS', lk) == 1 then
+      local hv = sget(lk)
+      if hv and #rate_conflicts > 0 and string.sub(hv, 23, 23) == '~' and
+          string.sub(hv, 24, 24 + #digest) == digest .. '"' then
+        -- RL-2: a job refused by a rate takes no lock, not even one handed to it (PK-3): the
+        -- unit goes on to the next job parked on the lock, or is freed.
+        if not (lock1_parked(hv) and lock1_handoff(prefix, lk, id)) then
+          redis.call('DEL', lk)
+          known[lk] = false
+        end
+      elseif redis.call('EXISTS', lk) == 1 then
         nlock = nlock + 1
         table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
       end
@@ -290,6 +320,8 @@ if #conflicts > 0 then
   local now = nil
   local fallback = ARGV[5]
   if dep_conflict then fallback = opt['dep_fallback'] or 'delay' end
+  -- RL-3: a job refused by a rate alone is parked on it until its time.
+  if conflicts[1][1] == 'rate' then fallback = 'park' end
   -- PK-1, PK-7: the job parks on the first resource that refused it, unless its list holds
   -- another type (PK-6: the old path, requeue, instead) or is full (on_park_full).
   -- The entry is pushed first: its RPUSH is the check of the list's type (a refused push
@@ -299,9 +331,13 @@ if #conflicts > 0 then
     local c1 = conflicts[1]
     park_res = c1[1] .. ':' .. c1[2]
     park_key = prefix .. 'parked:' .. park_res
-    park_len = redis.pcall('RPUSH', park_key, cjson.encode({rid = ARGV[1], queue = queue,
-      payload = job_payload(), parked_at = wnow, class = class, digest = digest, attempt = 1,
-      ttl = ttl, limit = tonumber(c1[4]) or 0}))
+    local entry = {rid = ARGV[1], queue = queue, payload = job_payload(), parked_at = wnow,
+      class = class, digest = digest, attempt = 1, ttl = ttl, limit = tonumber(c1[4]) or 0}
+    if c1[7] then
+      entry['period'] = tonumber(c1[7][3])
+      entry['spread'] = (c1[7][4] == 1 or c1[7][4] == true) and 1 or 0
+    end
+    park_len = redis.pcall('RPUSH', park_key, cjson.encode(entry))
     if type(park_len) ~= 'number' then
       fallback = 'requeue'
     elseif park_len > tonumber(opt['max_parked'] or 100000) then
@@ -346,6 +382,8 @@ if #conflicts > 0 then
   local what
   if c1[1] == 'lock' then
     what = 'lock ' .. c1[2] .. ' is held by ' .. c1[3] .. ' of limit ' .. c1[4]
+  elseif c1[1] == 'rate' then
+    what = 'rate ' .. c1[2] .. ' allows no start before ' .. c1[5]
   else
     what = 'dependency ' .. c1[2] .. ' is held ' .. c1[3] .. ' time(s)'
   end
@@ -364,6 +402,11 @@ if #conflicts > 0 then
     if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
     redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
     count(prefix, now, 'parked', class)
+    if c1[1] == 'rate' then
+      count(prefix, now, 'rate_limited', class)
+      -- RL-5: per class, fleet-wide, for /metrics (the rate path alone pays for it).
+      redis.pcall('HINCRBY', prefix .. 'rate_stats', 'rate_limited|' .. class, 1)
+    end
     action = 'parked'
   elseif fallback == 'requeue' then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
@@ -378,6 +421,7 @@ if #conflicts > 0 then
     end
     for _, c in ipairs(conflicts) do
       if c[1] == 'lock' then lock1_flag(prefix .. 'lock:' .. c[2]) end
+      if c[1] == 'rate' then count(prefix, now, 'rate_limited', class) end
       local bk = prefix .. 'blocked:' .. c[1] .. ':' .. c[2]
       redis.call('SADD', bk, queue)
       redis.call('PEXPIRE', bk, ARGV[4])
@@ -484,6 +528,9 @@ for _, name in ipairs(enqueue_holds) do
   holds[#holds + 1] = name
 end
 count(prefix, now, 'holds_added', class, #start_holds)
+
+-- RL-1: the start counts against every rate of the job.
+for i, r in ipairs(rates) do rate_record(prefix, r, now_ms(), ARGV[1], rate_full[i]) end
 
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,

@@ -25,7 +25,11 @@
 --                requeue  the payload goes back to the tail of its queue, no Resque stats
 --                return   the payload goes back to the head of its queue, no Resque stats (a
 --                         persistent handler that never started the job, H-9)
--- ARGV[4]      failure record JSON (outcomes failure and dirty); "" when the app recorded the
+--                throttled  the remote side throttled the run (rate-limits.md RL-4): the rate
+--                         key in ARGV[4] is closed until now + its `for` ms, and the job is
+--                         parked at the head of the key's line; no Resque stats, no failure
+-- ARGV[4]      for throttled: {key, limit, period, spread, for} (ms);
+--              failure record JSON (outcomes failure and dirty); "" when the app recorded the
 --              failure through its own backend (persistent-handlers.md H-17): nothing is pushed,
 --              the stats are counted as for any failure
 -- ARGV[5]      "" for <ns>:failed, or the list name "<q>_failed" to add to failed_queues
@@ -53,6 +57,7 @@
 
 local inflight = KEYS[1]
 local outcome = ARGV[3]
+local throttle = nil
 local prefix = locket_prefix(ARGV[6])
 local n = (#ARGV - 11) / 2
 if not reads_done then prefetch(finish_reads(KEYS, ARGV)) end
@@ -63,7 +68,7 @@ if ARGV[11] == '1' or not lease_trusted(prefix, inflight) then
   local rec = redis.call('HMGET', inflight, 'rid', 'payload')
   mine = rec[1] == ARGV[1]
   payload = rec[2]
-elseif outcome == 'requeue' or outcome == 'return' then
+elseif outcome == 'requeue' or outcome == 'return' or outcome == 'throttled' then
   payload = redis.call('HGET', inflight, 'payload')
   mine = payload ~= false
 end
@@ -93,6 +98,10 @@ if mine then
   if outcome == 'requeue' or outcome == 'return' then
     must_be('finish', KEYS[9], 'list')
     must_be('finish', KEYS[10], 'set')
+  elseif outcome == 'throttled' then
+    -- RL-4: the key's parked list is pushed to (PK-6: checked before anything is released).
+    throttle = cjson.decode(ARGV[4])
+    must_be('finish', prefix .. 'parked:rate:' .. throttle['key'], 'list')
   elseif (outcome == 'failure' or outcome == 'dirty') and ARGV[4] ~= '' then
     must_be('finish', KEYS[7], 'list')
     if ARGV[5] ~= '' then must_be('finish', KEYS[8], 'set') end
@@ -127,6 +136,31 @@ if not mine then
   if #dels > 0 then redis.call('DEL', unpack(dels)) end
   count(prefix, nil, 'finished_after_recovery', class)
   return 'missing'
+end
+
+if outcome == 'throttled' then
+  -- RL-4: closed until now + for (a later close stays), the job at the head of the key's line,
+  -- the index due when the key opens.
+  local key = throttle['key']
+  local now = now_ms()
+  local untl = now + tonumber(throttle['for'])
+  local ck = prefix .. 'rate_closed:' .. key
+  local was = tonumber(sget(ck) or '') or 0
+  if untl > was and untl > now then
+    redis.call('SET', ck, int(untl), 'PX', int(untl - now))
+    known[ck] = int(untl)
+  end
+  untl = math.max(untl, was)
+  redis.call('LPUSH', prefix .. 'parked:rate:' .. key, cjson.encode({rid = ARGV[1],
+    queue = ARGV[7], payload = payload, parked_at = now, class = class, digest = ARGV[9],
+    attempt = 1, ttl = 0, limit = tonumber(throttle['limit']),
+    period = tonumber(throttle['period']), spread = tonumber(throttle['spread'])}))
+  redis.call('ZADD', prefix .. 'parked', int(untl), 'rate:' .. key)
+  redis.pcall('HINCRBY', prefix .. 'parked_queues', ARGV[7], 1)
+  end_reservation()
+  count(prefix, now, 'throttled', class)
+  redis.pcall('HINCRBY', prefix .. 'rate_stats', 'throttled|' .. class, 1)
+  return 'ok'
 end
 
 if outcome == 'requeue' or outcome == 'return' then

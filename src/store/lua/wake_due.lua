@@ -9,13 +9,19 @@
 -- ARGV[2]  batch size (at most 100)
 -- ARGV[3]  park_check_interval in ms
 --
--- Returns {woken, pending, stuck...}: the jobs woken; 1 when the index still names a resource
--- (so the janitor keeps looking every park_check_interval), else 0; then each resource whose
+-- A rate's list ("rate:<key>", rate-limits.md RL-3) wakes as many entries as the key allows
+-- now, and is due again shortly after (the woken jobs' starts are then in its log), or at the
+-- time its next start is allowed.
+--
+-- Returns {woken, pending, stuck...}: the jobs woken; while the index still names a resource
+-- (so the janitor keeps looking), 1 + the ms until the next look (park_check_interval, or
+-- less when a rate's next start is due sooner), else 0; then each resource whose
 -- first entry cannot move (its list, its lock or its queue holds another type; PK-6): it is
 -- due again in a minute, so that it is reported once a minute. Raises nothing.
 
 -- Nothing parked anywhere (the common case): one command.
-if redis.call('ZCARD', KEYS[1]) == 0 then return {0, 0} end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head == 0 then return {0, 0} end
 local prefix = ARGV[1]
 local now = now_ms()
 local every = tonumber(ARGV[3])
@@ -23,12 +29,15 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 
 local woken = 0
 local out = {0, 0}
 -- The limit the first entry of a list asked for (0 when it cannot be read).
-local function first_limit(pk)
+local function first_entry(pk)
   local e = redis.pcall('LINDEX', pk, 0)
-  if type(e) ~= 'string' then return 0 end
+  if type(e) ~= 'string' then return {} end
   local ok, d = pcall(cjson.decode, e)
-  if not ok or type(d) ~= 'table' then return 0 end
-  return tonumber(d['limit']) or 0
+  if not ok or type(d) ~= 'table' then return {} end
+  return d
+end
+local function first_limit(pk)
+  return tonumber(first_entry(pk)['limit']) or 0
 end
 for _, res in ipairs(members) do
   local pk = prefix .. 'parked:' .. res
@@ -81,6 +90,25 @@ for _, res in ipairs(members) do
       else
         stuck = true
       end
+    elseif kind == 'rate' then
+      -- RL-3: as many as the key allows now; the entry carries the rate's settings.
+      local d = first_entry(pk)
+      local r = {id, tonumber(d['limit']) or 0, tonumber(d['period']) or 0, d['spread']}
+      local n, at, used = nil, now, 0
+      if r[2] > 0 and r[3] > 0 then n, at, used = rate_free(prefix, r, now) end
+      if n == nil then
+        stuck = true
+      elseif n > 0 then
+        local moved, _, bad = parked_wake(prefix, res, n)
+        woken = woken + #moved
+        stuck = bad and #moved == 0
+        -- Due again when the oldest start in the window lapses (the woken jobs' starts are
+        -- logged by then), else shortly, once they have started.
+        next_at = rate_after(prefix, r, used) or (now + math.min(every, 100))
+        next_at = math.max(next_at, now + 5)
+      else
+        next_at = at
+      end
     elseif kind == 'dep' then
       local before = len
       local total = dep_state(prefix, id, now)
@@ -105,5 +133,17 @@ for _, res in ipairs(members) do
   if next_at then redis.call('ZADD', KEYS[1], 'XX', int(next_at), res) end
 end
 out[1] = woken
-if redis.call('ZCARD', KEYS[1]) > 0 then out[2] = 1 end
+-- The next look: park_check_interval, or sooner when a rate's next start comes first among
+-- the earliest ten (RL-3). Locks and holds keep their interval (PK-4).
+head = redis.call('ZRANGE', KEYS[1], 0, 9, 'WITHSCORES')
+if #head > 0 then
+  local soon = every
+  for i = 1, #head, 2 do
+    if string.sub(head[i], 1, 5) == 'rate:' then
+      soon = math.max(math.min(tonumber(head[i + 1]) - now, every), 0)
+      break
+    end
+  end
+  out[2] = 1 + soon
+end
 return out

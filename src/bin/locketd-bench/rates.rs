@@ -1,0 +1,173 @@
+//! `rates`: rate-limits.md §4. Accuracy: two daemons share one key of 20 starts a second, 600
+//! jobs (≤ 31.5 s, no sliding second over 20 by Redis's clock). Independence: 300 jobs for the
+//! limited key and 3,000 free `probe` jobs in one queue: the free jobs as fast as alone
+//! (within 1.2x), Redis commands per job ≤ 15.
+
+use super::{row, Ctx, Opts, Row};
+use crate::procs::check_interrupt;
+use crate::stats;
+use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const CLASSES: &str = "[classes.Lim]\nbuiltin = \"noop\"\nlock = false\n\
+                       rate = { key = \"api:{args[0]}\", limit = 20, period = \"1s\" }\n\n\
+                       [classes.Probe]\nbuiltin = \"probe\"\n";
+const FREE: usize = 3000;
+const LIMITED: usize = 300;
+const ACCURACY: usize = 600;
+
+fn free_payloads(n: usize) -> impl Iterator<Item = String> {
+    (0..n).map(|i| {
+        format!(
+            r#"{{"class":"Probe","args":[{{"enqueued_at_us":{}}},{i}]}}"#,
+            super::now_us()
+        )
+    })
+}
+
+fn limited_payloads(n: usize) -> impl Iterator<Item = String> {
+    (0..n).map(|i| format!(r#"{{"class":"Lim","args":[1,{i}]}}"#))
+}
+
+/// The most starts in any half-open window of `ms`, from sorted stamps.
+fn most_in_window(stamps: &[u64], ms: u64) -> usize {
+    let (mut lo, mut most) = (0, 0);
+    for hi in 0..stamps.len() {
+        while stamps[hi] - stamps[lo] >= ms {
+            lo += 1;
+        }
+        most = most.max(hi - lo + 1);
+    }
+    most
+}
+
+pub(crate) fn scenario_rates(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Result<()> {
+    let workers = opts.workers.unwrap_or(2);
+    // Accuracy: two daemons, one key.
+    let mut ctx = Ctx::new(opts, exe)?;
+    let config = ctx.config(&["q".into()], CLASSES);
+    ctx.push("q", limited_payloads(ACCURACY))?;
+    let t0 = Instant::now();
+    let mut a = ctx.start_daemon(&config, workers)?;
+    let mut b = ctx.start_daemon(&config, workers)?;
+    let mut seen = BTreeMap::<String, u64>::new();
+    loop {
+        check_interrupt()?;
+        let log: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg("resque:locket:rate:api:1")
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut ctx.conn)?;
+        seen.extend(log);
+        if ctx.processed()? >= ACCURACY as u64 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("rates: accuracy drain timed out");
+        }
+        a.check_alive()?;
+        b.check_alive()?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    a.stop(Duration::from_secs(30));
+    b.stop(Duration::from_secs(30));
+    let mut stamps: Vec<u64> = seen.values().copied().collect();
+    stamps.sort();
+    let most = most_in_window(&stamps, 1000);
+    let span = stamps.last().unwrap_or(&0) - stamps.first().unwrap_or(&0);
+    println!(
+        "rates accuracy: {ACCURACY} jobs, 2 daemons: {:.2} s from start-up, first to last start \
+         {:.2} s (ideal 29.0), most starts in a sliding second {most}, starts seen {}",
+        took.as_secs_f64(),
+        span as f64 / 1000.0,
+        stamps.len()
+    );
+    rows.push(row(
+        "rates: 600 jobs at 20/s, 2 daemons, done in",
+        format!(
+            "{:.2} s (first to last start {:.2} s)",
+            took.as_secs_f64(),
+            span as f64 / 1000.0
+        ),
+        "≤ 31.5 s",
+        Some(took.as_secs_f64() <= 31.5),
+    ));
+    rows.push(row(
+        "rates: most starts in any sliding second",
+        most.to_string(),
+        "≤ 20",
+        Some(most <= 20),
+    ));
+
+    // Independence: free jobs alone, then mixed with the limited ones.
+    ctx.flush()?;
+    ctx.push("q", free_payloads(FREE))?;
+    let (free, daemon) = ctx.drain(&config, workers, FREE)?;
+    daemon.stop(Duration::from_secs(30));
+    free.report("rates: free jobs alone");
+    let alone = free.startup.as_secs_f64() + FREE as f64 / free.rate.max(1e-6);
+
+    ctx.flush()?;
+    let mut mixed = Vec::new();
+    let mut f = free_payloads(FREE);
+    let mut l = limited_payloads(LIMITED);
+    // One limited job every ten free ones, in one queue.
+    for i in 0..FREE + LIMITED {
+        let next = if i % 11 == 0 { l.next() } else { f.next() };
+        if let Some(p) = next.or_else(|| f.next()).or_else(|| l.next()) {
+            mixed.push(p);
+        }
+    }
+    ctx.push("q", mixed.into_iter())?;
+    let s0 = stats::snapshot(&mut ctx.conn)?;
+    let t0 = Instant::now();
+    let mut daemon = ctx.start_daemon(&config, workers)?;
+    let mut free_done = None;
+    let mut gets = 0u64;
+    loop {
+        check_interrupt()?;
+        gets += 1;
+        if free_done.is_none() && daemon.log_text().matches("probe job started").count() >= FREE {
+            free_done = Some(t0.elapsed());
+        }
+        if ctx.processed()? >= (FREE + LIMITED) as u64 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("rates: mixed drain timed out");
+        }
+        daemon.check_alive()?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s1 = stats::snapshot(&mut ctx.conn)?;
+    daemon.stop(Duration::from_secs(30));
+    let delta = stats::Delta::between(&s0, &s1, &[("get", gets)]);
+    let per_job = delta.total_calls() as f64 / (FREE + LIMITED) as f64;
+    let free_wall = free_done.unwrap_or(t0.elapsed()).as_secs_f64();
+    println!(
+        "rates independence: free jobs alone {alone:.2} s, with {LIMITED} limited ones {free_wall:.2} s \
+         ({:.2}x, from start-up); {per_job:.1} Redis commands per job; {}",
+        free_wall / alone.max(1e-6),
+        delta.breakdown((FREE + LIMITED) as u64, 14)
+    );
+    rows.push(row(
+        "rates: free jobs with 300 limited ones vs alone",
+        format!(
+            "{free_wall:.2} s vs {alone:.2} s ({:.2}x)",
+            free_wall / alone.max(1e-6)
+        ),
+        "≤ 1.2x",
+        Some(free_wall / alone.max(1e-6) <= 1.2),
+    ));
+    rows.push(row(
+        "rates: Redis commands per job (mixed)",
+        format!("{per_job:.1}"),
+        "≤ 15",
+        Some(per_job <= 15.0),
+    ));
+    Ok(())
+}
