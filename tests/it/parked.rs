@@ -147,18 +147,8 @@ fn ended(log: &Path) -> usize {
         .count()
 }
 
-/// The most runs at once in a handler log (lines are appended in the order they happened).
 fn max_running(log: &Path) -> usize {
-    let (mut cur, mut max) = (0i64, 0i64);
-    for l in read_lossy(log).lines() {
-        if l.starts_with("start ") {
-            cur += 1;
-        } else if l.starts_with("end ") {
-            cur -= 1;
-        }
-        max = max.max(cur);
-    }
-    max as usize
+    crate::support::most_at_once(&read_lossy(log))
 }
 
 fn stat(r: &mut R, event: &str) -> i64 {

@@ -291,18 +291,8 @@ fn most_in_window(stamps: &[u64], window_ms: u64) -> usize {
     most
 }
 
-/// The most runs at once in a handler log.
 fn max_running(log: &Path) -> usize {
-    let (mut cur, mut max) = (0i64, 0i64);
-    for l in read_lossy(log).lines() {
-        if l.starts_with("start ") {
-            cur += 1;
-        } else if l.starts_with("end ") {
-            cur -= 1;
-        }
-        max = max.max(cur);
-    }
-    max as usize
+    crate::support::most_at_once(&read_lossy(log))
 }
 
 fn stat(r: &mut R, event: &str) -> i64 {

@@ -817,15 +817,7 @@ fn slots_run_jobs_concurrently_as_separate_resque_workers() {
     assert_eq!(comm.trim_end(), "locketd", "process name after 16 jobs");
     // Concurrency from the handlers' own log (not from a duration, which a loaded machine
     // stretches): with one slot at a time, no start would come before the previous end.
-    let (mut live, mut most) = (0i32, 0i32);
-    for line in log.lines() {
-        if line.starts_with("start ") {
-            live += 1;
-            most = most.max(live);
-        } else if line.starts_with("end ") {
-            live -= 1;
-        }
-    }
+    let most = crate::support::most_at_once(&log);
     assert!(
         most >= 2,
         "slots did not run jobs concurrently: at most {most} at once\n{log}"

@@ -129,6 +129,21 @@ pub fn read_lossy(path: &Path) -> String {
     }
 }
 
+/// The most runs at once in a handler log whose lines `start ...` and `end ...` were appended
+/// in the order they happened.
+pub fn most_at_once(log: &str) -> usize {
+    let (mut cur, mut max) = (0i64, 0i64);
+    for l in log.lines() {
+        if l.starts_with("start ") {
+            cur += 1;
+        } else if l.starts_with("end ") {
+            cur -= 1;
+        }
+        max = max.max(cur);
+    }
+    max as usize
+}
+
 /// The last `n` lines of `text`.
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
