@@ -37,15 +37,9 @@ pub struct Bytes(pub u64);
 
 /// Parses `"768MiB"`, `"1.5GiB"`, `"512MB"`, `"4096"` (bytes).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {text:?} (use e.g. \"768MiB\", \"2GiB\")"))?;
-    let scale: f64 = match unit.trim() {
+    let (value, unit) = super::values::number_and_unit(text)
+        .ok_or_else(|| format!("invalid size {text:?} (use e.g. \"768MiB\", \"2GiB\")"))?;
+    let scale: f64 = match unit {
         "" | "B" | "b" => 1.0,
         "KiB" | "K" | "k" => 1024.0,
         "MiB" | "M" => 1024.0 * 1024.0,

@@ -28,17 +28,22 @@ impl fmt::Display for Secs {
     }
 }
 
-/// Parses `"35s"`, `"250ms"`, `"1.5s"`, `"5m"`, `"2h"`, `"1d"` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+/// Splits `" 1.5 GiB "` into the number and its unit (trimmed; empty when there is none).
+pub(crate) fn number_and_unit(text: &str) -> Option<(f64, &str)> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?} (use e.g. \"35s\", \"250ms\", \"5m\")"))?;
-    let scale = match unit.trim() {
+    Some((num.parse().ok()?, unit.trim()))
+}
+
+/// Parses `"35s"`, `"250ms"`, `"1.5s"`, `"5m"`, `"2h"`, `"1d"` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (value, unit) = number_and_unit(text).ok_or_else(|| {
+        format!("invalid duration {text:?} (use e.g. \"35s\", \"250ms\", \"5m\")")
+    })?;
+    let scale = match unit {
         "" | "s" | "sec" | "secs" => 1.0,
         "ms" => 0.001,
         "m" | "min" => 60.0,
