@@ -113,13 +113,7 @@ fn a_first_run_without_redis_names_the_url_its_origin_and_the_ways_out() {
 fn a_wrong_password_exits_78_at_once_with_the_reason() {
     let redis = RedisServer::start();
     // The test's own connection was opened before the password, so it stays authenticated.
-    let mut conn = redis.sync_conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg("s3cret")
-        .query(&mut conn)
-        .unwrap();
+    let mut conn = redis.require_password("s3cret");
     let url = format!("redis://:wrong@127.0.0.1:{}/0", redis.port());
     let mut d = Daemon::builder(&redis)
         .config("queues = \"q\"\nredis_connect_timeout = \"30s\"\n")
@@ -151,13 +145,8 @@ fn a_wrong_password_exits_78_at_once_with_the_reason() {
 #[test]
 fn status_and_admin_commands_exit_78_on_a_wrong_password() {
     let redis = RedisServer::start();
-    let mut conn = redis.sync_conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg("s3cret")
-        .query(&mut conn)
-        .unwrap();
+    // The operator commands below connect with a wrong password.
+    let _conn = redis.require_password("s3cret");
     let url = format!("redis://:wrong@127.0.0.1:{}/0", redis.port());
     for cmd in [&["status"][..], &["failed", "list"], &["locks"]] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))

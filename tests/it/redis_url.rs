@@ -38,13 +38,7 @@ fn processed(conn: &mut redis::Connection) -> Option<String> {
 fn password_in_the_url_authenticates() {
     let redis = RedisServer::start();
     // The test's own connection was opened before the password, so it stays authenticated.
-    let mut conn = redis.sync_conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg("s3cret")
-        .query(&mut conn)
-        .unwrap();
+    let mut conn = redis.require_password("s3cret");
     push_job(&mut conn);
     let url = format!("redis://:s3cret@127.0.0.1:{}/0", redis.port());
     let mut daemon = Daemon::builder(&redis)

@@ -127,6 +127,19 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("async connect to {}: {e}", self.url()))
     }
 
+    /// Makes the server require `password` and returns a blocking connection opened before
+    /// it did, which stays authenticated.
+    pub fn require_password(&self, password: &str) -> redis::Connection {
+        let mut conn = self.sync_conn();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg(password)
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("CONFIG SET requirepass: {e}"));
+        conn
+    }
+
     /// A blocking connection (connect timeout 5 s, read/write timeout 30 s).
     pub fn sync_conn(&self) -> redis::Connection {
         let conn = self
