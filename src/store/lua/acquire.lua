@@ -156,6 +156,7 @@ end
 local conflicts = {}
 local dep_conflict = false
 local was_empty = {}
+local kept_for_me = {}
 for i = 1, n do
   local lk, id, limit = lock_at(i)
   if limit > 1 then
@@ -173,6 +174,12 @@ for i = 1, n do
       local holders = 0
       if not empty then holders = redis.call('ZCARD', lk) end
       was_empty[i] = (holders == 0)
+      -- PK-3: a unit kept for this payload by a release (lib_park.lua lockn_handoff) is this
+      -- job's to take over: it does not count against it.
+      if holders > 0 and redis.call('ZSCORE', lk, '~' .. digest) then
+        kept_for_me[i] = true
+        holders = holders - 1
+      end
       if holders >= limit then
         local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
         conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
@@ -357,6 +364,19 @@ if #conflicts > 0 then
     must_be('acquire', opt['failed_list'], 'list')
     if (opt['multi_name'] or '') ~= '' then must_be('acquire', opt['failed_queues'], 'set') end
   end
+  -- RL-2, PK-3: a job refused by a rate takes no lock, not even a unit of a larger lock kept
+  -- for it: the unit goes on to the next job parked on that lock, or is freed. (After the
+  -- fallback's checks, so that a refusal above has changed nothing.)
+  if #rate_conflicts > 0 then
+    for i in pairs(kept_for_me) do
+      local lk, id = lock_at(i)
+      local ik = prefix .. 'lockinfo:' .. id
+      redis.call('ZREM', lk, '~' .. digest)
+      redis.call('HDEL', ik, '~' .. digest)
+      fix_lock(lk, ik, KEYS[6], id)
+      parked_wake_freed(lk, counter_prefix, 1)
+    end
+  end
   local action, due, attempt = 'none', 0, 0
   count(prefix, now, 'conflict', class)
   if opt['last_wait'] then count(prefix, now, 'wait_timeout', class) end
@@ -487,6 +507,10 @@ for i = 1, n do
     local info = info_sep .. info_inner .. ',"acquired_at":' .. int(now) .. ',"extended_at":' ..
       int(now) .. ',"limit":' .. int(limit) .. ',"lock_id":' .. id_json .. ',"lock_id_source":' ..
       source_json(i, id_json)
+    if kept_for_me[i] then
+      redis.call('ZREM', lk, '~' .. digest)
+      redis.call('HDEL', ik, '~' .. digest)
+    end
     redis.call('ZADD', lk, int(deadline), ARGV[2])
     if opt['fencing'] then
       local f = redis.call('HINCRBY', prefix .. 'fence', id, 1)

@@ -19,7 +19,7 @@ end
 
 -- Parked waits (PK-*): defined in lib_park.lua (appended to this file), named here so that
 -- the release helpers below can wake the jobs parked on what they free.
-local parked_wake, lock1_handoff, parked_wake_freed
+local parked_wake, lock1_handoff, lockn_handoff, parked_wake_freed
 
 -- HDEL of every field in `fields`, 1,000 at a time: `unpack()` of a long list raises ("too
 -- many results to unpack") past Lua's stack limit of about 8,000 values.

@@ -96,13 +96,42 @@ lock1_handoff = function(prefix, lk, id)
   return true
 end
 
+-- PK-2, PK-3, PK-5 for a lock of a larger limit (a ZSET) with `n` free units: wakes up to `n`
+-- jobs parked on it and keeps a unit for each, as lock1_handoff does for a limit-1 lock: the
+-- member `~<digest of the woken payload>` scored with the woken job's lock_ttl deadline counts
+-- as a holder (its lockinfo field says it is a handoff). Only an ACQUIRE of that digest takes
+-- it over (acquire.lua); every other job meets the lock full and parks behind the others. A
+-- handoff that its job does not take lapses as a holder's lease does, and the purge that
+-- drops it wakes the next job. Two woken jobs of one digest share one member (the second
+-- then takes a free unit, or parks again). Never raises (PK-6); returns what parked_wake
+-- returns.
+lockn_handoff = function(p, id, n)
+  local moved, left, bad = parked_wake(p, 'lock:' .. id, n)
+  if #moved == 0 then return moved, left, bad end
+  local lk, ik = p .. 'lock:' .. id, p .. 'lockinfo:' .. id
+  local now = now_ms()
+  local kept = false
+  for _, d in ipairs(moved) do
+    local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
+    local r = redis.pcall('ZADD', lk, int(now + (tonumber(d['ttl']) or 35000)), '~' .. who)
+    if type(r) == 'number' then
+      kept = true
+      redis.pcall('HSET', ik, '~' .. who, '{"handoff":true,"queue":' ..
+        cjson.encode(d['queue']) .. ',"digest":"' .. who .. '","limit":' ..
+        int(tonumber(d['limit']) or 0) .. ',"acquired_at":' .. int(now) .. '}')
+    end
+  end
+  -- A key of another type (a limit-1 holder's) keeps no unit: the woken jobs compete.
+  if kept then fix_lock(lk, ik, p .. 'locks', id) end
+  return moved, left, bad
+end
+
 -- PK-2, PK-5 for a lock of a larger limit (a ZSET) that lost `freed` holders: as many parked
--- jobs wake (to the heads of their queues; the first to come takes the unit).
+-- jobs wake (to the heads of their queues), each with the unit kept for it (lockn_handoff).
 parked_wake_freed = function(lock_key, counter_prefix, freed)
   if freed <= 0 then return end
   local p = string.sub(counter_prefix, 1, #counter_prefix - 8)
   local id = string.sub(lock_key, #p + 6)
   if redis.call('EXISTS', p .. 'parked:lock:' .. id) == 0 then return end
-  parked_wake(p, 'lock:' .. id, freed)
+  lockn_handoff(p, id, freed)
 end
-

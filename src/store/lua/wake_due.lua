@@ -82,8 +82,9 @@ for _, res in ipairs(members) do
           else
             stuck = true
           end
-        elseif limit > holders + by_purge then
-          local moved, _, bad = parked_wake(prefix, res, limit - holders - by_purge)
+        elseif limit > holders then
+          -- The purge's own wakes kept their units (lockn_handoff): they count in holders.
+          local moved, _, bad = lockn_handoff(prefix, id, limit - holders)
           woken = woken + #moved
           stuck = bad and #moved == 0
         end
