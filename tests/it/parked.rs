@@ -248,6 +248,94 @@ fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queu
     assert!(stat(&mut r, "parked") >= 65, "{}", stat(&mut r, "parked"));
 }
 
+// PK-3 for a lock of a larger limit: each unit a holder frees is kept for the next parked job
+// (a `~<digest>` member), so jobs of the key that arrive on a higher queue while the backlog
+// runs park behind it instead of taking the freed units, and the backlog runs in parking order
+// (two at a time: a neighbour may start first). Before, the woken job went to its queue's
+// head, a new job on the higher queue took the unit, and the woken one parked again at the tail
+// (seen: the higher queue's jobs started 6th to 10th, the woken ones last).
+#[test]
+fn pk3_a_limit_two_lock_keeps_each_freed_unit_for_the_next_parked_job() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let release = work.path().join("release");
+    let h = handler(
+        work.path(),
+        "hot.sh",
+        &log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"h'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
+             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.05;; esac",
+            release.display()
+        ),
+    );
+    let config = |queues: &str| {
+        cfg(queues)
+            .locket("lock_ttl", "\"10s\"")
+            .locket("process_ttl", "\"20s\"")
+            .class("Hot", &h, "lock = \"user:{args[0]}\"\nlimit = 2")
+            .render()
+    };
+    let mut holder = Daemon::start(&redis, &config("hold"), &["--workers", "2"]);
+    r.push("hold", r#"{"class":"Hot","args":[1,"h1"]}"#);
+    r.push("hold", r#"{"class":"Hot","args":[1,"h2"]}"#);
+    wait_until(LONG, "the two holders run", || started(&log).len() == 2);
+    for i in 0..30 {
+        r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    let mut d = Daemon::start(&redis, &config("high,low"), &["--workers", "2"]);
+    let parked = format!("{NS}:locket:parked:lock:user:1");
+    wait_until(LONG, "the backlog parked", || r.llen(&parked) == 30);
+    let entries: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
+    let parking_order: Vec<i64> = entries
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            let p: serde_json::Value =
+                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
+            p["args"][1].as_i64().unwrap()
+        })
+        .collect();
+    std::fs::write(&release, "").unwrap();
+    wait_until(LONG, "six jobs ran", || ended(&log) >= 6);
+    for j in 0..5 {
+        r.push(
+            "high",
+            &format!(r#"{{"class":"Hot","args":[1,{}]}}"#, 200 + j),
+        );
+    }
+    wait_until(LONG, "every job ran", || ended(&log) == 37);
+    let order: Vec<i64> = started(&log)[2..]
+        .iter()
+        .map(|a| {
+            let v: serde_json::Value = serde_json::from_str(a).unwrap();
+            v[1].as_i64().unwrap()
+        })
+        .collect();
+    // A late job is woken only after every backlog job: at most one of those (woken with it,
+    // the other unit's) can still be waiting to start when it starts.
+    for late in 200..205 {
+        let at = order.iter().position(|j| *j == late).unwrap();
+        assert!(
+            at >= 29,
+            "job {late} of the higher queue started {at}th, ahead of the backlog: {order:?}"
+        );
+    }
+    for (at, job) in order[..30].iter().enumerate() {
+        let parked_at = parking_order.iter().position(|p| p == job).unwrap();
+        assert!(
+            at.abs_diff(parked_at) <= 2,
+            "job {job} parked {parked_at}th, started {at}th: {order:?} (parked {parking_order:?})"
+        );
+    }
+    assert!(max_running(&log) <= 2, "{}", max_running(&log));
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(holder.terminate(LONG).code(), Some(0));
+    assert_eq!(stat(&mut r, "requeued"), 0);
+}
+
 // PK-4: the holder's whole daemon is SIGKILLed (no release ever runs, and its process lease
 // outlives the lock's): the jobs parked on its lock run within lock_ttl + 2 s after the kill,
 // woken by the janitor of another daemon.
