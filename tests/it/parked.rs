@@ -108,6 +108,86 @@ async fn pk4_the_janitor_wakes_the_jobs_of_a_lapsed_holder() {
     assert_eq!(lrange(&mut c, &k.queue("q")).await, vec![b.payload.clone()]);
 }
 
+// The members of a limit-N lock's ZSET whose name starts with `~`: units kept for woken jobs.
+async fn kept_units(c: &mut Conn, id: &str) -> Vec<String> {
+    let members: Vec<String> = cmd(c, &["ZRANGE", &keys().lock(id), "0", "-1"]).await;
+    members.into_iter().filter(|m| m.starts_with('~')).collect()
+}
+
+// PK-3 for a limit-2 lock at the script level: a release keeps the freed unit for the job it
+// wakes, a fresh job meets the lock full and parks, the woken job takes the unit over; a kept
+// unit its job never takes lapses, and the janitor's purge keeps it for the next job instead.
+#[tokio::test]
+async fn pk3_a_limit_n_release_keeps_the_unit_for_the_woken_job_until_it_lapses() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let lock = [spec("team:1", 2)];
+    let mut a = reserved(&mut c, "pa", "q", "Hot", json!([1, "a"])).await;
+    let mut b = reserved(&mut c, "pb", "q", "Hot", json!([1, "b"])).await;
+    for j in [&mut a, &mut b] {
+        assert!(matches!(
+            j.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+            AcquireOutcome::Started { .. }
+        ));
+    }
+    let mut w = reserved(&mut c, "pw", "q", "Hot", json!([1, "w"])).await;
+    w.acquire(&mut c, &lock, &opts(Policy::Park)).await;
+    assert_eq!(llen(&mut c, &parked_key("lock:team:1")).await, 1);
+    // a's release wakes w and keeps the unit for it: still two holders.
+    assert!(a.finish(&mut c, &lock, Finish::Success, &[]).await);
+    assert_eq!(lrange(&mut c, &k.queue("q")).await, vec![w.payload.clone()]);
+    let kept = kept_units(&mut c, "team:1").await;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let info: Option<String> = cmd(&mut c, &["HGET", &k.lockinfo("team:1"), &kept[0]]).await;
+    assert!(info.unwrap_or_default().contains("\"handoff\":true"));
+    // A fresh job of the key, from a higher queue, meets the lock full and parks.
+    let mut f = reserved(&mut c, "pf", "high", "Hot", json!([1, "f"])).await;
+    match f.acquire(&mut c, &lock, &opts(Policy::Park)).await {
+        AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+        other => panic!("{other:?}"),
+    }
+    // w takes its unit over: two real holders, nothing kept.
+    let mut w2 = reserve_next(&mut c, "pw", "q").await;
+    assert_eq!(w2.payload, w.payload);
+    assert!(matches!(
+        w2.acquire(&mut c, &lock, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    assert!(kept_units(&mut c, "team:1").await.is_empty());
+    let holders: i64 = cmd(&mut c, &["ZCARD", &k.lock("team:1")]).await;
+    assert_eq!(holders, 2);
+    // b's release keeps its unit for f; f's job never comes (its queue is not served): the
+    // kept unit lapses like a lease, and the janitor keeps the unit for the next parked job.
+    let mut g = reserved(&mut c, "pg", "q", "Hot", json!([1, "g"])).await;
+    g.acquire(&mut c, &lock, &opts(Policy::Park)).await;
+    assert!(b.finish(&mut c, &lock, Finish::Success, &[]).await);
+    assert_eq!(
+        lrange(&mut c, &k.queue("high")).await,
+        vec![f.payload.clone()]
+    );
+    let kept = kept_units(&mut c, "team:1").await;
+    assert_eq!(kept.len(), 1);
+    let _: i64 = cmd(&mut c, &["ZADD", &k.lock("team:1"), "XX", "1", &kept[0]]).await;
+    let _: i64 = cmd(&mut c, &["ZADD", &k.locket("parked"), "0", "lock:team:1"]).await;
+    let woke = store::wake_due(&mut c, &k, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(woke.woken, 1, "{woke:?}");
+    assert_eq!(lrange(&mut c, &k.queue("q")).await, vec![g.payload.clone()]);
+    let now_kept = kept_units(&mut c, "team:1").await;
+    assert_eq!(now_kept.len(), 1);
+    assert_ne!(now_kept, kept, "the lapsed unit went to g");
+    // f comes late: the lock is full (w and g's unit), so it parks again.
+    let mut f2 = reserve_next(&mut c, "pf", "high").await;
+    match f2.acquire(&mut c, &lock, &opts(Policy::Park)).await {
+        AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+        other => panic!("{other:?}"),
+    }
+    let holders: i64 = cmd(&mut c, &["ZCARD", &k.lock("team:1")]).await;
+    assert_eq!(holders, 2, "never more than the limit");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the daemon
 // ---------------------------------------------------------------------------------------------
