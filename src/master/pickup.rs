@@ -574,7 +574,10 @@ async fn watch_key(
 }
 
 async fn blocking_connection(url: &str) -> Option<redis::aio::MultiplexedConnection> {
-    let client = crate::conn::client(url).ok()?;
+    let client = crate::conn::primary_client(url, false)
+        .await
+        .map_err(|e| debug!(target: LOG_TARGET, error = %e, "no primary to watch a queue on"))
+        .ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(BLOCK_SECS + 10)));

@@ -317,7 +317,7 @@ where
 }
 
 async fn connect(url: &str, interval: Duration) -> Option<redis::aio::MultiplexedConnection> {
-    let client = crate::conn::client(url).ok()?;
+    let client = crate::conn::primary_client(url, false).await.ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(interval + Duration::from_secs(10)));

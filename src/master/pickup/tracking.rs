@@ -55,8 +55,10 @@ async fn track(url: &str, set: &str, pause: &str, tx: &mpsc::UnboundedSender<Ev>
             Tracking::Lost(e)
         }
     };
-    let client = match crate::conn::client_resp3(url) {
+    let client = match crate::conn::primary_client(url, true).await {
         Ok(c) => c,
+        // The sentinels not answering, or naming no primary yet: a failover.
+        Err(e) if crate::conn::is_sentinel(url) => return Tracking::Lost(e),
         Err(e) => return Tracking::Refused(e),
     };
     let (push_tx, mut pushes) = mpsc::unbounded_channel();

@@ -1,0 +1,451 @@
+//! Redis Sentinel (issue 29 item 2): the `redis+sentinel://` URL, asking the sentinels for the
+//! current primary (through the redis crate's `SentinelClient`), and the one place that asks
+//! them again: [`Failover`], shared by every clone of a [`super::Manager`] made from one URL.
+//!
+//! The URL: `redis+sentinel://[[user]:password@]host1[:26379],host2[:26379]/service[/db]`. The
+//! user and password are the data nodes' (the primary's); the sentinels are asked without
+//! one. `rediss+sentinel://` (TLS) is refused, not guessed at.
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// The port a sentinel listens on when the URL names none.
+const SENTINEL_PORT: u16 = 26379;
+
+/// How long one round of questions to the sentinels (and the role check of the primary they
+/// name) may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The least time between two rounds of questions caused by errors: a dead primary makes every
+/// call fail, and one round for all of them is enough.
+const MIN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A parsed `redis+sentinel://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// The sentinels' addresses, in the URL's order.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the primary by (`sentinel monitor <name> ...`).
+    pub service: String,
+    /// The database on the primary.
+    pub db: i64,
+    /// The primary's ACL user.
+    pub username: Option<String>,
+    /// The primary's password.
+    pub password: Option<String>,
+}
+
+fn bad(detail: impl Into<String>) -> RedisError {
+    RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "bad redis+sentinel URL",
+        detail.into(),
+    ))
+}
+
+/// Whether `url` names its Redis through sentinels (`redis+sentinel://`, or the refused
+/// `rediss+sentinel://`).
+pub fn is_sentinel(url: &str) -> bool {
+    let scheme = url.split("://").next().unwrap_or("");
+    scheme.eq_ignore_ascii_case("redis+sentinel") || scheme.eq_ignore_ascii_case("rediss+sentinel")
+}
+
+/// `%XX` escapes decoded, as in the user-info of any Redis URL.
+fn percent_decode(s: &str) -> RedisResult<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    bad("a % in the user or password is not followed by two hex digits")
+                })?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad("the user or password is not UTF-8"))
+}
+
+/// Parses a `redis+sentinel://` URL.
+pub fn parse(url: &str) -> RedisResult<SentinelUrl> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    if scheme.eq_ignore_ascii_case("rediss+sentinel") {
+        return Err(bad(
+            "rediss+sentinel:// (TLS through sentinels) is not supported; use redis+sentinel:// \
+             on a trusted network, or rediss:// to one server",
+        ));
+    }
+    if !scheme.eq_ignore_ascii_case("redis+sentinel") {
+        return Err(bad(format!("the scheme is {scheme:?}, not redis+sentinel")));
+    }
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    // The user-info ends at the last `@`, so that a raw `@` or `/` in a password stays in it.
+    let (creds, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let (username, password) = match creds {
+        None => (None, None),
+        Some(c) => {
+            let (u, p) = match c.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => ("", Some(c)),
+            };
+            let u = (!u.is_empty()).then(|| percent_decode(u)).transpose()?;
+            let p = p
+                .filter(|p| !p.is_empty())
+                .map(percent_decode)
+                .transpose()?;
+            (u, p)
+        }
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut sentinels = Vec::new();
+    for h in hosts.split(',').filter(|h| !h.is_empty()) {
+        let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad(format!("{h:?}: no ] after an IPv6 address")))?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match h.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (h, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad(format!("{h:?}: no host")));
+        }
+        let port = match port {
+            None => SENTINEL_PORT,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad(format!("{h:?}: {p:?} is not a port")))?,
+        };
+        sentinels.push((host.to_string(), port));
+    }
+    if sentinels.is_empty() {
+        return Err(bad(
+            "no sentinel host (redis+sentinel://host1:26379,host2:26379/mymaster/0)",
+        ));
+    }
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let service = parts
+        .next()
+        .ok_or_else(|| bad("no service name after the hosts (…/mymaster/0)"))?
+        .to_string();
+    let db = match parts.next() {
+        None => 0,
+        Some(d) => d
+            .parse::<i64>()
+            .ok()
+            .filter(|d| *d >= 0)
+            .ok_or_else(|| bad(format!("{d:?} is not a database number")))?,
+    };
+    if let Some(extra) = parts.next() {
+        return Err(bad(format!("{extra:?} after the database number")));
+    }
+    Ok(SentinelUrl {
+        sentinels,
+        service,
+        db,
+        username,
+        password,
+    })
+}
+
+impl SentinelUrl {
+    /// A client that asks these sentinels for the primary and connects to it with the URL's
+    /// database and credentials, `TCP_NODELAY` set (as [`super::client`]'s) and `protocol`.
+    fn sentinel_client(&self, protocol: redis::ProtocolVersion) -> RedisResult<SentinelClient> {
+        let addrs = self
+            .sentinels
+            .iter()
+            .map(|(h, p)| ConnectionAddr::Tcp(h.clone(), *p));
+        let mut b = SentinelClientBuilder::new(addrs, &self.service, SentinelServerType::Master)?
+            .set_client_to_redis_db(self.db)
+            .set_client_to_redis_protocol(protocol)
+            .set_client_to_redis_tcp_settings(
+                redis::io::tcp::TcpSettings::default().set_nodelay(true),
+            )
+            .set_client_to_sentinel_tcp_settings(
+                redis::io::tcp::TcpSettings::default().set_nodelay(true),
+            );
+        if let Some(u) = &self.username {
+            b = b.set_client_to_redis_username(u);
+        }
+        if let Some(p) = &self.password {
+            b = b.set_client_to_redis_password(p);
+        }
+        b.build()
+    }
+}
+
+/// Asks the sentinels of `url` for the current primary, checks that it says it is one, and
+/// returns a client for it (RESP3 if `resp3`).
+pub(super) async fn primary_client(url: &SentinelUrl, resp3: bool) -> RedisResult<redis::Client> {
+    let protocol = if resp3 {
+        redis::ProtocolVersion::RESP3
+    } else {
+        redis::ProtocolVersion::RESP2
+    };
+    let mut sentinels = url.sentinel_client(protocol)?;
+    ask(&mut sentinels).await
+}
+
+async fn ask(sentinels: &mut SentinelClient) -> RedisResult<redis::Client> {
+    match tokio::time::timeout(ASK_TIMEOUT, sentinels.async_get_client()).await {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from((
+            ErrorKind::Io,
+            "no sentinel named a primary in time",
+        ))),
+    }
+}
+
+/// `host:port` of the server `client` connects to.
+pub(super) fn address(client: &redis::Client) -> String {
+    client.get_connection_info().addr().to_string()
+}
+
+/// Whether `e` may mean that the primary has moved: the connection failed or was dropped, or
+/// the server answered as a replica (`READONLY`, `MASTERDOWN`, a blocked call's `UNBLOCKED`).
+pub(super) fn may_have_moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+            )
+        )
+        || e.code() == Some("UNBLOCKED")
+}
+
+/// What all clones of one sentinel-backed [`super::Manager`] share: the connection to the
+/// current primary, its generation, and the sentinels to ask again. The one place where a
+/// failover is followed.
+pub(super) struct Failover {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    cfg: ConnectionManagerConfig,
+    /// The connection to the primary last found, and its address.
+    current: Mutex<(ConnectionManager, String)>,
+    /// Bumped at every change of `current`: a clone compares it with its own before each call.
+    generation: AtomicU64,
+    /// A round of questions is under way (at most one at a time).
+    asking: AtomicBool,
+    last_asked: Mutex<Option<Instant>>,
+}
+
+impl Failover {
+    /// Asks the sentinels for the primary and connects to it. `Err` if no sentinel answers
+    /// with a primary that can be reached.
+    pub(super) async fn connect(
+        url: &SentinelUrl,
+        cfg: ConnectionManagerConfig,
+    ) -> RedisResult<Arc<Failover>> {
+        let mut sentinels = url.sentinel_client(redis::ProtocolVersion::RESP2)?;
+        let client = ask(&mut sentinels).await?;
+        let addr = address(&client);
+        let conn = ConnectionManager::new_with_config(client, cfg.clone()).await?;
+        let failover = Arc::new(Failover {
+            sentinels: tokio::sync::Mutex::new(sentinels),
+            cfg,
+            current: Mutex::new((conn, addr)),
+            generation: AtomicU64::new(0),
+            asking: AtomicBool::new(false),
+            last_asked: Mutex::new(None),
+        });
+        watch_switches(url.clone(), Arc::downgrade(&failover));
+        Ok(failover)
+    }
+
+    /// The connection to the current primary, its generation, and its address.
+    pub(super) fn current(&self) -> (ConnectionManager, u64, String) {
+        let cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            cur.0.clone(),
+            self.generation.load(Ordering::Acquire),
+            cur.1.clone(),
+        )
+    }
+
+    /// The generation of the current connection.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Asks the sentinels again in the background, unless a round is under way or one started
+    /// less than [`MIN_INTERVAL`] ago; the calls that follow go to the primary it finds.
+    pub(super) fn recheck(self: &Arc<Self>, why: &str) {
+        {
+            let mut last = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
+                return;
+            }
+            if self.asking.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        debug!(target: super::LOG_TARGET, why, "asking the sentinels for the redis primary");
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            this.ask_again().await;
+            this.asking.store(false, Ordering::Release);
+        });
+    }
+
+    async fn ask_again(&self) {
+        let client = {
+            let mut sentinels = self.sentinels.lock().await;
+            match ask(&mut sentinels).await {
+                Ok(c) => c,
+                Err(e) => {
+                    debug!(target: super::LOG_TARGET, error = %e, "no primary from the sentinels yet");
+                    return;
+                }
+            }
+        };
+        let addr = address(&client);
+        let old = self.current().2;
+        if addr == old {
+            return;
+        }
+        match ConnectionManager::new_with_config(client, self.cfg.clone()).await {
+            Ok(conn) => {
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = (conn, addr.clone());
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                warn!(target: super::LOG_TARGET, from = %old, to = %addr, "redis primary changed (sentinel failover)");
+            }
+            Err(e) => {
+                debug!(target: super::LOG_TARGET, error = %e, primary = %addr, "cannot connect to the new primary yet");
+            }
+        }
+    }
+}
+
+/// Subscribes to `+switch-master` on the sentinels, one at a time, and asks them again at each
+/// switch of any master, as long as `failover` is in use. Errors only delay: the calls' own
+/// errors lead to the new primary too.
+fn watch_switches(url: SentinelUrl, failover: Weak<Failover>) {
+    tokio::spawn(async move {
+        let mut i = 0usize;
+        loop {
+            if failover.strong_count() == 0 {
+                return;
+            }
+            let (host, port) = url.sentinels[i % url.sentinels.len()].clone();
+            i += 1;
+            let pubsub = match redis::Client::open(ConnectionAddr::Tcp(host, port)) {
+                Ok(c) => tokio::time::timeout(ASK_TIMEOUT, c.get_async_pubsub()).await,
+                Err(_) => return,
+            };
+            if let Ok(Ok(mut pubsub)) = pubsub {
+                if pubsub.subscribe("+switch-master").await.is_ok() {
+                    let mut messages = pubsub.on_message();
+                    loop {
+                        use futures::StreamExt;
+                        match tokio::time::timeout(Duration::from_secs(1), messages.next()).await {
+                            Ok(Some(_)) => match failover.upgrade() {
+                                Some(f) => f.recheck("+switch-master"),
+                                None => return,
+                            },
+                            Ok(None) => break,
+                            Err(_) if failover.strong_count() == 0 => return,
+                            Err(_) => {}
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_service_db_and_password() {
+        let u = parse("redis+sentinel://:s%40cret@h1:26379,h2:26380,h3/mymaster/2").unwrap();
+        assert_eq!(
+            u.sentinels,
+            vec![
+                ("h1".to_string(), 26379),
+                ("h2".to_string(), 26380),
+                ("h3".to_string(), 26379)
+            ]
+        );
+        assert_eq!(u.service, "mymaster");
+        assert_eq!(u.db, 2);
+        assert_eq!(u.username, None);
+        assert_eq!(u.password.as_deref(), Some("s@cret"));
+        let u = parse("redis+sentinel://app:pw@[::1]:5000/svc").unwrap();
+        assert_eq!(u.sentinels, vec![("::1".to_string(), 5000)]);
+        assert_eq!(
+            (u.username.as_deref(), u.password.as_deref()),
+            (Some("app"), Some("pw"))
+        );
+        assert_eq!(u.db, 0);
+        // A raw `@` and `/` in a password: the user-info ends at the last `@`.
+        let u = parse("redis+sentinel://:a/b@c@h1/svc/1").unwrap();
+        assert_eq!(u.password.as_deref(), Some("a/b@c"));
+        assert_eq!(u.sentinels, vec![("h1".to_string(), 26379)]);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use() {
+        for url in [
+            "redis+sentinel://h1,h2",
+            "redis+sentinel://h1:26379/",
+            "redis+sentinel:///mymaster/0",
+            "redis+sentinel://h1:x/mymaster",
+            "redis+sentinel://h1/mymaster/zero",
+            "redis+sentinel://h1/mymaster/0/extra",
+            "rediss+sentinel://h1/mymaster/0",
+            "redis+sentinel://:%zz@h1/mymaster",
+        ] {
+            let e = parse(url).expect_err(url);
+            assert_eq!(e.kind(), ErrorKind::InvalidClientConfig, "{url}");
+        }
+        assert!(parse("rediss+sentinel://h/m")
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
+        assert!(is_sentinel("redis+sentinel://h/m"));
+        assert!(!is_sentinel("redis://h/0"));
+    }
+
+    #[test]
+    fn moves_are_told_from_other_errors() {
+        let readonly =
+            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
+                .and_then(redis::Value::extract_error)
+                .unwrap_err();
+        assert!(may_have_moved(&readonly));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(may_have_moved(&io));
+        let wrongtype = redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n")
+            .and_then(redis::Value::extract_error)
+            .unwrap_err();
+        assert!(!may_have_moved(&wrongtype));
+    }
+}
