@@ -82,9 +82,9 @@ impl Call {
 
 impl Conn {
     /// Every command goes straight to `inner` (one slot per process).
-    pub fn direct(inner: Manager) -> Conn {
+    pub fn direct(inner: impl Into<Manager>) -> Conn {
         Conn {
-            inner,
+            inner: inner.into(),
             batcher: None,
             tally: Arc::default(),
             mode: Arc::default(),
@@ -93,7 +93,8 @@ impl Conn {
 
     /// Job-path scripts are batched; needs a Tokio runtime. The batching task ends when the
     /// last clone of the returned connection is dropped.
-    pub fn batched(inner: Manager) -> Conn {
+    pub fn batched(inner: impl Into<Manager>) -> Conn {
+        let inner = inner.into();
         let (tx, rx) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
         let mode = Arc::<Mode>::default();
