@@ -14,6 +14,17 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
+/// The sentinels' channel that names a new primary.
+const SWITCH: &str = "+switch-master";
+
+/// The sentinels' channel that names the replica a failover is promoting, as it begins.
+const PROMOTING: &str = "+failover-state-send-slaveof-noone";
+
+/// How long after a promotion began the sentinels naming the old primary is not believed:
+/// long enough for the promotion to end (`+switch-master`), short enough that a failover that
+/// failed is left for the primary the sentinels still name.
+const PROMOTION_BOUND: Duration = Duration::from_secs(15);
+
 /// The port a sentinel listens on when the URL names none.
 const SENTINEL_PORT: u16 = 26379;
 
@@ -241,16 +252,37 @@ pub(super) fn may_have_moved(e: &RedisError) -> bool {
 /// What all clones of one sentinel-backed [`super::Manager`] share: the connection to the
 /// current primary, its generation, and the sentinels to ask again. The one place where a
 /// failover is followed.
+///
+/// Two ways lead to another primary. A `+switch-master` message (from any of the sentinels,
+/// see [`Watch`]) is followed at once, once the server it names answers as a primary. An error
+/// that may mean a move ([`may_have_moved`]) makes it ask the sentinels, and the primary they
+/// name is taken only if the current one no longer answers as a primary: during a failover the
+/// sentinels disagree for a while (each learns the new configuration up to a couple of seconds
+/// after the one that did it), and the old primary, if alive, still says it is one until it is
+/// turned into a replica, so a late sentinel's word must not send us back to it.
 pub(super) struct Failover {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     cfg: ConnectionManagerConfig,
-    /// The connection to the primary last found, and its address.
-    current: Mutex<(ConnectionManager, String)>,
+    /// The connection to the primary last found, its address, and its settings.
+    current: Mutex<Current>,
     /// Bumped at every change of `current`: a clone compares it with its own before each call.
     generation: AtomicU64,
     /// A round of questions is under way (at most one at a time).
     asking: AtomicBool,
     last_asked: Mutex<Option<Instant>>,
+    /// Serialises the changes of `current`.
+    switching: tokio::sync::Mutex<()>,
+    /// Set when a sentinel began promoting a replica and we moved to it: the primary we left,
+    /// and until when the sentinels' naming it again is not believed (they name it until the
+    /// promotion ends).
+    left: Mutex<Option<(String, Instant)>>,
+    _watch: Arc<Watch>,
+}
+
+struct Current {
+    conn: ConnectionManager,
+    addr: String,
+    info: redis::ConnectionInfo,
 }
 
 impl Failover {
@@ -263,16 +295,24 @@ impl Failover {
         let mut sentinels = url.sentinel_client(redis::ProtocolVersion::RESP2)?;
         let client = ask(&mut sentinels).await?;
         let addr = address(&client);
+        let info = client.get_connection_info().clone();
         let conn = ConnectionManager::new_with_config(client, cfg.clone()).await?;
+        let watch = Watch::for_url(url);
         let failover = Arc::new(Failover {
             sentinels: tokio::sync::Mutex::new(sentinels),
             cfg,
-            current: Mutex::new((conn, addr)),
+            current: Mutex::new(Current { conn, addr, info }),
             generation: AtomicU64::new(0),
             asking: AtomicBool::new(false),
             last_asked: Mutex::new(None),
+            switching: tokio::sync::Mutex::new(()),
+            left: Mutex::new(None),
+            _watch: Arc::clone(&watch),
         });
-        watch_switches(url.clone(), Arc::downgrade(&failover));
+        let mut all = watch.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|f| f.strong_count() > 0);
+        all.push(Arc::downgrade(&failover));
+        drop(all);
         Ok(failover)
     }
 
@@ -280,9 +320,9 @@ impl Failover {
     pub(super) fn current(&self) -> (ConnectionManager, u64, String) {
         let cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
         (
-            cur.0.clone(),
+            cur.conn.clone(),
             self.generation.load(Ordering::Acquire),
-            cur.1.clone(),
+            cur.addr.clone(),
         )
     }
 
@@ -323,60 +363,191 @@ impl Failover {
                 }
             }
         };
-        let addr = address(&client);
-        let old = self.current().2;
-        if addr == old {
+        let _one = self.switching.lock().await;
+        let (mut conn, _, old) = self.current();
+        let named = address(&client);
+        let left = self.left.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some((left, until)) = left {
+            if named == left && Instant::now() < until {
+                return;
+            }
+        }
+        if named == old || is_primary(&mut conn).await {
             return;
         }
-        match ConnectionManager::new_with_config(client, self.cfg.clone()).await {
-            Ok(conn) => {
-                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = (conn, addr.clone());
-                self.generation.fetch_add(1, Ordering::AcqRel);
-                warn!(target: super::LOG_TARGET, from = %old, to = %addr, "redis primary changed (sentinel failover)");
+        self.switch(client, true, "the sentinels name another")
+            .await;
+    }
+
+    /// A sentinel named `host:port` in a `+switch-master` (`promoted` false: go there once it
+    /// answers as a primary) or as the replica it is promoting (`promoted` true: go there at
+    /// once, so that no write lands on the old primary after the replica stopped copying it;
+    /// until the promotion ends, writes are refused with READONLY, an outage that callers wait
+    /// out).
+    fn switched(self: &Arc<Self>, host: String, port: u16, promoting: bool) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let _one = this.switching.lock().await;
+            let info = {
+                let cur = this.current.lock().unwrap_or_else(|e| e.into_inner());
+                cur.info.clone().set_addr(ConnectionAddr::Tcp(host, port))
+            };
+            let Ok(client) = redis::Client::open(info) else {
+                return;
+            };
+            let old = this.current().2;
+            if address(&client) == old {
+                return;
             }
+            if promoting {
+                *this.left.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((old, Instant::now() + PROMOTION_BOUND));
+                this.switch(client, false, "+failover-state-send-slaveof-noone")
+                    .await;
+            } else {
+                this.switch(client, true, "+switch-master").await;
+            }
+        });
+    }
+
+    /// Connects to `client`'s server and, if it answers as a primary (or `check` is false),
+    /// makes it the current one.
+    async fn switch(&self, client: redis::Client, check: bool, why: &str) {
+        let addr = address(&client);
+        let info = client.get_connection_info().clone();
+        let mut conn = match ConnectionManager::new_with_config(client, self.cfg.clone()).await {
+            Ok(conn) => conn,
             Err(e) => {
                 debug!(target: super::LOG_TARGET, error = %e, primary = %addr, "cannot connect to the new primary yet");
+                return;
             }
+        };
+        if check && !is_primary(&mut conn).await {
+            debug!(target: super::LOG_TARGET, primary = %addr, "the new primary does not answer as one yet");
+            return;
+        }
+        let old = {
+            let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            let old = std::mem::replace(&mut cur.addr, addr.clone());
+            cur.conn = conn;
+            cur.info = info;
+            old
+        };
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        warn!(target: super::LOG_TARGET, from = %old, to = %addr, why, "redis primary changed (sentinel failover)");
+    }
+}
+
+/// Whether the server behind `conn` answers `ROLE` as a primary, within a second.
+async fn is_primary(conn: &mut ConnectionManager) -> bool {
+    let cmd = redis::cmd("ROLE");
+    let role = cmd.query_async::<Vec<redis::Value>>(conn);
+    match tokio::time::timeout(Duration::from_secs(1), role).await {
+        Ok(Ok(v)) => matches!(v.first(), Some(redis::Value::BulkString(b)) if b == b"master"),
+        _ => false,
+    }
+}
+
+/// One process's subscriptions to `+switch-master`, one per sentinel of a URL, shared by the
+/// [`Failover`]s of that URL: every message for the URL's service is passed to each of them.
+/// Held by the failovers; when the last one is dropped, the subscriptions end.
+struct Watch {
+    failovers: Mutex<Vec<Weak<Failover>>>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+/// The process's watches, by URL.
+static WATCHES: Mutex<Vec<(SentinelUrl, Weak<Watch>)>> = Mutex::new(Vec::new());
+
+impl Watch {
+    fn for_url(url: &SentinelUrl) -> Arc<Watch> {
+        let mut all = WATCHES.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(w) = all
+            .iter()
+            .find(|(u, _)| u == url)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return w;
+        }
+        let watch = Arc::new(Watch {
+            failovers: Mutex::new(Vec::new()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let tasks = url
+            .sentinels
+            .iter()
+            .map(|(host, port)| {
+                let sentinel = ConnectionAddr::Tcp(host.clone(), *port);
+                tokio::spawn(subscribe(
+                    sentinel,
+                    url.service.clone(),
+                    Arc::downgrade(&watch),
+                ))
+                .abort_handle()
+            })
+            .collect();
+        *watch.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
+        all.push((url.clone(), Arc::downgrade(&watch)));
+        watch
+    }
+
+    fn switched(&self, host: &str, port: u16, promoting: bool) {
+        let failovers = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        for f in failovers.iter().filter_map(Weak::upgrade) {
+            f.switched(host.to_string(), port, promoting);
         }
     }
 }
 
-/// Subscribes to `+switch-master` on the sentinels, one at a time, and asks them again at each
-/// switch of any master, as long as `failover` is in use. Errors only delay: the calls' own
-/// errors lead to the new primary too.
-fn watch_switches(url: SentinelUrl, failover: Weak<Failover>) {
-    tokio::spawn(async move {
-        let mut i = 0usize;
-        loop {
-            if failover.strong_count() == 0 {
-                return;
-            }
-            let (host, port) = url.sentinels[i % url.sentinels.len()].clone();
-            i += 1;
-            let pubsub = match redis::Client::open(ConnectionAddr::Tcp(host, port)) {
-                Ok(c) => tokio::time::timeout(ASK_TIMEOUT, c.get_async_pubsub()).await,
-                Err(_) => return,
-            };
-            if let Ok(Ok(mut pubsub)) = pubsub {
-                if pubsub.subscribe("+switch-master").await.is_ok() {
-                    let mut messages = pubsub.on_message();
-                    loop {
-                        use futures::StreamExt;
-                        match tokio::time::timeout(Duration::from_secs(1), messages.next()).await {
-                            Ok(Some(_)) => match failover.upgrade() {
-                                Some(f) => f.recheck("+switch-master"),
+impl Drop for Watch {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            t.abort();
+        }
+    }
+}
+
+/// Listens on one sentinel, for as long as `watch` lives (connecting again a second after a
+/// failure), to `+switch-master` (`<service> <old ip> <old port> <new ip> <new port>`) and to
+/// `+failover-state-send-slaveof-noone` (`slave <name> <ip> <port> @ <service> <ip> <port>`,
+/// sent by the sentinel that leads a failover as it makes the replica stop copying).
+async fn subscribe(sentinel: ConnectionAddr, service: String, watch: Weak<Watch>) {
+    use futures::StreamExt;
+    loop {
+        let pubsub = match redis::Client::open(sentinel.clone()) {
+            Ok(c) => tokio::time::timeout(ASK_TIMEOUT, c.get_async_pubsub()).await,
+            Err(_) => return,
+        };
+        if let Ok(Ok(mut pubsub)) = pubsub {
+            if pubsub.subscribe(&[SWITCH, PROMOTING][..]).await.is_ok() {
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    let text: String = msg.get_payload().unwrap_or_default();
+                    let words: Vec<&str> = text.split(' ').collect();
+                    let target = match (msg.get_channel_name(), &words[..]) {
+                        (SWITCH, [name, _, _, host, port]) => Some((*name, *host, *port, false)),
+                        (PROMOTING, ["slave", _, host, port, "@", name, _, _]) => {
+                            Some((*name, *host, *port, true))
+                        }
+                        _ => None,
+                    };
+                    if let Some((name, host, port, promoting)) = target {
+                        if let (true, Ok(port)) = (name == service, port.parse::<u16>()) {
+                            match watch.upgrade() {
+                                Some(w) => w.switched(host, port, promoting),
                                 None => return,
-                            },
-                            Ok(None) => break,
-                            Err(_) if failover.strong_count() == 0 => return,
-                            Err(_) => {}
+                            }
                         }
                     }
                 }
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-    });
+        if watch.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 #[cfg(test)]

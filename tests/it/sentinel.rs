@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use crate::daemon::{cfg, NS};
 use crate::support::{read_lossy, tail, wait_until, write_script, Daemon, SentinelSetup};
 
+/// The locks of the `Fenced` jobs.
+const LOCKS: u64 = 8;
+
 /// The sentinels' `down-after-milliseconds` in these tests.
 const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
@@ -123,6 +126,31 @@ fn runs(log: &str) -> Vec<Run> {
         .collect()
 }
 
+/// The jobs run more than once, and for each lock, the fencing numbers (in the order the jobs
+/// started: one holder at a time) that were not above every number handed out before them.
+fn duplicates_and_repeated_fences(all: &[Run]) -> (Vec<u64>, Vec<String>) {
+    let mut times: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut highest: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut repeated = Vec::new();
+    for r in all {
+        *times.entry(r.job).or_default() += 1;
+        if let (Some(lock), Some(fence)) = (r.lock, r.fence) {
+            match highest.get(&lock) {
+                Some(h) if fence <= *h => repeated.push(format!("f:{lock}: {fence} after {h}")),
+                _ => {
+                    highest.insert(lock, fence);
+                }
+            }
+        }
+    }
+    let twice = times
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(j, _)| j)
+        .collect();
+    (twice, repeated)
+}
+
 /// Every value under the namespace on `conn`'s server, as one text (queues, failures, parked
 /// and inflight records), to find a job's payload in.
 fn everything(conn: &mut redis::Connection) -> String {
@@ -153,44 +181,34 @@ fn everything(conn: &mut redis::Connection) -> String {
     out
 }
 
-/// Issue 29 item 3: 2,000 jobs draining, the primary SIGKILLed mid-run, the sentinels promote
-/// the replica. locketd resumes on the new primary within `down-after` + 5 s; every job ran or
-/// is still in a queue, failure, parked or inflight record; the jobs run twice (the
-/// replication gap) and the fencing numbers seen across the failover are reported, and checked
-/// to grow per lock on each side of it (the spec's "Failover" says why not across it).
-#[test]
-fn a_failover_mid_run_loses_no_job() {
-    const JOBS: u64 = 2000;
-    const LOCKS: u64 = 8;
-    let mut setup = SentinelSetup::start(DOWN_AFTER);
-    let old_port = setup.primary.port();
-    let new_port = setup.replica.port();
-
-    // Every fifth job is Fenced (a lock of 8 with fencing), the rest Plain.
-    {
-        let mut c = setup.primary.sync_conn();
-        let mut pipe = redis::pipe();
-        pipe.cmd("SADD")
-            .arg(format!("{NS}:queues"))
-            .arg("q")
+/// Pushes `jobs` jobs to queue `q` of the primary, every fifth `Fenced` (args `[i, i % 8]`, a
+/// fenced lock of 8), the rest `Plain` (args `[i]`), and waits until the replica has them.
+fn enqueue(setup: &SentinelSetup, jobs: u64) {
+    let mut c = setup.primary.sync_conn();
+    let mut pipe = redis::pipe();
+    pipe.cmd("SADD")
+        .arg(format!("{NS}:queues"))
+        .arg("q")
+        .ignore();
+    for i in 0..jobs {
+        let payload = if i % 5 == 0 {
+            format!(r#"{{"class":"Fenced","args":[{i},{}]}}"#, i % LOCKS)
+        } else {
+            format!(r#"{{"class":"Plain","args":[{i}]}}"#)
+        };
+        pipe.cmd("RPUSH")
+            .arg(format!("{NS}:queue:q"))
+            .arg(payload)
             .ignore();
-        for i in 0..JOBS {
-            let payload = if i % 5 == 0 {
-                format!(r#"{{"class":"Fenced","args":[{i},{}]}}"#, i % LOCKS)
-            } else {
-                format!(r#"{{"class":"Plain","args":[{i}]}}"#)
-            };
-            pipe.cmd("RPUSH")
-                .arg(format!("{NS}:queue:q"))
-                .arg(payload)
-                .ignore();
-        }
-        let () = pipe.query(&mut c).expect("enqueue");
-        // The jobs themselves are on the replica before anything runs.
-        let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
-        assert_eq!(acked, 1, "the replica did not acknowledge the jobs");
     }
+    let () = pipe.query(&mut c).expect("enqueue");
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    assert_eq!(acked, 1, "the replica did not acknowledge the jobs");
+}
 
+/// A daemon on the sentinel URL, 4 workers of one slot, whose handler appends
+/// `<class> <args> <fences>` to the returned log file for every job it starts.
+fn start_daemon(setup: &SentinelSetup) -> (tempfile::TempDir, std::path::PathBuf, Daemon) {
     let work = tempfile::tempdir().expect("temp dir");
     let log = work.path().join("runs.log");
     let handler = write_script(
@@ -201,17 +219,38 @@ fn a_failover_mid_run_loses_no_job() {
             log.display()
         ),
     );
+    // Leases longer than the outage (as the defaults are: 35 s and 60 s), so that the
+    // processes ride through it rather than presume themselves dead.
     let config = cfg("q")
+        .locket("lock_ttl", "\"10s\"")
+        .locket("process_ttl", "\"10s\"")
         .top("workers = 4")
         .top("slots = 1")
         .top("redis_connect_timeout = \"30s\"")
         .class("Plain", &handler, "")
         .class("Fenced", &handler, "lock = \"f:{args[1]}\"\nfencing = true")
         .render();
-    let mut d = Daemon::builder(&setup.primary)
+    let d = Daemon::builder(&setup.primary)
         .redis_url(&setup.url())
         .config(&config)
         .start();
+    (work, log, d)
+}
+
+/// Issue 29 item 3: 2,000 jobs draining, the primary SIGKILLed mid-run, the sentinels promote
+/// the replica. locketd resumes on the new primary within `down-after` + 5 s; every job ran or
+/// is still in a queue, failure, parked or inflight record; the jobs run twice (the
+/// replication gap) and the fencing numbers seen across the failover are reported, and checked
+/// to grow per lock on each side of it (the spec's "Failover" says why not across it).
+#[test]
+fn a_failover_mid_run_loses_no_job() {
+    const JOBS: u64 = 2000;
+    let mut setup = SentinelSetup::start(DOWN_AFTER);
+    let old_port = setup.primary.port();
+    let new_port = setup.replica.port();
+
+    enqueue(&setup, JOBS);
+    let (_work, log, mut d) = start_daemon(&setup);
 
     // Mid-run: a fifth of the jobs started.
     wait_until(Duration::from_secs(60), "400 jobs started", || {
@@ -318,10 +357,14 @@ fn a_failover_mid_run_loses_no_job() {
         }
     }
 
+    let switches = daemon_log.matches("redis primary changed").count();
+    let presumed_dead = daemon_log.matches("presumed dead").count();
+    let respawns = daemon_log.matches("worker exited unexpectedly").count();
     eprintln!(
         "failover figures: down-after {DOWN_AFTER:?}; primary {old_port} killed after {started_before} \
          job starts; replica {new_port} named primary after {promoted:?}; jobs started again after \
-         {resumed:?}; {} runs of {JOBS} jobs; {} jobs ran twice or more {:?}; {not_run} never ran \
+         {resumed:?}; {switches} connections switched, {presumed_dead} 'presumed dead' lines, \
+         {respawns} workers respawned; {} runs of {JOBS} jobs; {} jobs ran twice or more {:?}; {not_run} never ran \
          ({} of them found in Redis); fencing: {} of {LOCKS} locks gave a number not above the \
          last one before the failover {regressions:?}",
         all.len(),
@@ -340,6 +383,73 @@ fn a_failover_mid_run_loses_no_job() {
         "jobs neither run nor in Redis: {missing:?}\n{}",
         tail(&daemon_log, 60)
     );
+    assert!(
+        daemon_log.contains("redis primary changed"),
+        "{}",
+        tail(&daemon_log, 60)
+    );
+}
+
+/// Issue 29 item 2: "re-resolves after READONLY ... or a `+switch-master`": a failover asked of
+/// the sentinels (`SENTINEL FAILOVER`) while the old primary stays up. The old primary accepts
+/// writes until the sentinels turn it into a replica (seconds after the promotion), and every
+/// write it takes after the replica stopped copying it is lost: the daemon moves to the replica
+/// as the sentinel begins promoting it (`+failover-state-send-slaveof-noone`), follows it, and
+/// the jobs all run. The jobs run twice and the fencing numbers repeated are reported (with the
+/// move at `+switch-master` only, a run here had 315 of 1,000 jobs run twice).
+#[test]
+fn a_requested_failover_is_followed() {
+    const JOBS: u64 = 1000;
+    let setup = SentinelSetup::start(DOWN_AFTER);
+    let new_port = setup.replica.port();
+    enqueue(&setup, JOBS);
+    let (_work, log, mut d) = start_daemon(&setup);
+    wait_until(Duration::from_secs(60), "100 jobs started", || {
+        read_lossy(&log).lines().count() >= 100
+    });
+    let mut sentinel = setup.sentinels[0].sync_conn().expect("sentinel connection");
+    let asked = Instant::now();
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(crate::support::SENTINEL_SERVICE)
+        .query(&mut sentinel)
+        .expect("SENTINEL FAILOVER");
+    wait_until(
+        Duration::from_secs(30),
+        "the sentinels name the replica as primary",
+        || setup.named_primary_port() == Some(new_port),
+    );
+    let promoted = asked.elapsed();
+    let all_ran = || {
+        let ran: BTreeSet<u64> = runs(&read_lossy(&log)).iter().map(|r| r.job).collect();
+        ran.len() as u64 == JOBS
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !all_ran() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let drained = asked.elapsed();
+    d.signal(libc::SIGQUIT);
+    d.wait_exit(Duration::from_secs(20));
+    let daemon_log = d.log();
+    let all = runs(&read_lossy(&log));
+    let (twice, repeated) = duplicates_and_repeated_fences(&all);
+    eprintln!(
+        "requested failover: replica named primary after {promoted:?}; all {JOBS} jobs started \
+         {drained:?} after the request; {} runs, {} jobs ran twice or more {:?}; {} fencing \
+         numbers not above an earlier one of their lock {:?}",
+        all.len(),
+        twice.len(),
+        &twice[..twice.len().min(20)],
+        repeated.len(),
+        &repeated[..repeated.len().min(10)],
+    );
+    if let Ok(dir) = std::env::var("LOCKETD_KEEP_LOGS") {
+        std::fs::write(format!("{dir}/daemon.log"), &daemon_log).unwrap();
+        std::fs::write(format!("{dir}/sentinels.log"), setup.logs()).unwrap();
+        std::fs::write(format!("{dir}/runs.log"), read_lossy(&log)).unwrap();
+    }
+    assert!(all_ran(), "not every job ran\n{}", tail(&daemon_log, 60));
     assert!(
         daemon_log.contains("redis primary changed"),
         "{}",
