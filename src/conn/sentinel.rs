@@ -233,8 +233,9 @@ pub(super) fn address(client: &redis::Client) -> String {
     client.get_connection_info().addr().to_string()
 }
 
-/// Whether `e` may mean that the primary has moved: the connection failed or was dropped, or
-/// the server answered as a replica (`READONLY`, `MASTERDOWN`, a blocked call's `UNBLOCKED`).
+/// Whether `e` may mean that the primary has moved: the connection failed or was dropped, the
+/// server answered as a replica (`READONLY`, `MASTERDOWN`, a blocked call's `UNBLOCKED`), or as
+/// a primary cut off from its replicas (`NOREPLICAS`, with `min-replicas-to-write`).
 pub(super) fn may_have_moved(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_refusal()
@@ -246,7 +247,7 @@ pub(super) fn may_have_moved(e: &RedisError) -> bool {
                 redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
             )
         )
-        || e.code() == Some("UNBLOCKED")
+        || matches!(e.code(), Some("UNBLOCKED" | "NOREPLICAS"))
 }
 
 /// What all clones of one sentinel-backed [`super::Manager`] share: the connection to the
@@ -618,5 +619,10 @@ mod tests {
             .and_then(redis::Value::extract_error)
             .unwrap_err();
         assert!(!may_have_moved(&wrongtype));
+        let noreplicas =
+            redis::parse_redis_value(b"-NOREPLICAS Not enough good replicas to write.\r\n")
+                .and_then(redis::Value::extract_error)
+                .unwrap_err();
+        assert!(may_have_moved(&noreplicas));
     }
 }
