@@ -6,7 +6,7 @@
 mod sentinel;
 mod url;
 
-pub use sentinel::{is_sentinel, parse as parse_sentinel, SentinelUrl};
+pub use sentinel::{is_sentinel, parse as parse_sentinel, Moves, SentinelUrl};
 pub use url::redact;
 
 use crate::error::{Error, Result};

@@ -214,8 +214,63 @@ pub(super) async fn primary_client(url: &SentinelUrl, resp3: bool) -> RedisResul
     } else {
         redis::ProtocolVersion::RESP2
     };
+    let known = WATCHES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(u, _)| u == url)
+        .and_then(|(_, w)| w.upgrade())
+        .and_then(|w| w.current_info());
+    if let Some(info) = known {
+        // Where this process's other connections went (F-2): the sentinels may still
+        // disagree, and an old primary that is up still says it is one.
+        let settings = info.redis_settings().clone().set_protocol(protocol);
+        return redis::Client::open(info.set_redis_settings(settings));
+    }
     let mut sentinels = url.sentinel_client(protocol)?;
     ask(&mut sentinels).await
+}
+
+/// Where a sentinel URL's primary moves, for a connection that does not go through a
+/// [`super::Manager`] (a blocking or tracking one): [`Moves::moved`] returns when this
+/// process's connections for the URL move to another primary, and the caller connects again
+/// (with [`super::primary_client`], which goes where they went).
+pub struct Moves(Option<(Arc<Watch>, tokio::sync::watch::Receiver<u64>)>);
+
+impl std::fmt::Debug for Moves {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Moves(sentinel)"
+        } else {
+            "Moves(none)"
+        })
+    }
+}
+
+impl Moves {
+    /// For `url`; never returns for a URL that is not a sentinel's. Needs a Tokio runtime.
+    pub fn of(url: &str) -> Moves {
+        let watch = is_sentinel(url)
+            .then(|| parse(url).ok())
+            .flatten()
+            .map(|u| Watch::for_url(&u));
+        Moves(watch.map(|w| {
+            let rx = w.moves.subscribe();
+            (w, rx)
+        }))
+    }
+
+    /// Returns at the next move (not at one before this call or the last return).
+    pub async fn moved(&mut self) {
+        match &mut self.0 {
+            Some((_, rx)) => {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
 }
 
 async fn ask(sentinels: &mut SentinelClient) -> RedisResult<redis::Client> {
@@ -435,6 +490,7 @@ impl Failover {
             old
         };
         self.generation.fetch_add(1, Ordering::AcqRel);
+        self._watch.moves.send_modify(|n| *n += 1);
         warn!(target: super::LOG_TARGET, from = %old, to = %addr, why, "redis primary changed (sentinel failover)");
     }
 }
@@ -452,9 +508,11 @@ async fn is_primary(conn: &mut ConnectionManager) -> bool {
 /// One process's subscriptions to `+switch-master`, one per sentinel of a URL, shared by the
 /// [`Failover`]s of that URL: every message for the URL's service is passed to each of them.
 /// Held by the failovers; when the last one is dropped, the subscriptions end.
-struct Watch {
+pub(super) struct Watch {
     failovers: Mutex<Vec<Weak<Failover>>>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Counts the moves of this process's connections for the URL ([`Moves`]).
+    moves: tokio::sync::watch::Sender<u64>,
 }
 
 /// The process's watches, by URL.
@@ -474,6 +532,7 @@ impl Watch {
         let watch = Arc::new(Watch {
             failovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
+            moves: tokio::sync::watch::channel(0).0,
         });
         let tasks = url
             .sentinels
@@ -491,6 +550,15 @@ impl Watch {
         *watch.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
         all.push((url.clone(), Arc::downgrade(&watch)));
         watch
+    }
+
+    /// The settings of the primary this process's connections for the URL use now, if any
+    /// is open.
+    fn current_info(&self) -> Option<redis::ConnectionInfo> {
+        let failovers = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        let f = failovers.iter().find_map(Weak::upgrade)?;
+        let cur = f.current.lock().unwrap_or_else(|e| e.into_inner());
+        Some(cur.info.clone())
     }
 
     fn switched(&self, host: &str, port: u16, promoting: bool) {
