@@ -55,8 +55,9 @@ pub fn check_url(url: &str) -> RedisResult<()> {
 }
 
 /// A client for the server `url` names, RESP3 if `resp3`: for a `redis+sentinel://` URL, the
-/// primary the sentinels name now (asked at each call: a caller that connects again after an
-/// error finds the new primary), else [`client`]'s or [`client_resp3`]'s.
+/// primary this process's [`Manager`]s for it use now, or without one the primary the sentinels
+/// name now (so a caller that connects again after an error or a [`Moves`] finds the new
+/// primary); else [`client`]'s or [`client_resp3`]'s.
 pub async fn primary_client(url: &str, resp3: bool) -> RedisResult<redis::Client> {
     if is_sentinel(url) {
         sentinel::primary_client(&sentinel::parse(url)?, resp3).await
@@ -81,12 +82,13 @@ pub async fn sentinel_primary(url: &str) -> Option<RedisResult<String>> {
 }
 
 /// A connection to Redis that reconnects by itself (a `ConnectionManager`; clones share it)
-/// and, for a `redis+sentinel://` URL, follows the primary: after a connection error, a
-/// `READONLY`/`MASTERDOWN`/`UNBLOCKED` reply or a sentinel's `+switch-master`, the sentinels
-/// are asked again in the background, and once they name another primary every clone sends its
-/// next call there. The call that failed is not sent again here: its caller decides (E-3,
-/// [`classify`]: these errors are outages, resent after a wait). For a plain URL it adds
-/// nothing to a call, not even an allocation.
+/// and, for a `redis+sentinel://` URL, follows the primary (locking-semantics.md F-2): to the
+/// replica a sentinel begins promoting, to the primary a `+switch-master` names, or, after a
+/// connection error or a `READONLY`/`MASTERDOWN`/`UNBLOCKED`/`NOREPLICAS` reply, to the one the
+/// sentinels name when asked again (in the background); every clone sends its next call there.
+/// The call that failed is not sent again here: its caller decides (E-3, [`classify`]: these
+/// errors are outages, resent after a wait). For a plain URL it adds nothing to a call, not
+/// even an allocation.
 #[derive(Clone)]
 pub struct Manager {
     conn: ConnectionManager,
@@ -234,7 +236,17 @@ pub async fn connect_from(url: &str, from: Option<&str>, wait: Duration) -> Resu
             Ok(conn) => return Ok(conn),
             // A wrong password or a bad TLS setting will not fix itself: report it at once.
             Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
-                if let Some(from) = from.filter(|_| !hinted && nobody_there(&e)) {
+                if let Some(from) = from.filter(|_| !hinted && nobody_there(&e) && target.is_ok()) {
+                    hinted = true;
+                    warn!(
+                        target: LOG_TARGET,
+                        "no sentinel of {} ({from}) names a primary that answers: start the \
+                         sentinels and the primary they monitor, or point REDIS_URL or --redis \
+                         at your Redis; retrying for {}s",
+                        redact(url),
+                        wait.as_secs()
+                    );
+                } else if let Some(from) = from.filter(|_| !hinted && nobody_there(&e)) {
                     hinted = true;
                     warn!(
                         target: LOG_TARGET,

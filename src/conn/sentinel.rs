@@ -1,6 +1,7 @@
-//! Redis Sentinel (issue 29 item 2): the `redis+sentinel://` URL, asking the sentinels for the
-//! current primary (through the redis crate's `SentinelClient`), and the one place that asks
-//! them again: [`Failover`], shared by every clone of a [`super::Manager`] made from one URL.
+//! Redis Sentinel (issue 29 item 2, locking-semantics.md §9a): the `redis+sentinel://` URL,
+//! asking the sentinels for the current primary (through the redis crate's `SentinelClient`),
+//! and the one place that follows a failover: [`Failover`], shared by every clone of a
+//! [`super::Manager`], with one [`Watch`] of the sentinels' messages per URL and process.
 //!
 //! The URL: `redis+sentinel://[[user]:password@]host1[:26379],host2[:26379]/service[/db]`. The
 //! user and password are the data nodes' (the primary's); the sentinels are asked without
@@ -206,8 +207,8 @@ impl SentinelUrl {
     }
 }
 
-/// Asks the sentinels of `url` for the current primary, checks that it says it is one, and
-/// returns a client for it (RESP3 if `resp3`).
+/// A client (RESP3 if `resp3`) for the primary this process's connections for `url` use now,
+/// or, with none open, for the primary the sentinels name (checked to answer as one).
 pub(super) async fn primary_client(url: &SentinelUrl, resp3: bool) -> RedisResult<redis::Client> {
     let protocol = if resp3 {
         redis::ProtocolVersion::RESP3
@@ -309,13 +310,16 @@ pub(super) fn may_have_moved(e: &RedisError) -> bool {
 /// current primary, its generation, and the sentinels to ask again. The one place where a
 /// failover is followed.
 ///
-/// Two ways lead to another primary. A `+switch-master` message (from any of the sentinels,
-/// see [`Watch`]) is followed at once, once the server it names answers as a primary. An error
-/// that may mean a move ([`may_have_moved`]) makes it ask the sentinels, and the primary they
-/// name is taken only if the current one no longer answers as a primary: during a failover the
-/// sentinels disagree for a while (each learns the new configuration up to a couple of seconds
-/// after the one that did it), and the old primary, if alive, still says it is one until it is
-/// turned into a replica, so a late sentinel's word must not send us back to it.
+/// Three ways lead to another primary (locking-semantics.md F-2). A sentinel beginning to
+/// promote a replica (`+failover-state-send-slaveof-noone`, from any of the sentinels, see
+/// [`Watch`]) moves us to it at once, so that nothing more is written to the old primary after
+/// the replica stopped copying it. A `+switch-master` moves us to the primary it names once
+/// that answers as one. An error that may mean a move ([`may_have_moved`]) makes us ask the
+/// sentinels, and the primary they name is taken only if the current one no longer answers as a
+/// primary: during a failover the sentinels disagree for a while (each learns the new
+/// configuration up to a couple of seconds after the one that did it), and the old primary, if
+/// alive, still says it is one until it is turned into a replica, so a late sentinel's word must
+/// not send us back to it.
 pub(super) struct Failover {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     cfg: ConnectionManagerConfig,

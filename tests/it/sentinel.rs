@@ -453,3 +453,35 @@ fn a_requested_failover_is_followed() {
         tail(&daemon_log, 60)
     );
 }
+
+/// README "Command line", issue 29 item 5 for Sentinel: sentinels that do not answer make the
+/// daemon retry for `redis_connect_timeout`, say once which URL it tried and where it came from,
+/// and exit 69.
+#[test]
+fn unreachable_sentinels_make_the_daemon_exit_69_naming_them() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("local addr").port()
+    };
+    let url = format!("redis+sentinel://:secret@127.0.0.1:{port}/mymaster/0");
+    let unused = crate::support::RedisServer::start();
+    let config = cfg("q").top("redis_connect_timeout = \"2s\"").render();
+    let mut d = Daemon::builder(&unused)
+        .redis_url(&url)
+        .config(&config)
+        .start();
+    assert_eq!(
+        crate::daemon::exit_code(&mut d, Duration::from_secs(30)),
+        Some(69),
+        "{}",
+        d.log()
+    );
+    let log = d.log();
+    assert!(
+        log.contains(&format!(
+            "no sentinel of redis+sentinel://:***@127.0.0.1:{port}/mymaster/0 (given by --redis)"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("secret"), "{log}");
+}
