@@ -19,12 +19,12 @@
 
 use crate::config::plans::Plans;
 use crate::config::Config;
+use crate::conn::Manager;
 use crate::error::{Error, Result};
 use crate::locks::canonical;
 use crate::locks::template::RenderInput;
 use crate::resque::keys::Keys;
 use crate::store;
-use redis::aio::ConnectionManager;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ pub struct Enqueued {
 /// Pushes jobs with their holds.
 #[derive(Clone)]
 pub struct Client {
-    conn: ConnectionManager,
+    conn: Manager,
     keys: Keys,
     plans: Arc<Plans>,
 }
@@ -106,10 +106,10 @@ impl Client {
         Client::with_connection(conn, config)
     }
 
-    /// A client over an existing connection.
-    pub fn with_connection(conn: ConnectionManager, config: &Config) -> Result<Client> {
+    /// A client over an existing connection (a [`Manager`], or a redis `ConnectionManager`).
+    pub fn with_connection(conn: impl Into<Manager>, config: &Config) -> Result<Client> {
         Ok(Client {
-            conn,
+            conn: conn.into(),
             keys: Keys::new(&config.namespace),
             plans: Arc::new(Plans::compile(config)?),
         })

@@ -270,6 +270,28 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     }
 }
 
+/// `check-config` with a `redis+sentinel://` URL: the primary its sentinels name now, or why
+/// none (a warning: the file is still valid, and the sentinels may be out of reach from here).
+fn show_sentinel_primary(url: &str) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    match rt.block_on(locketd::conn::sentinel_primary(url)) {
+        None => {}
+        Some(Ok(primary)) => println!(
+            "redis: the sentinels of {} name the primary {primary}",
+            locketd::conn::redact(url)
+        ),
+        Some(Err(e)) => eprintln!(
+            "locketd: warning: redis: no primary from the sentinels of {}: {e}",
+            locketd::conn::redact(url)
+        ),
+    }
+}
+
 fn run(
     cli: Cli,
     args: Vec<std::ffi::OsString>,
@@ -291,6 +313,7 @@ fn run(
                 for w in warnings {
                     eprintln!("locketd: warning: {w}");
                 }
+                show_sentinel_primary(&cfg.redis);
                 println!("{}: ok", path.display());
                 ExitCode::SUCCESS
             }

@@ -5,11 +5,11 @@
 
 use crate::client::{enqueue_script, Client};
 use crate::config::Config;
+use crate::conn::Manager;
 use crate::resque::keys::Keys;
 use crate::store::{self, AdminRelease};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -293,7 +293,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
 }
 
 struct Admin {
-    conn: ConnectionManager,
+    conn: Manager,
     keys: Keys,
 }
 

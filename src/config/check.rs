@@ -87,7 +87,7 @@ impl Config {
                 format!("{:?} is not a log filter: {e}", self.log_level),
             ));
         }
-        if let Err(e) = redis::Client::open(self.redis.as_str()) {
+        if let Err(e) = crate::conn::check_url(&self.redis) {
             return Err(invalid(
                 "redis",
                 format!("bad Redis URL {}: {e}", crate::conn::redact(&self.redis)),

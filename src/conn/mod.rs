@@ -3,13 +3,16 @@
 //! refusals rather than outages (E-3, [`classify`]: the one place that decides). Nothing here
 //! knows a locket key.
 
+mod sentinel;
 mod url;
 
+pub use sentinel::{is_sentinel, parse as parse_sentinel, Moves, SentinelUrl};
 pub use url::redact;
 
 use crate::error::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{Cmd, RedisResult};
+use redis::{Cmd, RedisFuture, RedisResult, Value};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -42,8 +45,153 @@ pub fn client_resp3(url: &str) -> redis::RedisResult<redis::Client> {
     redis::Client::open(info)
 }
 
+/// Checks that `url` is a Redis URL locketd can connect with, without connecting.
+pub fn check_url(url: &str) -> RedisResult<()> {
+    if is_sentinel(url) {
+        sentinel::parse(url).map(drop)
+    } else {
+        redis::Client::open(url).map(drop)
+    }
+}
+
+/// A client for the server `url` names, RESP3 if `resp3`: for a `redis+sentinel://` URL, the
+/// primary this process's [`Manager`]s for it use now, or without one the primary the sentinels
+/// name now (so a caller that connects again after an error or a [`Moves`] finds the new
+/// primary); else [`client`]'s or [`client_resp3`]'s.
+pub async fn primary_client(url: &str, resp3: bool) -> RedisResult<redis::Client> {
+    if is_sentinel(url) {
+        sentinel::primary_client(&sentinel::parse(url)?, resp3).await
+    } else if resp3 {
+        client_resp3(url)
+    } else {
+        client(url)
+    }
+}
+
+/// For a `redis+sentinel://` URL, the `host:port` of the primary its sentinels name now (after
+/// checking that it answers as one); `None` for another URL.
+pub async fn sentinel_primary(url: &str) -> Option<RedisResult<String>> {
+    if !is_sentinel(url) {
+        return None;
+    }
+    Some(
+        primary_client(url, false)
+            .await
+            .map(|c| sentinel::address(&c)),
+    )
+}
+
+/// A connection to Redis that reconnects by itself (a `ConnectionManager`; clones share it)
+/// and, for a `redis+sentinel://` URL, follows the primary (locking-semantics.md F-2): to the
+/// replica a sentinel begins promoting, to the primary a `+switch-master` names, or, after a
+/// connection error or a `READONLY`/`MASTERDOWN`/`UNBLOCKED`/`NOREPLICAS` reply, to the one the
+/// sentinels name when asked again (in the background); every clone sends its next call there.
+/// The call that failed is not sent again here: its caller decides (E-3, [`classify`]: these
+/// errors are outages, resent after a wait). For a plain URL it adds nothing to a call, not
+/// even an allocation.
+#[derive(Clone)]
+pub struct Manager {
+    conn: ConnectionManager,
+    generation: u64,
+    failover: Option<Arc<sentinel::Failover>>,
+}
+
+impl Manager {
+    /// `host:port` of the primary the sentinels named last, for a `redis+sentinel://` URL.
+    pub fn primary(&self) -> Option<String> {
+        self.failover.as_ref().map(|f| f.current().2)
+    }
+
+    /// Takes the shared connection to the new primary if there is one.
+    fn follow(&mut self) {
+        if let Some(f) = &self.failover {
+            if f.generation() != self.generation {
+                let (conn, generation, _) = f.current();
+                self.conn = conn;
+                self.generation = generation;
+            }
+        }
+    }
+
+    fn after(&self, e: &redis::RedisError) {
+        if let Some(f) = &self.failover {
+            if sentinel::may_have_moved(e) {
+                f.recheck("a call failed");
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("primary", &self.primary())
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<ConnectionManager> for Manager {
+    /// A connection to one server, as [`connect`] makes for a URL that is not a sentinel's.
+    fn from(conn: ConnectionManager) -> Manager {
+        Manager {
+            conn,
+            generation: 0,
+            failover: None,
+        }
+    }
+}
+
+impl ConnectionLike for Manager {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if self.failover.is_none() {
+            return self.conn.req_packed_command(cmd);
+        }
+        Box::pin(async move {
+            self.follow();
+            let reply = self.conn.req_packed_command(cmd).await;
+            if let Err(e) = &reply {
+                self.after(e);
+            }
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if self.failover.is_none() {
+            return self.conn.req_packed_commands(cmd, offset, count);
+        }
+        Box::pin(async move {
+            self.follow();
+            let reply = self.conn.req_packed_commands(cmd, offset, count).await;
+            match &reply {
+                Err(e) => self.after(e),
+                // A pipeline's replies may hold a READONLY each (ignore_errors).
+                Ok(values) => {
+                    if let Some(Err(e)) = values
+                        .iter()
+                        .find(|v| matches!(v, Value::ServerError(_)))
+                        .map(|v| v.clone().extract_error())
+                    {
+                        self.after(&e);
+                    }
+                }
+            }
+            reply
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
 /// Connects to Redis with reconnects, waiting up to `wait` for the first answer.
-pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
+pub async fn connect(url: &str, wait: Duration) -> Result<Manager> {
     connect_from(url, None, wait).await
 }
 
@@ -51,12 +199,12 @@ pub async fn connect(url: &str, wait: Duration) -> Result<ConnectionManager> {
 /// --redis", "given by REDIS_URL", "set by `redis` in <file>", the default). At the first attempt that
 /// finds no Redis there it says so, once, with that origin and the two ways out (issue 29
 /// item 5); the error it returns names the origin too.
-pub async fn connect_from(
-    url: &str,
-    from: Option<&str>,
-    wait: Duration,
-) -> Result<ConnectionManager> {
-    let client = client(url)?;
+pub async fn connect_from(url: &str, from: Option<&str>, wait: Duration) -> Result<Manager> {
+    let target = if is_sentinel(url) {
+        Ok(sentinel::parse(url)?)
+    } else {
+        Err(client(url)?)
+    };
     let cfg = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(30)))
@@ -67,7 +215,20 @@ pub async fn connect_from(
     let mut hinted = false;
     loop {
         let attempt = async {
-            let mut conn = ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?;
+            let mut conn = match &target {
+                Ok(sentinels) => {
+                    let failover = sentinel::Failover::connect(sentinels, cfg.clone()).await?;
+                    let (conn, generation, _) = failover.current();
+                    Manager {
+                        conn,
+                        generation,
+                        failover: Some(failover),
+                    }
+                }
+                Err(client) => Manager::from(
+                    ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?,
+                ),
+            };
             let _: String = redis::cmd("PING").query_async(&mut conn).await?;
             Ok::<_, redis::RedisError>(conn)
         };
@@ -75,7 +236,17 @@ pub async fn connect_from(
             Ok(conn) => return Ok(conn),
             // A wrong password or a bad TLS setting will not fix itself: report it at once.
             Err(e) if started.elapsed() + delay < wait && !refused_at_once(&e) => {
-                if let Some(from) = from.filter(|_| !hinted && nobody_there(&e)) {
+                if let Some(from) = from.filter(|_| !hinted && nobody_there(&e) && target.is_ok()) {
+                    hinted = true;
+                    warn!(
+                        target: LOG_TARGET,
+                        "no sentinel of {} ({from}) names a primary that answers: start the \
+                         sentinels and the primary they monitor, or point REDIS_URL or --redis \
+                         at your Redis; retrying for {}s",
+                        redact(url),
+                        wait.as_secs()
+                    );
+                } else if let Some(from) = from.filter(|_| !hinted && nobody_there(&e)) {
                     hinted = true;
                     warn!(
                         target: LOG_TARGET,
@@ -119,7 +290,7 @@ fn refused_at_once(e: &redis::RedisError) -> bool {
 
 /// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
 /// trusted.
-pub async fn check_eviction(conn: &mut ConnectionManager, allow: bool) -> Result<()> {
+pub async fn check_eviction(conn: &mut Manager, allow: bool) -> Result<()> {
     let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")

@@ -82,6 +82,10 @@ mod tests {
             "unix:///run/r.sock?user=u&password=***"
         );
         assert_eq!(redact("redis://h:6379/0"), "redis://h:6379/0");
+        assert_eq!(
+            redact("redis+sentinel://:pw@h1:26379,h2:26379/mymaster/0"),
+            "redis+sentinel://:***@h1:26379,h2:26379/mymaster/0"
+        );
     }
 
     // Issue 11, finding 9: passwords that are not URL-safe, as users paste them.

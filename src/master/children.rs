@@ -263,7 +263,7 @@ impl Master {
 /// Recovers the dead worker's process id, exactly: its lease is deleted first, since the
 /// process is known dead.
 pub(super) async fn recover_exactly(
-    conn: &mut ConnectionManager,
+    conn: &mut Manager,
     keys: &Keys,
     config: &Config,
     process: &str,

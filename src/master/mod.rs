@@ -18,13 +18,13 @@ mod pickup;
 use orphans::{become_subreaper, kill_orphans, reap_adopted, signal};
 
 use crate::config::Config;
+use crate::conn::Manager;
 use crate::metrics::{self, Aggregate};
 use crate::process::{INCARNATION_ENV, PAUSED_ENV, ROLE_ENV, WORKER_INDEX_ENV};
 use crate::resque::keys::Keys;
 use crate::service::{self, Sidecars};
 use crate::worker::{self, JanitorReport};
 use futures::StreamExt;
-use redis::aio::ConnectionManager;
 use signal_hook::consts::signal::{SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook_tokio::Signals;
 use std::collections::{BTreeMap, HashSet};
@@ -107,7 +107,7 @@ pub struct Master {
     backoff: BTreeMap<u32, Duration>,
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
-    conn: Option<ConnectionManager>,
+    conn: Option<Manager>,
     stopping: Option<i32>,
     /// USR2 was forwarded and no CONT since: workers started now start paused.
     paused: bool,

@@ -517,6 +517,8 @@ async fn watch_key(
     let mut conn = None;
     let mut backoff = MIN_BACKOFF;
     let mut seen = 0u64;
+    // F-2 (5): a failover moves this watch to the new primary at once.
+    let mut moves = crate::conn::Moves::of(&url);
     loop {
         if want.wait_for(|w| w.on && w.acked >= seen).await.is_err() {
             return;
@@ -533,14 +535,26 @@ async fn watch_key(
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        let r = redis::cmd("BLMOVE")
-            .arg(&key)
+        let mut cmd = redis::cmd("BLMOVE");
+        cmd.arg(&key)
             .arg(&key)
             .arg("RIGHT")
             .arg("RIGHT")
-            .arg(BLOCK_SECS)
-            .query_async::<Option<redis::Value>>(c)
-            .await;
+            .arg(BLOCK_SECS);
+        let r = tokio::select! {
+            r = cmd.query_async::<Option<redis::Value>>(c) => Some(r),
+            _ = moves.moved() => None,
+        };
+        let Some(r) = r else {
+            conn = None;
+            // Anything pushed meanwhile was pushed to the new primary: wake a worker to look
+            // there (counted like a push, so the next BLMOVE waits for its answer).
+            seen += 1;
+            if tx.send(Ev::Pushed { key: key.clone() }).is_err() {
+                return;
+            }
+            continue;
+        };
         match r {
             Ok(found) => {
                 backoff = MIN_BACKOFF;
@@ -574,7 +588,10 @@ async fn watch_key(
 }
 
 async fn blocking_connection(url: &str) -> Option<redis::aio::MultiplexedConnection> {
-    let client = crate::conn::client(url).ok()?;
+    let client = crate::conn::primary_client(url, false)
+        .await
+        .map_err(|e| debug!(target: LOG_TARGET, error = %e, "no primary to watch a queue on"))
+        .ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(BLOCK_SECS + 10)));

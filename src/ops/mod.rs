@@ -5,12 +5,12 @@ pub mod failed;
 pub mod status;
 
 use crate::config::Config;
+use crate::conn::Manager;
 use crate::error::Result;
-use redis::aio::ConnectionManager;
 use std::time::Duration;
 
 /// Connects for a one-shot command: waits at most 5 s (or `redis_connect_timeout`, if shorter).
-pub async fn connect(config: &Config) -> Result<ConnectionManager> {
+pub async fn connect(config: &Config) -> Result<Manager> {
     let wait = config
         .redis_connect_timeout
         .get()
@@ -23,7 +23,7 @@ pub async fn connect(config: &Config) -> Result<ConnectionManager> {
 /// wrong password or TLS setting), as the daemon does.
 pub(crate) async fn connect_or_report(
     config: &Config,
-) -> std::result::Result<ConnectionManager, std::process::ExitCode> {
+) -> std::result::Result<Manager, std::process::ExitCode> {
     match connect(config).await {
         Ok(c) => Ok(c),
         Err(e) => {

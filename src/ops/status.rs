@@ -34,6 +34,9 @@ use std::time::SystemTime;
 pub struct Status {
     /// The Redis URL, password redacted.
     pub redis: String,
+    /// For a `redis+sentinel://` URL, the primary the sentinels named (`host:port`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
     /// Namespace.
     pub namespace: String,
     /// Redis server time, seconds since the epoch.
@@ -240,6 +243,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
     Ok(Status {
         delayed,
         redis: crate::conn::redact(&config.redis),
+        primary: None,
         namespace: config.namespace.clone(),
         now,
         paused,
@@ -403,9 +407,13 @@ impl Status {
     /// The human-readable screen.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let primary = match &self.primary {
+            Some(p) => format!(" (primary {p})"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "redis {}  namespace {}  at {}",
+            "redis {}{primary}  namespace {}  at {}",
             self.redis,
             self.namespace,
             time::run_at(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(self.now))
@@ -607,7 +615,8 @@ pub fn run_cli(
         let tty = std::io::stdout().is_terminal();
         let mut shown = 0u64;
         loop {
-            let status = collect(&mut conn, config).await?;
+            let mut status = collect(&mut conn, config).await?;
+            status.primary = conn.primary();
             let mut text = if json {
                 let mut t = serde_json::to_string(&status)?;
                 t.push('\n');

@@ -4,9 +4,9 @@
 //! a target key of another type) is logged once, listed for `status`, and that timestamp is
 //! not looked at again for a minute: never a tight loop.
 
+use crate::conn::Manager;
 use crate::resque::keys::Keys;
 use crate::store::schedule as st;
-use redis::aio::ConnectionManager;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -44,7 +44,7 @@ impl State {
     /// `until` (the lock's local deadline).
     pub async fn pass(
         &mut self,
-        conn: &mut ConnectionManager,
+        conn: &mut Manager,
         keys: &Keys,
         now: i64,
         until: Instant,
@@ -125,7 +125,7 @@ impl State {
     }
 
     /// Writes the kept items for `status` when they changed, and refreshes them each minute.
-    async fn publish_problems(&mut self, conn: &mut ConnectionManager, keys: &Keys) {
+    async fn publish_problems(&mut self, conn: &mut Manager, keys: &Keys) {
         let stale = self
             .written
             .is_none_or(|t| t.elapsed() > Duration::from_secs(60));

@@ -11,9 +11,9 @@ pub mod deliver;
 pub mod ops;
 
 use crate::config::{Config, Schedule};
+use crate::conn::Manager;
 use crate::resque::keys::Keys;
 use crate::store::schedule as st;
-use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -87,7 +87,7 @@ struct Scheduler {
     stop: CancellationToken,
     config: Config,
     schedules: Vec<Schedule>,
-    conn: Option<(String, ConnectionManager)>,
+    conn: Option<(String, Manager)>,
     value: String,
     held: Option<Held>,
     next_acquire: Instant,
@@ -172,7 +172,7 @@ impl Scheduler {
         }
     }
 
-    async fn connection(&mut self) -> Option<ConnectionManager> {
+    async fn connection(&mut self) -> Option<Manager> {
         let url = self.config.redis.clone();
         if let Some((u, c)) = &self.conn {
             if *u == url {
@@ -291,7 +291,7 @@ impl Scheduler {
     /// Redis's clock in Unix seconds (SC-12): every scheduler of the fleet goes by it, so a
     /// host whose clock is off (or jumped) neither fires ticks early nor delivers items early.
     /// None when Redis did not answer.
-    async fn redis_now(&mut self, conn: &mut ConnectionManager) -> Option<i64> {
+    async fn redis_now(&mut self, conn: &mut Manager) -> Option<i64> {
         if let Some((at, ms)) = self.clock {
             let since = at.elapsed();
             if since < CLOCK_READ_EVERY {
@@ -319,7 +319,7 @@ impl Scheduler {
 
     /// SC-8, SC-9: take the lock when free, renew it well inside its TTL, and give it up
     /// locally once a renewal has not succeeded for two thirds of the TTL.
-    async fn keep_lock(&mut self, conn: &mut ConnectionManager) {
+    async fn keep_lock(&mut self, conn: &mut Manager) {
         let key = self.lock_key();
         let ttl = self.ttl();
         let secs = ttl.as_secs().max(1);
@@ -471,7 +471,7 @@ impl Scheduler {
         (self.config.scheduler.misfire_grace.get().as_secs() as i64).max(ON_TIME)
     }
 
-    async fn fire_due(&mut self, conn: &mut ConnectionManager, now: i64) {
+    async fn fire_due(&mut self, conn: &mut Manager, now: i64) {
         let grace = self.grace();
         for s in self.schedules.clone() {
             let next = match self.next.get(&s.name) {
@@ -513,7 +513,7 @@ impl Scheduler {
     /// Fires `tick` of `s`; [`Fire::Again`] when Redis could not take it now (an outage,
     /// [`crate::conn::classify`]). A refusal is logged and counts as done: it is not retried
     /// in a loop.
-    async fn fire(&mut self, conn: &mut ConnectionManager, s: &Schedule, tick: i64) -> Fire {
+    async fn fire(&mut self, conn: &mut Manager, s: &Schedule, tick: i64) -> Fire {
         let keys = self.keys();
         let at = UNIX_EPOCH + Duration::from_millis((local_ms() + self.offset_ms).max(0) as u64);
         let stamp = crate::resque::time::started_at(at);

@@ -6,6 +6,7 @@
 //! locks held, failures listed, Resque's processed/failed totals and registered workers.
 
 use crate::config::Config;
+use crate::conn::Manager;
 use crate::metrics::{JobCounts, Snapshot, CONFLICT_ACTIONS};
 use crate::resque::keys::Keys;
 use crate::resque::patterns::QueueSpec;
@@ -13,7 +14,6 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use redis::aio::ConnectionManager;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tracing::debug;
@@ -67,7 +67,7 @@ pub struct ParkedGauges {
 }
 
 /// Reads the scrape-time gauges (bounded: a handful of commands plus two per queue).
-pub async fn read_redis(conn: &mut ConnectionManager, config: &Config) -> RedisGauges {
+pub async fn read_redis(conn: &mut Manager, config: &Config) -> RedisGauges {
     match tokio::time::timeout(Duration::from_secs(2), read_redis_inner(conn, config)).await {
         Ok(Ok(g)) => g,
         Ok(Err(e)) => {
@@ -78,10 +78,7 @@ pub async fn read_redis(conn: &mut ConnectionManager, config: &Config) -> RedisG
     }
 }
 
-async fn read_redis_inner(
-    conn: &mut ConnectionManager,
-    config: &Config,
-) -> redis::RedisResult<RedisGauges> {
+async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisResult<RedisGauges> {
     let k = Keys::new(&config.namespace);
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     let spec = QueueSpec::from_list(&config.queues.0).ok();
@@ -596,7 +593,7 @@ pub fn render(jobs: Snapshot, redis: RedisGauges) -> String {
 #[derive(Debug)]
 pub struct Source {
     /// A connection to `config.redis`.
-    pub conn: ConnectionManager,
+    pub conn: Manager,
     /// The config the daemon runs with.
     pub config: Config,
 }

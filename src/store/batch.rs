@@ -20,7 +20,8 @@
 use super::fcall::Mode;
 use super::scripts::scripts;
 use super::tally::Tally;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use crate::conn::Manager;
+use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -36,7 +37,7 @@ const CALL_ERROR: &[u8] = b"__locket_batch_error__";
 /// A Redis connection that batches the job-path scripts of the slots sharing it.
 #[derive(Clone)]
 pub struct Conn {
-    inner: ConnectionManager,
+    inner: Manager,
     batcher: Option<mpsc::UnboundedSender<Call>>,
     tally: Arc<Tally>,
     /// FCALL or EVALSHA (fcall.rs).
@@ -81,9 +82,9 @@ impl Call {
 
 impl Conn {
     /// Every command goes straight to `inner` (one slot per process).
-    pub fn direct(inner: ConnectionManager) -> Conn {
+    pub fn direct(inner: impl Into<Manager>) -> Conn {
         Conn {
-            inner,
+            inner: inner.into(),
             batcher: None,
             tally: Arc::default(),
             mode: Arc::default(),
@@ -92,7 +93,8 @@ impl Conn {
 
     /// Job-path scripts are batched; needs a Tokio runtime. The batching task ends when the
     /// last clone of the returned connection is dropped.
-    pub fn batched(inner: ConnectionManager) -> Conn {
+    pub fn batched(inner: impl Into<Manager>) -> Conn {
+        let inner = inner.into();
         let (tx, rx) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
         let mode = Arc::<Mode>::default();
@@ -125,7 +127,7 @@ impl Conn {
     }
 
     /// The underlying connection, for what is never batched.
-    pub fn manager(&self) -> &ConnectionManager {
+    pub fn manager(&self) -> &Manager {
         &self.inner
     }
 }
@@ -226,7 +228,7 @@ impl ConnectionLike for Conn {
 
 /// Gathers calls into batches until every sender is gone.
 async fn run(
-    conn: ConnectionManager,
+    conn: Manager,
     mut rx: mpsc::UnboundedReceiver<Call>,
     tally: Arc<Tally>,
     mode: Arc<Mode>,
@@ -254,7 +256,7 @@ async fn run(
 }
 
 /// One batch.lua call; every call gets its own reply, or the batch's error.
-async fn send(conn: &mut ConnectionManager, calls: Vec<Call>, tally: &Tally, mode: &Mode) {
+async fn send(conn: &mut Manager, calls: Vec<Call>, tally: &Tally, mode: &Mode) {
     let numkeys: usize = calls.iter().map(|c| c.numkeys).sum();
     let result = mode
         .call(conn, "batch", |cmd| {

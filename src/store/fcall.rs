@@ -20,7 +20,8 @@
 
 use super::scripts::scripts;
 use crate::conn::is_refusal;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use crate::conn::Manager;
+use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -62,7 +63,7 @@ impl Mode {
     /// number of keys, the keys, the arguments). A refusal comes back as an error.
     pub(crate) async fn call(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Manager,
         op: &str,
         fill: impl Fn(&mut Cmd),
     ) -> RedisResult<Value> {
@@ -99,7 +100,7 @@ impl Mode {
     /// `FUNCTION LOAD` of the library: FCALL from now on when it loads (or was loaded by
     /// another process), EVALSHA for good when Redis refuses FUNCTION; an outage is returned
     /// (the caller retries the call as any other).
-    async fn load(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
+    async fn load(&self, conn: &mut Manager) -> RedisResult<()> {
         let lib = &scripts().library;
         // Recorded before it is loaded: another build's clean-up never finds it loaded and
         // unrecorded. Best effort: a Redis that refuses the write gets no clean-up.
@@ -149,19 +150,14 @@ impl Mode {
 }
 
 /// Redis's clock, in Unix seconds.
-async fn redis_secs(conn: &mut ConnectionManager) -> RedisResult<i64> {
+async fn redis_secs(conn: &mut Manager) -> RedisResult<i64> {
     let (secs, _micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(secs)
 }
 
 /// Deletes the other builds' libraries (`locketd_*`, not `ours`) whose last load is older
 /// than [`STALE_SECS`], and their records; records one that has none (now).
-async fn clean_up(
-    conn: &mut ConnectionManager,
-    records: &str,
-    ours: &str,
-    now: i64,
-) -> RedisResult<()> {
+async fn clean_up(conn: &mut Manager, records: &str, ours: &str, now: i64) -> RedisResult<()> {
     let listed = send(
         conn,
         redis::cmd("FUNCTION")
@@ -225,7 +221,7 @@ fn library_names(listed: &Value) -> Vec<String> {
 }
 
 /// One command; a refusal in the reply becomes an error.
-async fn send(conn: &mut ConnectionManager, cmd: &Cmd) -> RedisResult<Value> {
+async fn send(conn: &mut Manager, cmd: &Cmd) -> RedisResult<Value> {
     conn.req_packed_command(cmd)
         .await
         .and_then(Value::extract_error)

@@ -4,8 +4,8 @@
 //! job, nothing while idle) and hands the requests to the supervisors, which stop their job's
 //! handler as for a lost lock.
 
+use crate::conn::Manager;
 use crate::resque::keys::Keys;
-use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub(crate) type Requests = HashMap<String, Request>;
 /// Reads `<ns>:locket:cancel:<process id>` every [`CHECK_EVERY`] while some supervisor
 /// listens (a job runs), until `stop`.
 pub(super) async fn watch_requests(
-    mut conn: ConnectionManager,
+    mut conn: Manager,
     key: String,
     tx: Arc<watch::Sender<Requests>>,
     stop: CancellationToken,
@@ -72,7 +72,7 @@ pub(super) async fn watch_requests(
 }
 
 /// Forgets the request for `rid` once its job has ended.
-pub(super) async fn forget(conn: &mut ConnectionManager, keys: &Keys, process: &str, rid: &str) {
+pub(super) async fn forget(conn: &mut Manager, keys: &Keys, process: &str, rid: &str) {
     let r: redis::RedisResult<i64> = redis::cmd("HDEL")
         .arg(keys.cancel(process))
         .arg(rid)

@@ -67,6 +67,8 @@ struct Blocker {
     reader: Option<pickup::Reader>,
     /// The last `wait`'s sequence number.
     seq: u64,
+    /// A sentinel URL's failovers (F-2 (5)): the blocking connection moves at once.
+    moves: Option<crate::conn::Moves>,
 }
 
 impl Idle {
@@ -246,6 +248,9 @@ impl Idle {
                 _ = stop.as_mut() => return,
             }
         }
+        let moves = guard
+            .moves
+            .get_or_insert_with(|| crate::conn::Moves::of(url));
         let Some(conn) = guard.conn.as_mut() else {
             sleep_until_or(until, stop).await;
             return;
@@ -287,6 +292,13 @@ impl Idle {
                 // The blocked command cannot be taken back: drop its connection.
                 guard.conn = None;
             }
+            _ = moves.moved() => {
+                // Waiting on the old primary: the next wait connects to the new one, and the
+                // slots look there now (anything pushed meanwhile was pushed there).
+                guard.conn = None;
+                self.awaiting.store(true, Ordering::Relaxed);
+                self.wake.notify_waiters();
+            }
         }
     }
 
@@ -317,7 +329,7 @@ where
 }
 
 async fn connect(url: &str, interval: Duration) -> Option<redis::aio::MultiplexedConnection> {
-    let client = crate::conn::client(url).ok()?;
+    let client = crate::conn::primary_client(url, false).await.ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(interval + Duration::from_secs(10)));

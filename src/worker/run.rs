@@ -2,6 +2,7 @@
 //! the runtime limit and shutdown; and the process heartbeat.
 
 use crate::config::OnLockLost;
+use crate::conn::Manager;
 use crate::handler::{Handler, HandlerResult, JobContext};
 use crate::locks::LockSpec;
 use crate::resque::failure::JobFailure;
@@ -10,7 +11,6 @@ use crate::store;
 use crate::store::registry;
 use crate::watchdog::Watch;
 use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
-use redis::aio::ConnectionManager;
 use redis::RedisResult;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,7 +118,7 @@ impl RunEnd {
 
 /// Everything the supervisor needs besides the handler.
 pub(super) struct Supervision {
-    pub conn: ConnectionManager,
+    pub conn: Manager,
     pub keys: Keys,
     pub token: String,
     pub locks: Vec<LockSpec>,
@@ -521,7 +521,7 @@ impl Supervision {
 /// live process presume itself dead.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn process_heartbeat(
-    mut conn: ConnectionManager,
+    mut conn: Manager,
     keys: Keys,
     process_id: String,
     worker_ids: Vec<String>,
@@ -590,7 +590,7 @@ pub(super) async fn process_heartbeat(
 /// 30 minutes, the key lasting an hour), so an idle handler costs no Redis command. The key
 /// goes when the worker stops.
 pub(super) async fn report_handlers(
-    mut conn: ConnectionManager,
+    mut conn: Manager,
     key: String,
     metrics: Vec<crate::metrics::Metrics>,
     every: Duration,

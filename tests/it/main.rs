@@ -30,6 +30,7 @@ mod redis_url;
 mod refusals;
 mod s6_sweep;
 mod scheduler;
+mod sentinel;
 mod service;
 mod stalled_log;
 mod stories;

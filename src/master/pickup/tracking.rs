@@ -55,8 +55,10 @@ async fn track(url: &str, set: &str, pause: &str, tx: &mpsc::UnboundedSender<Ev>
             Tracking::Lost(e)
         }
     };
-    let client = match crate::conn::client_resp3(url) {
+    let client = match crate::conn::primary_client(url, true).await {
         Ok(c) => c,
+        // The sentinels not answering, or naming no primary yet: a failover.
+        Err(e) if crate::conn::is_sentinel(url) => return Tracking::Lost(e),
         Err(e) => return Tracking::Refused(e),
     };
     let (push_tx, mut pushes) = mpsc::unbounded_channel();
@@ -82,8 +84,16 @@ async fn track(url: &str, set: &str, pause: &str, tx: &mpsc::UnboundedSender<Ev>
     // A change while this connection was not there is not reported: assume one.
     let _ = tx.send(Ev::QueuesChanged);
     let _ = tx.send(Ev::PauseChanged);
+    // F-2 (5): a failover moves tracking to the new primary at once.
+    let mut moves = crate::conn::Moves::of(url);
     loop {
         tokio::select! {
+            _ = moves.moved() => {
+                return Tracking::Lost(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the redis primary moved (sentinel failover)",
+                )));
+            }
             p = pushes.recv() => match p {
                 Some(p) if p.kind == redis::PushKind::Invalidate => {
                     let (queues, paused) = invalidated(&p.data, pause);

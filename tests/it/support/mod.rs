@@ -14,10 +14,12 @@ mod daemon;
 mod node;
 pub mod panic_echo;
 mod redis_server;
+mod sentinel;
 
 pub use daemon::{Daemon, DaemonBuilder};
 pub use node::{node_dir, node_resque_dir, run_node, run_node_json};
 pub use redis_server::RedisServer;
+pub use sentinel::{SentinelSetup, SERVICE as SENTINEL_SERVICE};
 
 use std::fs;
 use std::future::Future;
