@@ -584,9 +584,10 @@ mod tests {
         let Some(before) = super::ns_last_pid() else {
             return; // no /proc/sys here: kill_others then always looks at /proc
         };
-        let child = Command::new("true").spawn().unwrap();
+        let mut child = Command::new("true").spawn().unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         let after = super::ns_last_pid().unwrap();
+        child.wait().unwrap();
         assert_ne!(after, before);
         assert!(
             after >= pid || after < before,
