@@ -110,10 +110,26 @@ pub fn pids() -> Vec<u32> {
         .collect()
 }
 
+/// A small `/proc` file in one `read` (open, read, close): `read_to_string` first asks for
+/// the size (`statx`, which procfs answers with 0) and then reads in growing pieces, six reads
+/// for a `stat` line. Files larger than the buffer are read whole the usual way.
+pub fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = f.read(&mut buf).ok()?;
+    if n < buf.len() {
+        return String::from_utf8(buf[..n].to_vec()).ok();
+    }
+    let mut text = String::from_utf8(buf.to_vec()).ok()?;
+    f.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// The fields of `/proc/<pid>/stat` after the command name (`state ppid pgrp …`, the name
 /// itself may hold spaces and parentheses); `None` when the process is gone.
 pub fn stat_fields(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     let close = stat.rfind(')')?;
     Some(stat[close + 1..].to_string())
 }
@@ -121,6 +137,20 @@ pub fn stat_fields(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_proc_reads_a_stat_line_whole_and_a_long_file_past_its_buffer() {
+        let me = std::process::id();
+        let stat = read_proc(&format!("/proc/{me}/stat")).unwrap();
+        assert!(stat.starts_with(&format!("{me} (")), "{stat}");
+        assert!(stat.ends_with('\n'), "{stat}");
+        assert!(stat_fields(me).unwrap().split_whitespace().count() > 40);
+        // /proc/self/maps of a test binary is far longer than the 1 KiB buffer.
+        let maps = read_proc("/proc/self/maps").unwrap();
+        assert!(maps.len() > 1024, "{}", maps.len());
+        assert!(maps.ends_with('\n'));
+        assert!(read_proc("/proc/0/stat").is_none());
+    }
 
     #[test]
     fn own_pid_is_alive() {

@@ -145,7 +145,7 @@ pub fn instant_of(ns: u64) -> Instant {
 /// A process's parent, process group and start time (`/proc/<pid>/stat` fields 4, 5, 22),
 /// if it exists.
 pub fn proc_identity(pid: i32) -> Option<(u32, i32, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::host::read_proc(&format!("/proc/{pid}/stat"))?;
     // "pid (comm) S ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
     // stime cutime cstime priority nice threads itrealvalue starttime ...", comm may hold
     // spaces and parentheses.

@@ -100,9 +100,31 @@ impl Idle {
         crate::watchdog::set_reporter(tx);
         let me = self.clone();
         tokio::spawn(async move {
-            while let Some(note) = rx.recv().await {
+            let mut batch = pickup::LeaseBatch::default();
+            loop {
+                let out = match batch.due() {
+                    None => match rx.recv().await {
+                        Some(note) => batch.take(
+                            note,
+                            crate::watchdog::monotonic_ns(std::time::Instant::now()),
+                            Instant::now(),
+                        ),
+                        None => return,
+                    },
+                    Some(due) => match tokio::time::timeout_at(due, rx.recv()).await {
+                        Ok(Some(note)) => batch.take(
+                            note,
+                            crate::watchdog::monotonic_ns(std::time::Instant::now()),
+                            Instant::now(),
+                        ),
+                        Ok(None) | Err(_) => batch.flush(),
+                    },
+                };
+                if out.is_empty() {
+                    continue;
+                }
                 let Some(w) = &me.writer else { return };
-                if let Err(e) = w.lock().await.send(&Report::from(note)).await {
+                if let Err(e) = w.lock().await.send_all(&out).await {
                     warn!(error = %e, "the master's link is gone: it no longer backs up the lock leases of this worker's jobs");
                     return;
                 }

@@ -118,8 +118,16 @@ pub(super) fn from_env() -> Option<(Reader, Writer)> {
 impl Writer {
     /// Sends one report (bounded: a master that reads nothing for a second breaks the link).
     pub(super) async fn send(&mut self, report: &Report) -> io::Result<()> {
-        let mut line = serde_json::to_vec(report).map_err(io::Error::other)?;
-        line.push(b'\n');
+        self.send_all(std::slice::from_ref(report)).await
+    }
+
+    /// Sends `reports` in order, in one write (one wake-up of the master).
+    pub(super) async fn send_all(&mut self, reports: &[Report]) -> io::Result<()> {
+        let mut line = Vec::new();
+        for report in reports {
+            serde_json::to_writer(&mut line, report).map_err(io::Error::other)?;
+            line.push(b'\n');
+        }
         match tokio::time::timeout(Duration::from_secs(1), self.0.write_all(&line)).await {
             Ok(r) => r,
             Err(_) => Err(io::Error::new(
@@ -155,6 +163,70 @@ impl Reader {
     }
 }
 
+/// How long the end of a run is held back for the next run's lease, so that the two reach the
+/// master in one write: a busy worker's runs follow each other within a millisecond or two.
+pub(super) const FORGET_HOLD: Duration = Duration::from_millis(50);
+/// A run whose lease ends sooner than this is forgotten at once: the master must not kill its
+/// group (a persistent handler's, which outlives the run) while the end waits.
+const FORGET_NOW_WITHIN: Duration = Duration::from_secs(1);
+
+/// The lease notes on their way to the master (`watchdog.rs`), in order: a run's end
+/// ([`Report::Forget`]) waits up to [`FORGET_HOLD`] for the next note and goes in the same
+/// write with it, which halves the master's wake-ups in a stream of jobs. A lease change goes
+/// at once. The master kills a group only at its lease's end, at least [`FORGET_NOW_WITHIN`]
+/// after a held end, so holding it back changes nothing it does.
+#[derive(Debug, Default)]
+pub(super) struct LeaseBatch {
+    /// Each reported run's lease end (CLOCK_MONOTONIC ns; `None`: no end).
+    ends: std::collections::HashMap<u64, Option<u64>>,
+    held: Vec<Report>,
+    /// When the first held report must go.
+    due: Option<tokio::time::Instant>,
+}
+
+impl LeaseBatch {
+    /// Takes `note` (at CLOCK_MONOTONIC `now_ns`) and returns what must be sent now, in order:
+    /// nothing while a run's end is held.
+    pub(super) fn take(
+        &mut self,
+        note: crate::watchdog::LeaseNote,
+        now_ns: u64,
+        now: tokio::time::Instant,
+    ) -> Vec<Report> {
+        use crate::watchdog::LeaseNote;
+        match note {
+            LeaseNote::Lease {
+                serial, until_ns, ..
+            } => {
+                self.ends.insert(serial, until_ns);
+                self.held.push(note.into());
+                self.flush()
+            }
+            LeaseNote::Forget { serial } => {
+                let end = self.ends.remove(&serial).flatten();
+                self.held.push(note.into());
+                let near = u64::try_from(FORGET_NOW_WITHIN.as_nanos()).unwrap_or(u64::MAX);
+                if end.is_some_and(|e| e <= now_ns.saturating_add(near)) {
+                    return self.flush();
+                }
+                self.due.get_or_insert(now + FORGET_HOLD);
+                Vec::new()
+            }
+        }
+    }
+
+    /// When the held reports must go, if any are held.
+    pub(super) fn due(&self) -> Option<tokio::time::Instant> {
+        self.due
+    }
+
+    /// Everything held, in order.
+    pub(super) fn flush(&mut self) -> Vec<Report> {
+        self.due = None;
+        std::mem::take(&mut self.held)
+    }
+}
+
 /// The master's wake-up line for `seq`.
 pub fn wake_line(seq: u64) -> String {
     format!("wake {seq}\n")
@@ -172,6 +244,67 @@ fn parse_wake(line: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watchdog::LeaseNote;
+
+    const S: u64 = 1_000_000_000;
+
+    // A run's end waits for the next run's lease and goes with it, in order, in one batch; a
+    // lease change goes at once; the hold ends at FORGET_HOLD.
+    #[tokio::test]
+    async fn a_runs_end_goes_with_the_next_runs_lease() {
+        let mut b = LeaseBatch::default();
+        let now = tokio::time::Instant::now();
+        let lease = |serial, until| LeaseNote::Lease {
+            serial,
+            pgid: 42,
+            until_ns: Some(until),
+        };
+        assert_eq!(
+            b.take(lease(1, 100 * S), 10 * S, now),
+            vec![lease(1, 100 * S).into()]
+        );
+        assert!(b
+            .take(LeaseNote::Forget { serial: 1 }, 11 * S, now)
+            .is_empty());
+        assert_eq!(b.due(), Some(now + FORGET_HOLD));
+        assert_eq!(
+            b.take(lease(2, 110 * S), 11 * S, now),
+            vec![Report::Forget { serial: 1 }, lease(2, 110 * S).into()]
+        );
+        assert_eq!(b.due(), None);
+        // Alone, it goes when the hold ends.
+        assert!(b
+            .take(LeaseNote::Forget { serial: 2 }, 12 * S, now)
+            .is_empty());
+        assert_eq!(b.flush(), vec![Report::Forget { serial: 2 }]);
+        assert!(b.flush().is_empty());
+    }
+
+    // A run whose lease ends within FORGET_NOW_WITHIN is forgotten at once, with what was held.
+    #[test]
+    fn a_run_whose_lease_ends_soon_is_forgotten_at_once() {
+        let mut b = LeaseBatch::default();
+        let now = tokio::time::Instant::now();
+        for (serial, until) in [(1, 50 * S), (2, 10 * S + S / 2)] {
+            b.take(
+                LeaseNote::Lease {
+                    serial,
+                    pgid: 7,
+                    until_ns: Some(until),
+                },
+                10 * S,
+                now,
+            );
+        }
+        assert!(b
+            .take(LeaseNote::Forget { serial: 1 }, 10 * S, now)
+            .is_empty());
+        assert_eq!(
+            b.take(LeaseNote::Forget { serial: 2 }, 10 * S, now),
+            vec![Report::Forget { serial: 1 }, Report::Forget { serial: 2 }]
+        );
+        assert_eq!(b.due(), None);
+    }
 
     #[test]
     fn reports_are_one_json_line_each() {

@@ -517,9 +517,17 @@ fn kill_group_but(pgid: i32, keep: Vec<i32>) -> bool {
 const QUIET_FOR: Duration = Duration::from_secs(1);
 
 /// The last pid handed out in this pid namespace (processes and threads alike), if readable.
+/// Read once per job: the file stays open, and each read is one `pread` at offset 0 (procfs
+/// formats the value anew for every read from the start).
 fn ns_last_pid() -> Option<i32> {
-    let text = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok()?;
-    text.trim().parse().ok()
+    use std::os::unix::fs::FileExt;
+    static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = FILE
+        .get_or_init(|| std::fs::File::open("/proc/sys/kernel/ns_last_pid").ok())
+        .as_ref()?;
+    let mut buf = [0u8; 32];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
 /// Whether any process of group `pgid` still exists (zombies count until reaped).
@@ -568,6 +576,24 @@ where
 mod tests {
     use std::os::unix::process::{CommandExt, ExitStatusExt};
     use std::process::Command;
+
+    // The kept-open file gives the current value on every read, not the first one again: a
+    // process started in between moves it (kill_others' shortcut depends on that).
+    #[test]
+    fn ns_last_pid_is_read_anew_each_time() {
+        let Some(before) = super::ns_last_pid() else {
+            return; // no /proc/sys here: kill_others then always looks at /proc
+        };
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let after = super::ns_last_pid().unwrap();
+        child.wait().unwrap();
+        assert_ne!(after, before);
+        assert!(
+            after >= pid || after < before,
+            "{before} -> {after}, child {pid}"
+        );
+    }
 
     #[test]
     fn the_other_members_of_a_group_are_killed_and_its_leader_kept() {
