@@ -125,13 +125,15 @@ end
 -- RL-1, RL-2: the rates are read first, before any write of this step (a log of another type
 -- raises here, having changed nothing); a refusal is a conflict like a lock's, so no lock is
 -- taken, and a lock's refusal records no start.
+-- The logs came with the step's MGET (rate.lua): reading them costs no command.
 local rates = opt['rates'] or {}
-local rate_full = {}
+local rate_logs = {}
 local rate_conflicts = {}
 for i, r in ipairs(rates) do
-  local at, full = rate_allowed_at(prefix, r, now_ms(), 'acquire')
-  rate_full[i] = full
+  local at, l = rate_allowed_at(prefix, r, now_ms(), 'acquire')
+  rate_logs[i] = l
   if at > now_ms() then
+    local full = l.n >= tonumber(r[2])
     rate_conflicts[#rate_conflicts + 1] = {'rate', r[1], full and int(r[2]) or 0, int(r[2]),
       int(at), nil, r}
   end
@@ -304,7 +306,9 @@ for i = 1, n do
     end
   end
 end
-if #conflicts > 0 and #taken > 0 then
+-- The limit-1 locks just taken are given back, as if never taken (L-4).
+local function undo_taken()
+  if #taken == 0 then return end
   redis.call('DEL', unpack(taken))
   for _, lk in ipairs(taken) do known[lk] = false end
   for lk, hv in pairs(handoffs) do
@@ -313,6 +317,7 @@ if #conflicts > 0 and #taken > 0 then
   end
   for i, f in pairs(fences) do redis.call('HINCRBY', prefix .. 'fence', ARGV[13 + 2 * i], -1) end
 end
+if #conflicts > 0 then undo_taken() end
 
 if #conflicts > 0 then
   -- The server's time, read only where a rule needs it (a delay's due time, the parked
@@ -472,6 +477,11 @@ if #conflicts > 0 then
   return out
 end
 
+-- RL-1: the start counts against every rate of the job, one SET per rate, first of the
+-- success's writes: a log that holds another type (MGET read it as nil, and its SET NX
+-- refuses) undoes them and the locks taken above, and raises (S-6).
+if #rates > 0 then rate_record(prefix, rates, rate_logs, now_ms(), 'acquire', undo_taken) end
+
 -- Success: the locks of a larger limit get their holder, lockinfo, expiries and index entry.
 local deadline = wnow + ttl
 local ids = {}
@@ -528,9 +538,6 @@ for _, name in ipairs(enqueue_holds) do
   holds[#holds + 1] = name
 end
 count(prefix, now, 'holds_added', class, #start_holds)
-
--- RL-1: the start counts against every rate of the job.
-for i, r in ipairs(rates) do rate_record(prefix, r, now_ms(), ARGV[1], rate_full[i]) end
 
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,

@@ -562,12 +562,12 @@ local function acquire_reads(K, A)
   for i = 1, (#A - 14) / 2 do
     if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
   end
-  -- RL-4: the rates' closed-until keys (rate.lua).
+  -- RL-1, RL-4: the rates' logs (rate.lua), with their closes.
   if string.find(A[12], '"rates":', 1, true) then
     local ok, o = pcall(cjson.decode, A[12])
     if ok and type(o) == 'table' and type(o['rates']) == 'table' then
       for _, r in ipairs(o['rates']) do
-        out[#out + 1] = locket_prefix(A[8]) .. 'rate_closed:' .. tostring(r[1])
+        out[#out + 1] = locket_prefix(A[8]) .. 'ratelog:' .. tostring(r[1])
       end
     end
   end

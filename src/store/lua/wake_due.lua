@@ -94,8 +94,8 @@ for _, res in ipairs(members) do
       -- RL-3: as many as the key allows now; the entry carries the rate's settings.
       local d = first_entry(pk)
       local r = {id, tonumber(d['limit']) or 0, tonumber(d['period']) or 0, d['spread']}
-      local n, at, used = nil, now, 0
-      if r[2] > 0 and r[3] > 0 then n, at, used = rate_free(prefix, r, now) end
+      local n, at, used, l = nil, now, 0, nil
+      if r[2] > 0 and r[3] > 0 then n, at, used, l = rate_free(prefix, r, now) end
       if n == nil then
         stuck = true
       elseif n > 0 then
@@ -104,7 +104,7 @@ for _, res in ipairs(members) do
         stuck = bad and #moved == 0
         -- Due again when the oldest start in the window lapses (the woken jobs' starts are
         -- logged by then), else shortly, once they have started.
-        next_at = rate_after(prefix, r, used) or (now + math.min(every, 100))
+        next_at = rate_after(l, r, used) or (now + math.min(every, 100))
         next_at = math.max(next_at, now + 5)
       else
         next_at = at
