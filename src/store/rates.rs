@@ -11,14 +11,14 @@ use std::collections::BTreeSet;
 /// Most rate keys listed.
 const MAX_KEYS: usize = 10_000;
 
-/// The rate keys in use: those with a log (starts or a back-off close) or parked jobs (at
-/// most 10,000, sorted).
+/// The rate keys in use: those with a log (starts or a back-off close; the ZSET of a limit
+/// above [`RATE_STRING_MAX`]) or parked jobs (at most 10,000, sorted).
 pub async fn rate_keys<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
 ) -> RedisResult<Vec<String>> {
     let mut out = BTreeSet::new();
-    for prefix in [keys.locket("ratelog:")] {
+    for prefix in [keys.locket("ratelog:"), keys.locket("rate:")] {
         let mut cursor: u64 = 0;
         loop {
             let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -67,6 +67,10 @@ pub struct RateState {
     pub parked_due_ms: Option<u64>,
 }
 
+/// The largest limit whose starts the scripts keep in the key's string log; a larger one's
+/// are in a ZSET, `rate:<key>` (rate.lua).
+pub const RATE_STRING_MAX: u32 = 256;
+
 /// The first byte of a rate log: its format (rate.lua).
 pub const RATE_LOG_MAGIC: u8 = 0xB1;
 /// The log's header: the format byte and the close (6 bytes).
@@ -112,7 +116,12 @@ impl RateLog {
 /// The replies of [`rate_state`]'s reads: the log, the parked count and the index score.
 type Reads = (Option<Vec<u8>>, Option<u64>, Option<f64>);
 
-/// Reads `key`'s state (three reads, pipelined). A log of another type reads as none.
+/// The replies of the ZSET reads of a limit above [`RATE_STRING_MAX`]: the window's count,
+/// the `limit`-th newest and the newest start.
+type ZsetReads = (Option<u64>, Vec<(String, f64)>, Vec<(String, f64)>);
+
+/// Reads `key`'s state (three reads, pipelined; six for a limit above [`RATE_STRING_MAX`]).
+/// A log of another type reads as none.
 pub async fn rate_state<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -137,18 +146,52 @@ pub async fn rate_state<C: ConnectionLike + Send>(
     let log = log.as_deref().and_then(RateLog::parse).unwrap_or_default();
     let limit = u64::from(limit.max(1));
     let cut = now_ms.saturating_sub(period_ms);
-    let used = log.starts.iter().filter(|s| **s > cut).count() as u64;
+    // The window's count, the limit-th newest start and the newest.
+    let (used, nth, last) = if limit > u64::from(RATE_STRING_MAX) {
+        let z = keys.locket(&format!("rate:{key}"));
+        let l = limit as i64;
+        let (used, nth, last): ZsetReads = redis::pipe()
+            .cmd("ZCOUNT")
+            .arg(&z)
+            .arg(format!("({cut}"))
+            .arg("+inf")
+            .cmd("ZRANGE")
+            .arg(&z)
+            .arg(-l)
+            .arg(-l)
+            .arg("WITHSCORES")
+            .cmd("ZRANGE")
+            .arg(&z)
+            .arg(-1)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .ignore_errors()
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        (
+            used.unwrap_or(0),
+            nth.first().map(|(_, s)| *s as u64),
+            last.first().map(|(_, s)| *s as u64),
+        )
+    } else {
+        let n = log.starts.len() as u64;
+        (
+            log.starts.iter().filter(|s| **s > cut).count() as u64,
+            (n >= limit).then(|| log.starts[(n - limit) as usize]),
+            log.starts.last().copied(),
+        )
+    };
     let closed_until_ms = Some(log.closed_until_ms).filter(|c| *c > now_ms);
     let mut next = now_ms;
     if let Some(c) = closed_until_ms {
         next = next.max(c);
     }
-    let n = log.starts.len() as u64;
-    if n >= limit {
-        next = next.max(log.starts[(n - limit) as usize] + period_ms);
+    if let Some(s) = nth {
+        next = next.max(s + period_ms);
     }
     if spread {
-        if let Some(s) = log.starts.last() {
+        if let Some(s) = last {
             next = next.max(s + period_ms.div_ceil(limit));
         }
     }

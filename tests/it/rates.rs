@@ -287,6 +287,85 @@ async fn rl1_a_wrong_typed_rate_key_refuses_acquire_having_changed_nothing() {
     }
 }
 
+// RL-1 above RATE_STRING_MAX: a limit of 300 keeps its starts in a ZSET (a string of
+// thousands of starts costs more Redis CPU than the ZSET's commands): the limit passes, the
+// next start waits for the oldest to be a period old, `rate_state` reads the ZSET, and a
+// job with a string log of another type beside it changes neither (the ZSET is written after
+// every string log).
+#[tokio::test]
+async fn rl1_a_limit_above_the_string_log_keeps_its_exact_bound_in_a_zset() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let limit = store::RATE_STRING_MAX + 44;
+    let big = [rate("big:1", limit, 60_000, false)];
+    for i in 0..limit {
+        let mut j = reserved(&mut c, &format!("s{i}"), "q", "Call", json!([1, i])).await;
+        assert!(
+            started(&j.acquire(&mut c, &[], &with_rates(&big)).await),
+            "{i}"
+        );
+    }
+    let zset = k.locket("rate:big:1");
+    let n: i64 = cmd(&mut c, &["ZCARD", &zset]).await;
+    assert_eq!(n, i64::from(limit));
+    assert!(!exists(&mut c, &k.locket("ratelog:big:1")).await);
+    let oldest: Vec<String> = cmd(&mut c, &["ZRANGE", &zset, "0", "0", "WITHSCORES"]).await;
+    let oldest: u64 = oldest[1].parse().unwrap();
+    let mut next = reserved(&mut c, "n", "q", "Call", json!([1, "n"])).await;
+    match next.acquire(&mut c, &[], &with_rates(&big)).await {
+        AcquireOutcome::Conflict { action, conflicts } => {
+            assert_eq!(action, Settled::Parked);
+            assert_eq!(conflicts[0].kind, ConflictKind::Rate);
+            assert_eq!(conflicts[0].earliest_deadline_ms, oldest + 60_000);
+        }
+        other => panic!("{other:?}"),
+    }
+    let now = server_ms(&mut c).await;
+    let st = store::rate_state(&mut c, &k, "big:1", limit, 60_000, false, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        (st.used, st.allowed_now, st.next_allowed_ms, st.parked),
+        (u64::from(limit), 0, oldest + 60_000, 1)
+    );
+    // A string log of another type beside the ZSET: refused, the ZSET as it was.
+    let other = [
+        rate("big:2", limit, 60_000, false),
+        rate("small:2", 5, 1000, false),
+    ];
+    let _: i64 = cmd(&mut c, &["RPUSH", &k.locket("ratelog:small:2"), "x"]).await;
+    let j = reserved(&mut c, "w", "q2", "Call", json!([2])).await;
+    let mut first = reserved(&mut c, "f", "q3", "Call", json!([2, "f"])).await;
+    assert!(started(
+        &first.acquire(&mut c, &[], &with_rates(&other[..1])).await
+    ));
+    let before: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
+    let working = "{}".to_string();
+    let req = store::AcquireRequest {
+        rid: &j.rid,
+        token: "00112233445566778899aabbccddeeff",
+        queue: "q2",
+        class: "Call",
+        digest: &j.digest,
+        locks: &[],
+        lock_ttl: Duration::from_secs(10),
+        counter_ttl: Duration::from_secs(5),
+        requeue_on_conflict: true,
+        working_on: &working,
+        lockinfo: "{}",
+        resent: false,
+    };
+    let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&other)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let after: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
+    assert_eq!(after, before, "no start recorded in the ZSET");
+    let state: Option<String> = cmd(&mut c, &["HGET", &j.inflight(), "state"]).await;
+    assert_eq!(state.as_deref(), Some("reserved"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the daemon
 // ---------------------------------------------------------------------------------------------

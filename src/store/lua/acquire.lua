@@ -133,7 +133,7 @@ for i, r in ipairs(rates) do
   local at, l = rate_allowed_at(prefix, r, now_ms(), 'acquire')
   rate_logs[i] = l
   if at > now_ms() then
-    local full = l.n >= tonumber(r[2])
+    local full = l.full
     rate_conflicts[#rate_conflicts + 1] = {'rate', r[1], full and int(r[2]) or 0, int(r[2]),
       int(at), nil, r}
   end
@@ -477,10 +477,13 @@ if #conflicts > 0 then
   return out
 end
 
--- RL-1: the start counts against every rate of the job, one SET per rate, first of the
--- success's writes: a log that holds another type (MGET read it as nil, and its SET NX
--- refuses) undoes them and the locks taken above, and raises (S-6).
-if #rates > 0 then rate_record(prefix, rates, rate_logs, now_ms(), 'acquire', undo_taken) end
+-- RL-1: the start counts against every rate of the job, one SET per rate (a ZSET's three or
+-- four commands above RATE_STRING_MAX, rate.lua), first of the success's writes: a string
+-- log that holds another type (MGET read it as nil, and its SET NX refuses) undoes them and
+-- the locks taken above, and raises (S-6).
+if #rates > 0 then
+  rate_record(prefix, rates, rate_logs, now_ms(), 'acquire', undo_taken, ARGV[1])
+end
 
 -- Success: the locks of a larger limit get their holder, lockinfo, expiries and index entry.
 local deadline = wnow + ttl

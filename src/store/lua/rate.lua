@@ -9,6 +9,13 @@
 --                            longer be in a window); PX to a period after the last start, or
 --                            to the close if later (RL-1). ACQUIRE reads it in its MGET
 --                            (lib.lua acquire_reads) and writes it with one SET.
+-- <prefix>rate:<key>         ZSET, the starts of a key whose limit is above RATE_STRING_MAX:
+--                            member = the start's reservation id, score = its start (ms), at
+--                            most `limit` of them, PEXPIRE a period after the last start. A
+--                            string of thousands of starts costs more Redis CPU to copy in
+--                            and out at each start than the ZSET's three or four commands
+--                            (docs/spec/rate-limits.md §5 has the figures). Its close stays
+--                            in the header of its `ratelog:` string (no starts there).
 -- <prefix>parked:rate:<key>  the parked list of the jobs it refused (RL-3, lib.lua's
 --                            parked_wake), indexed in <prefix>parked as "rate:<key>" with the
 --                            time its next start is allowed.
@@ -19,6 +26,12 @@
 
 local RATE_MAGIC = '\177'
 local RATE_HEAD = 7
+-- The largest limit whose starts are kept in the string (RL-6); larger ones use the ZSET.
+local RATE_STRING_MAX = 256
+
+local function rate_in_zset(r)
+  return tonumber(r[2]) > RATE_STRING_MAX
+end
 
 -- The 6-byte big-endian number at byte `pos` of `s`.
 local function rate_u48(s, pos)
@@ -84,11 +97,31 @@ local function rate_allowed_at(prefix, r, now, step)
   if l == nil then rate_wrongtype(step, rate_log_key(prefix, r[1]), 'holds a string') end
   local at = now
   if l.closed > at then at = l.closed end
-  if l.n >= limit then
+  local spread = r[4] == 1 or r[4] == true
+  if rate_in_zset(r) then
+    local zk = prefix .. 'rate:' .. r[1]
+    local nth = redis.pcall('ZRANGE', zk, -limit, -limit, 'WITHSCORES')
+    if type(nth) ~= 'table' or nth.err then
+      local t = redis.pcall('TYPE', zk)
+      rate_wrongtype(step, zk, 'holds a ' .. (type(t) == 'table' and t['ok'] or '?'))
+    end
+    l.full = #nth > 0
+    if l.full and tonumber(nth[2]) + period > at then at = tonumber(nth[2]) + period end
+    if spread then
+      local last = redis.call('ZRANGE', zk, -1, -1, 'WITHSCORES')
+      if #last > 0 then
+        local t = tonumber(last[2]) + math.ceil(period / limit)
+        if t > at then at = t end
+      end
+    end
+    return at, l
+  end
+  l.full = l.n >= limit
+  if l.full then
     local t = rate_at(l, l.n - limit + 1) + period
     if t > at then at = t end
   end
-  if (r[4] == 1 or r[4] == true) and l.n > 0 then
+  if spread and l.n > 0 then
     local t = rate_at(l, l.n) + math.ceil(period / limit)
     if t > at then at = t end
   end
@@ -157,19 +190,33 @@ local function rate_restore(prefix, key, l, r, now)
   end
 end
 
--- RL-1: records a start of each of `rates` at `now` (their allowed_at said yes, in this
--- step, and read `logs`): one SET each. A log that turns out to be of another type undoes
--- the ones written and raises (S-6); the caller undoes its own writes first (`undo`).
-local function rate_record(prefix, rates, logs, now, step, undo)
+-- RL-1: records a start `member` of each of `rates` at `now` (their allowed_at said yes, in
+-- this step, and read `logs`): one SET each for the string logs, first; a string log that
+-- turns out to be of another type undoes the ones written and raises (S-6; the caller
+-- undoes its own writes first, `undo`). Then the ZSETs (their type was checked as they were
+-- read): ZADD, PEXPIRE, and a trim when full.
+local function rate_record(prefix, rates, logs, now, step, undo, member)
+  local written = {}
   for i, r in ipairs(rates) do
-    local v, untl = rate_next(r, logs[i], now, true)
-    if not rate_write(prefix, r[1], logs[i], v, untl, now) then
-      for j = 1, i - 1 do rate_restore(prefix, rates[j][1], logs[j], rates[j], now) end
-      if undo then undo() end
-      local rk = rate_log_key(prefix, r[1])
-      local t = redis.pcall('TYPE', rk)
-      t = type(t) == 'table' and t['ok'] or '?'
-      rate_wrongtype(step, rk, 'holds a ' .. t)
+    if not rate_in_zset(r) then
+      local v, untl = rate_next(r, logs[i], now, true)
+      if not rate_write(prefix, r[1], logs[i], v, untl, now) then
+        for _, j in ipairs(written) do rate_restore(prefix, rates[j][1], logs[j], rates[j], now) end
+        if undo then undo() end
+        local rk = rate_log_key(prefix, r[1])
+        local t = redis.pcall('TYPE', rk)
+        t = type(t) == 'table' and t['ok'] or '?'
+        rate_wrongtype(step, rk, 'holds a ' .. t)
+      end
+      written[#written + 1] = i
+    end
+  end
+  for i, r in ipairs(rates) do
+    if rate_in_zset(r) then
+      local zk = prefix .. 'rate:' .. r[1]
+      redis.call('ZADD', zk, int(now), member)
+      if logs[i].full then redis.call('ZREMRANGEBYRANK', zk, 0, -(tonumber(r[2]) + 1)) end
+      redis.call('PEXPIRE', zk, int(r[3]))
     end
   end
 end
@@ -195,7 +242,13 @@ local function rate_free(prefix, r, now)
     return nil, now, 0
   end
   if l.closed > now then return 0, l.closed, 0, l end
-  local used = l.n - rate_first_after(l, now - period) + 1
+  local used
+  if rate_in_zset(r) then
+    used = redis.pcall('ZCOUNT', prefix .. 'rate:' .. r[1], '(' .. int(now - period), '+inf')
+    if type(used) ~= 'number' then return nil, now, 0 end
+  else
+    used = l.n - rate_first_after(l, now - period) + 1
+  end
   local at = rate_allowed_at(prefix, r, now, 'rate')
   local n = math.max(limit - used, 0)
   if (r[4] == 1 or r[4] == true) and n > 0 then n = 1 end
@@ -206,7 +259,13 @@ end
 -- RL-3: when the start after `n` more (woken now, not yet started) is allowed: the oldest
 -- start in the window, `used` of them, a period on; unknown (nil) when the window is empty
 -- or spread spaces the starts (the woken ones' own starts decide).
-local function rate_after(l, r, used)
-  if not l or used <= 0 or used > l.n or r[4] == 1 or r[4] == true then return nil end
+local function rate_after(prefix, l, r, used)
+  if not l or used <= 0 or r[4] == 1 or r[4] == true then return nil end
+  if rate_in_zset(r) then
+    local e = redis.call('ZRANGE', prefix .. 'rate:' .. r[1], -used, -used, 'WITHSCORES')
+    if #e == 0 then return nil end
+    return tonumber(e[2]) + tonumber(r[3])
+  end
+  if used > l.n then return nil end
   return rate_at(l, l.n - used + 1) + tonumber(r[3])
 end

@@ -104,7 +104,7 @@ for _, res in ipairs(members) do
         stuck = bad and #moved == 0
         -- Due again when the oldest start in the window lapses (the woken jobs' starts are
         -- logged by then), else shortly, once they have started.
-        next_at = rate_after(l, r, used) or (now + math.min(every, 100))
+        next_at = rate_after(prefix, l, r, used) or (now + math.min(every, 100))
         next_at = math.max(next_at, now + 5)
       else
         next_at = at
