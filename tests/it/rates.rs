@@ -89,6 +89,12 @@ async fn rl1_rl3_the_limit_passes_and_the_next_start_parks_until_its_allowed_tim
         "a refused job records no start"
     );
     assert!(!exists(&mut c, &third.inflight()).await);
+    let limited: Option<i64> = cmd(
+        &mut c,
+        &["HGET", &k.locket("rate_stats"), "rate_limited|Call"],
+    )
+    .await;
+    assert_eq!(limited, Some(1), "counted for /metrics");
     assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
     assert_eq!(llen(&mut c, &k.locket("parked:rate:api:7")).await, 1);
     let score: Option<u64> = cmd(&mut c, &["ZSCORE", &k.locket("parked"), "rate:api:7"]).await;
@@ -418,6 +424,12 @@ fn max_running(log: &Path) -> usize {
     crate::support::most_at_once(&read_lossy(log))
 }
 
+/// A field of `rate_stats` (RL-5: what /metrics reads for its per-class counts).
+fn rate_stat(r: &mut R, field: &str) -> i64 {
+    let v: Option<i64> = r.cmd(&["HGET", &format!("{NS}:locket:rate_stats"), field]);
+    v.unwrap_or(0)
+}
+
 fn stat(r: &mut R, event: &str) -> i64 {
     r.int(&format!("{NS}:locket:stat:{event}"))
 }
@@ -540,7 +552,10 @@ fn rl1_two_daemons_never_exceed_the_rate_of_one_key() {
     assert_eq!(b.terminate(LONG).code(), Some(0));
     assert_eq!(r.failed_stat(), 0);
     assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:1")), 0);
-    assert!(stat(&mut r, "rate_limited") > 0);
+    let limited = stat(&mut r, "rate_limited");
+    assert!(limited > 0);
+    // RL-5: /metrics's per-class count, from the workers' tallies.
+    assert_eq!(rate_stat(&mut r, "rate_limited|Call"), limited);
     assert_eq!(
         stat(&mut r, "requeued"),
         0,
@@ -770,6 +785,7 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
     assert_held_back(&mut r, "api:5", throttled_at, close, 6);
     assert_eq!(d.terminate(LONG).code(), Some(0));
     assert_eq!(stat(&mut r, "throttled"), 1);
+    assert_eq!(rate_stat(&mut r, "throttled|Call"), 1);
     assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:5")), 0);
 }
 

@@ -407,11 +407,9 @@ if #conflicts > 0 then
     if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
     redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
     count(prefix, now, 'parked', class)
-    if c1[1] == 'rate' then
-      count(prefix, now, 'rate_limited', class)
-      -- RL-5: per class, fleet-wide, for /metrics (the rate path alone pays for it).
-      redis.pcall('HINCRBY', prefix .. 'rate_stats', 'rate_limited|' .. class, 1)
-    end
+    -- RL-5: per class, fleet-wide, for /metrics: the count goes to `rate_stats` with the
+    -- others (lib.lua flush_counts, or the worker's tally, src/store/tally.rs).
+    if c1[1] == 'rate' then count(prefix, now, 'rate_limited', class) end
     action = 'parked'
   elseif fallback == 'requeue' then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays

@@ -157,7 +157,6 @@ if outcome == 'throttled' then
   redis.pcall('HINCRBY', prefix .. 'parked_queues', ARGV[7], 1)
   end_reservation()
   count(prefix, now, 'throttled', class)
-  redis.pcall('HINCRBY', prefix .. 'rate_stats', 'throttled|' .. class, 1)
   return 'ok'
 end
 
