@@ -25,6 +25,11 @@ if #head == 0 then return {0, 0} end
 local prefix = ARGV[1]
 local now = now_ms()
 local every = tonumber(ARGV[3])
+-- Nothing due yet (another process's look came first, or the earliest is later): two
+-- commands, and the next look when the earliest is due (at most park_check_interval away).
+if tonumber(head[2]) > now then
+  return {0, 1 + math.min(tonumber(head[2]) - now, every)}
+end
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, tonumber(ARGV[2]))
 local woken = 0
 local out = {0, 0}
