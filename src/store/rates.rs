@@ -94,7 +94,10 @@ impl RateLog {
     /// Reads a log; None for bytes that are no log (another format or a length that is not
     /// a header and whole starts).
     pub fn parse(b: &[u8]) -> Option<RateLog> {
-        if b.len() < RATE_LOG_HEAD || b[0] != RATE_LOG_MAGIC || (b.len() - RATE_LOG_HEAD) % 6 != 0 {
+        if b.len() < RATE_LOG_HEAD
+            || b[0] != RATE_LOG_MAGIC
+            || !(b.len() - RATE_LOG_HEAD).is_multiple_of(6)
+        {
             return None;
         }
         Some(RateLog {
