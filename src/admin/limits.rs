@@ -48,10 +48,57 @@ fn setting_for<'a>(all: &'a [Setting], key: &str) -> Option<&'a Setting> {
 }
 
 /// `12:00:03.250` (UTC) for epoch ms.
-fn clock(ms: u64) -> String {
+pub fn clock(ms: u64) -> String {
     chrono::DateTime::from_timestamp_millis(ms as i64)
         .map(|t| t.format("%H:%M:%S%.3f").to_string())
         .unwrap_or_else(|| ms.to_string())
+}
+
+/// The rate keys in use as `locketd limits --json` lists them (and the web page's rates
+/// section): at most `max` rows, each with its key, the template it matched (null when no
+/// class of `config` renders it), limit, period, spread, starts in the window now, starts
+/// allowed now, next allowed start, closed-until (RL-4) and parked jobs; `total` is every key
+/// found. `now` is the Redis clock (ms).
+pub async fn read_limits<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &crate::resque::keys::Keys,
+    config: &Config,
+    now: u64,
+    max: usize,
+) -> redis::RedisResult<super::Listing> {
+    let all = settings(config);
+    let found = store::rate_keys(conn, keys).await?;
+    let mut rows = Vec::new();
+    for key in found.iter().take(max) {
+        let s = setting_for(&all, key);
+        let (limit, period, spread) = s.map_or((0, Duration::ZERO, false), |s| (s.1, s.2, s.3));
+        let st = store::rate_state(
+            conn,
+            keys,
+            key,
+            limit,
+            period.as_millis() as u64,
+            spread,
+            now,
+        )
+        .await?;
+        rows.push(json!({
+            "key": st.key,
+            "template": s.map(|s| s.0.clone()),
+            "limit": limit,
+            "period_ms": period.as_millis() as u64,
+            "spread": spread,
+            "used": st.used,
+            "allowed_now": st.allowed_now,
+            "next_allowed_ms": st.next_allowed_ms,
+            "closed_until_ms": st.closed_until_ms,
+            "parked": st.parked,
+        }));
+    }
+    Ok(super::Listing {
+        total: found.len() as u64,
+        rows,
+    })
 }
 
 impl Admin {
@@ -60,43 +107,12 @@ impl Admin {
         a: &LimitsArgs,
         config: &Config,
     ) -> anyhow::Result<ExitCode> {
-        let all = settings(config);
         let now = now_ms(&mut self.conn).await.unwrap_or(0).max(0) as u64;
-        let mut rows = Vec::new();
-        for key in store::rate_keys(&mut self.conn, &self.keys).await? {
-            let s = setting_for(&all, &key);
-            let (limit, period, spread) = s.map_or((0, Duration::ZERO, false), |s| (s.1, s.2, s.3));
-            let st = store::rate_state(
-                &mut self.conn,
-                &self.keys,
-                &key,
-                limit,
-                period.as_millis() as u64,
-                spread,
-                now,
-            )
-            .await?;
-            rows.push((s.map(|s| s.0.clone()), limit, period, spread, st));
-        }
+        let rows = read_limits(&mut self.conn, &self.keys, config, now, usize::MAX)
+            .await?
+            .rows;
         if a.json {
-            let keys: Vec<_> = rows
-                .iter()
-                .map(|(t, limit, period, spread, st)| {
-                    json!({
-                        "key": st.key,
-                        "template": t,
-                        "limit": limit,
-                        "period_ms": period.as_millis() as u64,
-                        "spread": spread,
-                        "used": st.used,
-                        "allowed_now": st.allowed_now,
-                        "next_allowed_ms": st.next_allowed_ms,
-                        "closed_until_ms": st.closed_until_ms,
-                        "parked": st.parked,
-                    })
-                })
-                .collect();
-            print_json(&json!({"now_ms": now, "keys": keys}));
+            print_json(&json!({"now_ms": now, "keys": rows}));
             return Ok(ExitCode::SUCCESS);
         }
         if rows.is_empty() {
@@ -105,28 +121,34 @@ impl Admin {
         }
         let text: Vec<Vec<String>> = rows
             .iter()
-            .map(|(t, limit, period, _, st)| {
-                let known = t.is_some();
+            .map(|r| {
+                let known = !r["template"].is_null();
+                let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+                let unknown = || "?".to_string();
                 vec![
-                    st.key.clone(),
-                    if known { limit.to_string() } else { "?".into() },
+                    r["key"].as_str().unwrap_or_default().to_string(),
                     if known {
-                        human_ms(period.as_millis() as i64)
+                        n(&r["limit"]).to_string()
                     } else {
-                        "?".into()
+                        unknown()
                     },
                     if known {
-                        st.allowed_now.to_string()
+                        human_ms(n(&r["period_ms"]) as i64)
                     } else {
-                        "?".into()
+                        unknown()
                     },
-                    if st.next_allowed_ms > now {
-                        clock(st.next_allowed_ms)
+                    if known {
+                        n(&r["allowed_now"]).to_string()
+                    } else {
+                        unknown()
+                    },
+                    if n(&r["next_allowed_ms"]) > now {
+                        clock(n(&r["next_allowed_ms"]))
                     } else {
                         "now".into()
                     },
-                    st.closed_until_ms.map_or("-".into(), clock),
-                    st.parked.to_string(),
+                    r["closed_until_ms"].as_u64().map_or("-".into(), clock),
+                    n(&r["parked"]).to_string(),
                 ]
             })
             .collect();

@@ -21,7 +21,7 @@ mod pause;
 mod read;
 mod schedule;
 pub use cancel::{cancel_job, CancelArgs, Cancelled};
-pub use limits::LimitsArgs;
+pub use limits::{clock as clock_ms, read_limits, LimitsArgs};
 pub use parked::{ParkedArgs, UnparkArgs};
 pub use pause::PauseArgs;
 pub use read::{

@@ -22,7 +22,8 @@ pub struct LockSpec {
 /// of `key` in any sliding window of `period`, by Redis's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateSpec {
-    /// The rendered key (the Redis key is `<ns>:locket:rate:<key>`).
+    /// The rendered key (its log is `<ns>:locket:ratelog:<key>`, and for a limit above 256 also
+    /// `<ns>:locket:rate:<key>`: src/store/lua/rate.lua).
     pub key: String,
     /// Most starts per period.
     pub limit: u32,

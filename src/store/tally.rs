@@ -109,6 +109,15 @@ impl Tally {
                     .ignore();
             }
             pipe.cmd("HINCRBY").arg(&bucket).arg(field).arg(*n).ignore();
+            // RL-5: the rate paths' per-class counts, fleet-wide, for /metrics (lib.lua
+            // flush_counts writes the same when a script writes its own counts).
+            if field.starts_with("rate_limited|") || field.starts_with("throttled|") {
+                pipe.cmd("HINCRBY")
+                    .arg(keys.locket("rate_stats"))
+                    .arg(field)
+                    .arg(*n)
+                    .ignore();
+            }
         }
         pipe.cmd("PEXPIRE").arg(&bucket).arg(BUCKET_TTL_MS).ignore();
         // A counter key another tool spoiled (another type, not an integer) is passed over,

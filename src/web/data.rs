@@ -27,6 +27,7 @@ pub const SECTIONS: &[&str] = &[
     "workers",
     "locks",
     "holds",
+    "rates",
     "delayed",
     "schedules",
     "failures",
@@ -75,6 +76,7 @@ pub async fn page<C: ConnectionLike + Send>(
         "holds",
         listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
     );
+    sections.insert("rates", rates(conn, &k, config).await?);
     sections.insert("schedules", schedules(conn, config).await?);
     sections.insert("failures", failures(conn, config).await?);
     sections.insert("chart", chart(conn, &k, minutes).await?);
@@ -101,6 +103,7 @@ pub async fn section<C: ConnectionLike + Send>(
         }
         "holds" => listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
         "delayed" => delayed(conn, &k).await?,
+        "rates" => rates(conn, &k, config).await?,
         "schedules" => schedules(conn, config).await?,
         "failures" => failures(conn, config).await?,
         "chart" => chart(conn, &k, minutes).await?,
@@ -218,6 +221,18 @@ async fn locks<C: ConnectionLike + Send>(
         })
         .collect();
     Ok(json!({"total": l.total, "rows": rows}))
+}
+
+/// The keyed rate limits in use (rate-limits.md RL-5): `locketd limits --json`'s rows, with
+/// the Redis clock they were read at as `now_ms`.
+async fn rates<C: ConnectionLike + Send>(
+    conn: &mut C,
+    k: &Keys,
+    config: &Config,
+) -> RedisResult<Value> {
+    let now = admin::now_ms(conn).await?.max(0) as u64;
+    let l = admin::read_limits(conn, k, config, now, MAX_ROWS).await?;
+    Ok(json!({"total": l.total, "rows": l.rows, "now_ms": now}))
 }
 
 /// locket's delayed jobs (`locketd delayed --json`) and, as `scheduler`, resque-scheduler's

@@ -22,6 +22,8 @@
     if (x < 3600) return Math.floor(x / 60) + "m" + String(x % 60).padStart(2, "0") + "s";
     return Math.floor(x / 3600) + "h" + String(Math.floor((x % 3600) / 60)).padStart(2, "0") + "m";
   }
+  // "12:00:03.250" (UTC) for epoch ms, as `locketd limits` prints it.
+  function clock(ms) { return new Date(ms).toISOString().slice(11, 23); }
   function secs(v) { return typeof v === "number" ? human(v * 1000) : "-"; }
   function at(epoch) { return new Date(epoch * 1000).toISOString().replace(".000Z", "Z"); }
   function button(label, endpoint, body) {
@@ -84,6 +86,15 @@
       return v.rows.map(function (h) {
         var q = h.blocked_queues || [];
         return [h.name, s(h.digest).slice(0, 12), s(h.count), human(h.left_ms), q.length ? "queues skipping: " + q.join(", ") : ""];
+      });
+    },
+    rates: function (v) {
+      return v.rows.map(function (r) {
+        var known = r.template !== null && r.template !== undefined;
+        var next = typeof r.next_allowed_ms === "number" && r.next_allowed_ms > v.now_ms ? clock(r.next_allowed_ms) : "now";
+        return [s(r.key), known ? s(r.limit) : "?", known ? human(r.period_ms) : "?", s(r.used),
+                known ? s(r.allowed_now) : "?", next,
+                typeof r.closed_until_ms === "number" ? clock(r.closed_until_ms) : "-", s(r.parked)];
       });
     },
     delayed: function (v) {

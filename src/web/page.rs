@@ -27,6 +27,11 @@ fn secs(v: &Value) -> String {
     v.as_i64().map_or("-".into(), |s| human_ms(s * 1000))
 }
 
+/// `12:00:03.250` (UTC) for epoch ms, as `locketd limits` prints it.
+fn clock(ms: u64) -> String {
+    crate::admin::clock_ms(ms)
+}
+
 fn at(epoch_secs: u64) -> String {
     time::run_at(SystemTime::UNIX_EPOCH + Duration::from_secs(epoch_secs))
 }
@@ -71,6 +76,19 @@ pub fn heads(name: &str) -> (&'static str, &'static [&'static str]) {
         "holds" => (
             "Holds",
             &["hold", "digest", "count", "time left", "blocking"],
+        ),
+        "rates" => (
+            "Rate limits",
+            &[
+                "rate key",
+                "limit",
+                "period",
+                "in window",
+                "allowed now",
+                "next start",
+                "closed until",
+                "parked",
+            ],
         ),
         "delayed" => (
             "Delayed jobs",
@@ -314,6 +332,38 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                 ]
             })
             .collect(),
+        "rates" => {
+            let now = v["now_ms"].as_u64().unwrap_or(0);
+            list.iter()
+                .map(|r| {
+                    let known = !r["template"].is_null();
+                    let or_unknown = |x: &Value, f: &dyn Fn(&Value) -> String| {
+                        if known {
+                            f(x)
+                        } else {
+                            "?".to_string()
+                        }
+                    };
+                    let next = r["next_allowed_ms"].as_u64().unwrap_or(0);
+                    vec![
+                        t(&r["key"]),
+                        or_unknown(&r["limit"], &|x| html(&s(x))),
+                        or_unknown(&r["period_ms"], &|x| ms(x)),
+                        t(&r["used"]),
+                        or_unknown(&r["allowed_now"], &|x| html(&s(x))),
+                        if next > now {
+                            html(&clock(next))
+                        } else {
+                            "now".into()
+                        },
+                        r["closed_until_ms"]
+                            .as_u64()
+                            .map_or("-".into(), |c| html(&clock(c))),
+                        t(&r["parked"]),
+                    ]
+                })
+                .collect()
+        }
         "delayed" => {
             let mut out: Vec<Vec<String>> = list
                 .iter()
@@ -651,6 +701,12 @@ mod tests {
                 json!({"total": 1, "rows": [{"name": "n", "config": {"every": "1m"}}]}),
             ),
             (
+                "rates",
+                json!({"total": 2, "now_ms": 1000, "rows": [{"key": "api:1", "template": "api:{args[0]}",
+                "limit": 5, "period_ms": 1000, "used": 5, "allowed_now": 0, "next_allowed_ms": 1500,
+                "closed_until_ms": 1500, "parked": 3}, {"key": "old", "template": null}]}),
+            ),
+            (
                 "failures",
                 json!({"total": 1, "rows": [{"list": "failed", "index": 0}]}),
             ),
@@ -664,6 +720,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// RL-5: a rate key's row as the CLI's table has it: clock times, "?" for a key no class
+    /// renders.
+    #[test]
+    fn a_rate_row_shows_its_times_and_an_unknown_key_its_question_marks() {
+        let v = json!({"total": 2, "now_ms": 1000, "rows": [
+            {"key": "api:1", "template": "api:{args[0]}", "limit": 5, "period_ms": 1000,
+             "used": 5, "allowed_now": 0, "next_allowed_ms": 1500, "closed_until_ms": 1500,
+             "parked": 3},
+            {"key": "old", "template": null, "limit": 0, "period_ms": 0, "used": 2,
+             "allowed_now": 0, "next_allowed_ms": 1000, "closed_until_ms": null, "parked": 0}]});
+        let r = rows("rates", &v, false);
+        assert_eq!(
+            r[0],
+            [
+                "api:1",
+                "5",
+                "1.0s",
+                "5",
+                "0",
+                "00:00:01.500",
+                "00:00:01.500",
+                "3"
+            ]
+        );
+        assert_eq!(r[1], ["old", "?", "?", "2", "?", "now", "-", "0"]);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use locketd::locks::{Policy, RateSpec};
-use locketd::store::{self, AcquireOptions, AcquireOutcome, ConflictKind, Finish, Settled};
+use locketd::store::{
+    self, AcquireOptions, AcquireOutcome, ConflictKind, Finish, RateLog, Settled,
+};
 use redis::aio::MultiplexedConnection as Conn;
 use serde_json::json;
 
@@ -29,8 +31,12 @@ fn with_rates(rates: &[RateSpec]) -> AcquireOptions<'_> {
     }
 }
 
-async fn zcard(c: &mut Conn, key: &str) -> i64 {
-    cmd(c, &["ZCARD", key]).await
+/// The log of rate key `key` (rate.lua): its starts and close; the default when there is
+/// none.
+async fn log_of(c: &mut Conn, key: &str) -> RateLog {
+    let v: Option<Vec<u8>> = cmd(c, &["GET", &keys().locket(&format!("ratelog:{key}"))]).await;
+    v.map(|v| RateLog::parse(&v).expect("a rate log"))
+        .unwrap_or_default()
 }
 
 async fn llen(c: &mut Conn, key: &str) -> i64 {
@@ -54,11 +60,14 @@ async fn rl1_rl3_the_limit_passes_and_the_next_start_parks_until_its_allowed_tim
         let mut j = reserved(&mut c, slot, "q", "Call", json!([7, arg])).await;
         assert!(started(&j.acquire(&mut c, &[], &with_rates(&rates)).await));
     }
-    let log = k.locket("rate:api:7");
-    assert_eq!(zcard(&mut c, &log).await, 2);
-    let oldest: Vec<String> = cmd(&mut c, &["ZRANGE", &log, "0", "0", "WITHSCORES"]).await;
-    let oldest: u64 = oldest[1].parse().unwrap();
-    assert!(oldest >= before, "Redis's clock");
+    let log = k.locket("ratelog:api:7");
+    let starts = log_of(&mut c, "api:7").await.starts;
+    assert_eq!(starts.len(), 2);
+    let oldest = starts[0];
+    assert!(
+        oldest >= before && starts[1] >= oldest,
+        "Redis's clock, in order"
+    );
     let ttl: i64 = cmd(&mut c, &["PTTL", &log]).await;
     assert!(
         ttl > 59_000 && ttl <= 60_000,
@@ -75,11 +84,17 @@ async fn rl1_rl3_the_limit_passes_and_the_next_start_parks_until_its_allowed_tim
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        zcard(&mut c, &log).await,
-        2,
+        log_of(&mut c, "api:7").await.starts,
+        starts,
         "a refused job records no start"
     );
     assert!(!exists(&mut c, &third.inflight()).await);
+    let limited: Option<i64> = cmd(
+        &mut c,
+        &["HGET", &k.locket("rate_stats"), "rate_limited|Call"],
+    )
+    .await;
+    assert_eq!(limited, Some(1), "counted for /metrics");
     assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
     assert_eq!(llen(&mut c, &k.locket("parked:rate:api:7")).await, 1);
     let score: Option<u64> = cmd(&mut c, &["ZSCORE", &k.locket("parked"), "rate:api:7"]).await;
@@ -104,7 +119,7 @@ async fn rl3_the_janitor_wakes_as_many_as_the_key_allows() {
         let mut j = reserved(&mut c, &format!("s{i}"), "q", "Call", json!([8, i])).await;
         j.acquire(&mut c, &[], &with_rates(&rates)).await;
     }
-    assert_eq!(zcard(&mut c, &k.locket("rate:api:8")).await, 2);
+    assert_eq!(log_of(&mut c, "api:8").await.starts.len(), 2);
     assert_eq!(llen(&mut c, &k.locket("parked:rate:api:8")).await, 4);
     tokio::time::sleep(Duration::from_millis(350)).await;
     let w = store::wake_due(&mut c, &k, 100, Duration::from_secs(1))
@@ -156,7 +171,7 @@ async fn rl2_a_lock_refusal_consumes_no_rate_and_a_rate_refusal_takes_no_lock() 
         other => panic!("{other:?}"),
     }
     assert!(
-        !exists(&mut c, &k.locket("rate:api:9")).await,
+        !exists(&mut c, &k.locket("ratelog:api:9")).await,
         "no rate consumed"
     );
     assert!(holder.finish(&mut c, &lock, Finish::Success, &[]).await);
@@ -200,26 +215,146 @@ async fn rl1_spread_spaces_the_starts() {
     }
 }
 
-// RL-1 + S-6: a rate log of another type stops ACQUIRE before its first write: the job stays
-// reserved (in exactly one place), no lock is taken, nothing is parked.
+// RL-1 + S-6: a rate log of another type stops ACQUIRE having changed nothing: the job stays
+// reserved (in exactly one place), no lock is taken, nothing is parked, and the job's other
+// rate logs are as they were. A string that is no log is refused as it is read; a key of
+// another type (MGET reads it as nil) when its SET NX refuses, which undoes the writes before
+// it (the other logs, the limit-1 lock taken).
 #[tokio::test]
 async fn rl1_a_wrong_typed_rate_key_refuses_acquire_having_changed_nothing() {
     let r = RedisServer::start();
     let mut c = r.conn().await;
     let k = keys();
-    let log = k.locket("rate:api:10");
-    let _: () = cmd(&mut c, &["SET", &log, "spoiled"]).await;
-    let rates = [rate("api:10", 5, 1000, false)];
-    let lock = [spec("user:10", 1), spec("pool", 3)];
-    let j = reserved(&mut c, "a", "q", "Call", json!([10])).await;
+    for (n, spoil) in [(10, "SET"), (11, "RPUSH")] {
+        let bad = format!("api:{n}");
+        let _: () = cmd(
+            &mut c,
+            &[spoil, &k.locket(&format!("ratelog:{bad}")), "spoiled"],
+        )
+        .await;
+        // A log with a start in it (written back as it was) and one not there yet (deleted).
+        let (fine, new) = (format!("fine:{n}"), format!("new:{n}"));
+        let mut other = reserved(&mut c, &format!("o{n}"), "q0", "Call", json!([0])).await;
+        assert!(started(
+            &other
+                .acquire(&mut c, &[], &with_rates(&[rate(&fine, 5, 60_000, false)]))
+                .await
+        ));
+        let fine_log: Vec<u8> = cmd(&mut c, &["GET", &k.locket(&format!("ratelog:{fine}"))]).await;
+        let rates = [
+            rate(&fine, 5, 60_000, false),
+            rate(&new, 5, 60_000, false),
+            rate(&bad, 5, 1000, false),
+        ];
+        let lock = [spec(&format!("user:{n}"), 1), spec("pool", 3)];
+        let j = reserved(&mut c, &format!("a{n}"), "q", "Call", json!([n])).await;
+        let working = "{}".to_string();
+        let req = store::AcquireRequest {
+            rid: &j.rid,
+            token: "00112233445566778899aabbccddeeff",
+            queue: "q",
+            class: "Call",
+            digest: &j.digest,
+            locks: &lock,
+            lock_ttl: Duration::from_secs(10),
+            counter_ttl: Duration::from_secs(5),
+            requeue_on_conflict: true,
+            working_on: &working,
+            lockinfo: "{}",
+            resent: false,
+        };
+        let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&rates)))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("WRONGTYPE"), "{spoil}: {err}");
+        let state: Option<String> = cmd(&mut c, &["HGET", &j.inflight(), "state"]).await;
+        assert_eq!(
+            state.as_deref(),
+            Some("reserved"),
+            "{spoil}: still reserved, nowhere else"
+        );
+        assert!(
+            !exists(&mut c, &k.lock(&format!("user:{n}"))).await,
+            "{spoil}"
+        );
+        assert!(!exists(&mut c, &k.lock("pool")).await, "{spoil}");
+        assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
+        assert!(!exists(&mut c, &k.locket(&format!("parked:rate:{bad}"))).await);
+        let after: Vec<u8> = cmd(&mut c, &["GET", &k.locket(&format!("ratelog:{fine}"))]).await;
+        assert_eq!(after, fine_log, "{spoil}: the other log as it was");
+        let ttl: i64 = cmd(&mut c, &["PTTL", &k.locket(&format!("ratelog:{fine}"))]).await;
+        assert!(ttl > 50_000, "{spoil}: with its expiry: {ttl}");
+        assert!(
+            !exists(&mut c, &k.locket(&format!("ratelog:{new}"))).await,
+            "{spoil}: no log left where there was none"
+        );
+        let kind: String = cmd(&mut c, &["TYPE", &k.locket(&format!("ratelog:{bad}"))]).await;
+        assert_eq!(kind, if spoil == "SET" { "string" } else { "list" });
+    }
+}
+
+// RL-1 above RATE_STRING_MAX: a limit of 300 keeps its starts in a ZSET (a string of
+// thousands of starts costs more Redis CPU than the ZSET's commands): the limit passes, the
+// next start waits for the oldest to be a period old, `rate_state` reads the ZSET, and a
+// job with a string log of another type beside it changes neither (the ZSET is written after
+// every string log).
+#[tokio::test]
+async fn rl1_a_limit_above_the_string_log_keeps_its_exact_bound_in_a_zset() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let limit = store::RATE_STRING_MAX + 44;
+    let big = [rate("big:1", limit, 60_000, false)];
+    for i in 0..limit {
+        let mut j = reserved(&mut c, &format!("s{i}"), "q", "Call", json!([1, i])).await;
+        assert!(
+            started(&j.acquire(&mut c, &[], &with_rates(&big)).await),
+            "{i}"
+        );
+    }
+    let zset = k.locket("rate:big:1");
+    let n: i64 = cmd(&mut c, &["ZCARD", &zset]).await;
+    assert_eq!(n, i64::from(limit));
+    assert!(!exists(&mut c, &k.locket("ratelog:big:1")).await);
+    let oldest: Vec<String> = cmd(&mut c, &["ZRANGE", &zset, "0", "0", "WITHSCORES"]).await;
+    let oldest: u64 = oldest[1].parse().unwrap();
+    let mut next = reserved(&mut c, "n", "q", "Call", json!([1, "n"])).await;
+    match next.acquire(&mut c, &[], &with_rates(&big)).await {
+        AcquireOutcome::Conflict { action, conflicts } => {
+            assert_eq!(action, Settled::Parked);
+            assert_eq!(conflicts[0].kind, ConflictKind::Rate);
+            assert_eq!(conflicts[0].earliest_deadline_ms, oldest + 60_000);
+        }
+        other => panic!("{other:?}"),
+    }
+    let now = server_ms(&mut c).await;
+    let st = store::rate_state(&mut c, &k, "big:1", limit, 60_000, false, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        (st.used, st.allowed_now, st.next_allowed_ms, st.parked),
+        (u64::from(limit), 0, oldest + 60_000, 1)
+    );
+    // A string log of another type beside the ZSET: refused, the ZSET as it was.
+    let other = [
+        rate("big:2", limit, 60_000, false),
+        rate("small:2", 5, 1000, false),
+    ];
+    let _: i64 = cmd(&mut c, &["RPUSH", &k.locket("ratelog:small:2"), "x"]).await;
+    let j = reserved(&mut c, "w", "q2", "Call", json!([2])).await;
+    let mut first = reserved(&mut c, "f", "q3", "Call", json!([2, "f"])).await;
+    assert!(started(
+        &first.acquire(&mut c, &[], &with_rates(&other[..1])).await
+    ));
+    let before: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
     let working = "{}".to_string();
     let req = store::AcquireRequest {
         rid: &j.rid,
         token: "00112233445566778899aabbccddeeff",
-        queue: "q",
+        queue: "q2",
         class: "Call",
         digest: &j.digest,
-        locks: &lock,
+        locks: &[],
         lock_ttl: Duration::from_secs(10),
         counter_ttl: Duration::from_secs(5),
         requeue_on_conflict: true,
@@ -227,20 +362,14 @@ async fn rl1_a_wrong_typed_rate_key_refuses_acquire_having_changed_nothing() {
         lockinfo: "{}",
         resent: false,
     };
-    let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&rates)))
+    let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&other)))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let after: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
+    assert_eq!(after, before, "no start recorded in the ZSET");
     let state: Option<String> = cmd(&mut c, &["HGET", &j.inflight(), "state"]).await;
-    assert_eq!(
-        state.as_deref(),
-        Some("reserved"),
-        "still reserved, nowhere else"
-    );
-    assert!(!exists(&mut c, &k.lock("user:10")).await);
-    assert!(!exists(&mut c, &k.lock("pool")).await);
-    assert_eq!(llen(&mut c, &k.queue("q")).await, 0);
-    assert!(!exists(&mut c, &k.locket("parked:rate:api:10")).await);
+    assert_eq!(state.as_deref(), Some("reserved"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -295,6 +424,12 @@ fn max_running(log: &Path) -> usize {
     crate::support::most_at_once(&read_lossy(log))
 }
 
+/// A field of `rate_stats` (RL-5: what /metrics reads for its per-class counts).
+fn rate_stat(r: &mut R, field: &str) -> i64 {
+    let v: Option<i64> = r.cmd(&["HGET", &format!("{NS}:locket:rate_stats"), field]);
+    v.unwrap_or(0)
+}
+
 fn stat(r: &mut R, event: &str) -> i64 {
     r.int(&format!("{NS}:locket:stat:{event}"))
 }
@@ -320,6 +455,33 @@ fn job_starts(daemons: &[&Daemon], class: &str) -> Vec<u64> {
         .collect();
     out.sort();
     out
+}
+
+/// Every start of a rate key by Redis's clock, from reads of its log every few tens of
+/// milliseconds (it keeps each start a period, until `limit` newer ones came). The log holds
+/// start times, not jobs: a time counts as often as one read holds it.
+#[derive(Default)]
+struct Seen(std::collections::BTreeMap<u64, usize>);
+
+impl Seen {
+    fn read(&mut self, r: &mut R, key: &str) {
+        let mut now = std::collections::BTreeMap::<u64, usize>::new();
+        for s in logged_starts(r, key) {
+            *now.entry(s).or_default() += 1;
+        }
+        for (s, n) in now {
+            let e = self.0.entry(s).or_default();
+            *e = (*e).max(n);
+        }
+    }
+
+    /// The starts seen, in order.
+    fn starts(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .flat_map(|(s, n)| std::iter::repeat_n(*s, *n))
+            .collect()
+    }
 }
 
 /// The stamps' allowance: a `job started` line is written a little after the ACQUIRE that
@@ -353,19 +515,15 @@ fn rl1_two_daemons_never_exceed_the_rate_of_one_key() {
     let mut b = Daemon::start(&redis, &config, &["--workers", "2", "--slots", "4"]);
     // Every start by Redis's clock: the key's log keeps each start until 20 newer ones came
     // (a second at least), so reading it every few tens of milliseconds sees them all.
-    let rate_log = format!("{NS}:locket:rate:api:1");
-    let mut seen = std::collections::BTreeMap::<String, u64>::new();
+    let mut seen = Seen::default();
     wait_until(LONG, "every job ran", || {
-        let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
-        seen.extend(entries);
+        seen.read(&mut r, "api:1");
         job_starts(&[&a, &b], "Call").len() == n
     });
     let took = t0.elapsed();
-    let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
-    seen.extend(entries);
-    assert_eq!(seen.len(), n, "each start seen in the log once");
-    let mut by_redis: Vec<u64> = seen.values().copied().collect();
-    by_redis.sort();
+    seen.read(&mut r, "api:1");
+    let by_redis = seen.starts();
+    assert_eq!(by_redis.len(), n, "each start seen in the log once");
     let most = most_in_window(&by_redis, 1000);
     assert!(
         most <= 20,
@@ -394,7 +552,10 @@ fn rl1_two_daemons_never_exceed_the_rate_of_one_key() {
     assert_eq!(b.terminate(LONG).code(), Some(0));
     assert_eq!(r.failed_stat(), 0);
     assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:1")), 0);
-    assert!(stat(&mut r, "rate_limited") > 0);
+    let limited = stat(&mut r, "rate_limited");
+    assert!(limited > 0);
+    // RL-5: /metrics's per-class count, from the workers' tallies.
+    assert_eq!(rate_stat(&mut r, "rate_limited|Call"), limited);
     assert_eq!(
         stat(&mut r, "requeued"),
         0,
@@ -429,11 +590,9 @@ fn rl2_a_lock_and_a_rate_on_one_class_never_exceed_either() {
         }
     }
     let mut d = Daemon::start(&redis, &config, &["--workers", "2", "--slots", "4"]);
-    let rate_log = format!("{NS}:locket:rate:gh-api:k");
-    let mut seen = std::collections::BTreeMap::<String, u64>::new();
+    let mut seen = Seen::default();
     wait_until(LONG, "every job ran", || {
-        let entries: Vec<(String, u64)> = r.cmd(&["ZRANGE", &rate_log, "0", "-1", "WITHSCORES"]);
-        seen.extend(entries);
+        seen.read(&mut r, "gh-api:k");
         read_lossy(&log)
             .lines()
             .filter(|l| l.starts_with("end "))
@@ -441,9 +600,8 @@ fn rl2_a_lock_and_a_rate_on_one_class_never_exceed_either() {
             == n
     });
     assert_eq!(starts(&log).len(), n, "each job ran once");
-    assert_eq!(seen.len(), n, "each start in the rate's log");
-    let mut by_redis: Vec<u64> = seen.values().copied().collect();
-    by_redis.sort();
+    let by_redis = seen.starts();
+    assert_eq!(by_redis.len(), n, "each start in the rate's log");
     let most = most_in_window(&by_redis, 1000);
     assert!(most <= 10, "{most} starts within one sliding second");
     // Per user: never two at once.
@@ -484,7 +642,7 @@ fn rl1_a_wrong_typed_rate_key_fails_the_job_once_and_it_is_nowhere_else() {
             "lock = \"user:{args[0]}\"\nrate = { key = \"api:{args[0]}\", limit = 5, period = \"1s\" }",
         )
         .render();
-    let _: () = r.cmd(&["HSET", &format!("{NS}:locket:rate:api:3"), "x", "1"]);
+    let _: () = r.cmd(&["HSET", &format!("{NS}:locket:ratelog:api:3"), "x", "1"]);
     r.push("api", r#"{"class":"Call","args":[3]}"#);
     let mut d = Daemon::start(&redis, &config, &[]);
     wait_until(LONG, "the job is failed", || r.failures().len() == 1);
@@ -505,18 +663,17 @@ fn rl1_a_wrong_typed_rate_key_fails_the_job_once_and_it_is_nowhere_else() {
     assert!(inflight.is_empty(), "{inflight:?}");
 }
 
-/// The starts of rate key `key` by Redis's clock (the log keeps up to `limit` of them).
+/// The log of rate key `key` (the default when there is none).
+fn read_log(r: &mut R, key: &str) -> RateLog {
+    let v: Option<Vec<u8>> = r.cmd(&["GET", &format!("{NS}:locket:ratelog:{key}")]);
+    v.map(|v| RateLog::parse(&v).expect("a rate log"))
+        .unwrap_or_default()
+}
+
+/// The starts of rate key `key` by Redis's clock (the log keeps up to `limit` of them, none
+/// a period old).
 fn logged_starts(r: &mut R, key: &str) -> Vec<u64> {
-    let entries: Vec<(String, u64)> = r.cmd(&[
-        "ZRANGE",
-        &format!("{NS}:locket:rate:{key}"),
-        "0",
-        "-1",
-        "WITHSCORES",
-    ]);
-    let mut out: Vec<u64> = entries.into_iter().map(|(_, s)| s).collect();
-    out.sort();
-    out
+    read_log(r, key).starts
 }
 
 /// How long after a close ends the first held job may start here. Alone it starts within a
@@ -525,16 +682,20 @@ fn logged_starts(r: &mut R, key: &str) -> Vec<u64> {
 /// spec's ±0.2 s is a target for an unloaded host, not a property a test here can hold.
 const WAKE_SLACK_MS: u64 = 1_000;
 
-/// The close of `key` (RL-4) as its value and its remaining PTTL, read together.
+/// The close of `key` (RL-4) in its log and how long it has left by Redis's clock, read
+/// together.
 fn read_close(r: &mut R, key: &str) -> (u64, i64) {
-    let k = format!("{NS}:locket:rate_closed:{key}");
-    redis::pipe()
+    let (v, (s, us)): (Option<Vec<u8>>, (i64, i64)) = redis::pipe()
         .cmd("GET")
-        .arg(&k)
-        .cmd("PTTL")
-        .arg(&k)
+        .arg(format!("{NS}:locket:ratelog:{key}"))
+        .cmd("TIME")
         .query(&mut r.0)
-        .unwrap()
+        .unwrap();
+    let until = v
+        .and_then(|v| RateLog::parse(&v))
+        .unwrap_or_default()
+        .closed_until_ms;
+    (until, until as i64 - (s * 1000 + us / 1000))
 }
 
 /// RL-4: after a throttled run closed `key` for 3 s (`pttl` left of it when read), every later
@@ -605,8 +766,9 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
         .render();
     let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
     r.push("api", r#"{"class":"Call","args":[5,"t"]}"#);
-    let closed = format!("{NS}:locket:rate_closed:api:5");
-    wait_until(LONG, "the key is closed", || r.exists(&closed));
+    wait_until(LONG, "the key is closed", || {
+        read_close(&mut r, "api:5").0 > 0
+    });
     let close = read_close(&mut r, "api:5");
     let throttled_at = logged_starts(&mut r, "api:5")[0];
     for i in 0..5 {
@@ -623,6 +785,7 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
     assert_held_back(&mut r, "api:5", throttled_at, close, 6);
     assert_eq!(d.terminate(LONG).code(), Some(0));
     assert_eq!(stat(&mut r, "throttled"), 1);
+    assert_eq!(rate_stat(&mut r, "throttled|Call"), 1);
     assert_eq!(r.llen(&format!("{NS}:locket:parked:rate:api:5")), 0);
 }
 
@@ -658,8 +821,9 @@ fn check_adapter_throttle(program: &str, adapter: &str, job_name: &str, job_file
     );
     let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
     r.push("api", r#"{"class":"Hit","args":[6,"t"]}"#);
-    let closed = format!("{NS}:locket:rate_closed:api:6");
-    wait_until(LONG, "the key is closed", || r.exists(&closed));
+    wait_until(LONG, "the key is closed", || {
+        read_close(&mut r, "api:6").0 > 0
+    });
     let close = read_close(&mut r, "api:6");
     let throttled_at = logged_starts(&mut r, "api:6")[0];
     for i in 0..3 {

@@ -125,13 +125,15 @@ end
 -- RL-1, RL-2: the rates are read first, before any write of this step (a log of another type
 -- raises here, having changed nothing); a refusal is a conflict like a lock's, so no lock is
 -- taken, and a lock's refusal records no start.
+-- The logs came with the step's MGET (rate.lua): reading them costs no command.
 local rates = opt['rates'] or {}
-local rate_full = {}
+local rate_logs = {}
 local rate_conflicts = {}
 for i, r in ipairs(rates) do
-  local at, full = rate_allowed_at(prefix, r, now_ms(), 'acquire')
-  rate_full[i] = full
+  local at, l = rate_allowed_at(prefix, r, now_ms(), 'acquire')
+  rate_logs[i] = l
   if at > now_ms() then
+    local full = l.full
     rate_conflicts[#rate_conflicts + 1] = {'rate', r[1], full and int(r[2]) or 0, int(r[2]),
       int(at), nil, r}
   end
@@ -311,7 +313,9 @@ for i = 1, n do
     end
   end
 end
-if #conflicts > 0 and #taken > 0 then
+-- The limit-1 locks just taken are given back, as if never taken (L-4).
+local function undo_taken()
+  if #taken == 0 then return end
   redis.call('DEL', unpack(taken))
   for _, lk in ipairs(taken) do known[lk] = false end
   for lk, hv in pairs(handoffs) do
@@ -320,6 +324,7 @@ if #conflicts > 0 and #taken > 0 then
   end
   for i, f in pairs(fences) do redis.call('HINCRBY', prefix .. 'fence', ARGV[13 + 2 * i], -1) end
 end
+if #conflicts > 0 then undo_taken() end
 
 if #conflicts > 0 then
   -- The server's time, read only where a rule needs it (a delay's due time, the parked
@@ -422,11 +427,9 @@ if #conflicts > 0 then
     if c1[1] == 'lock' then lock1_mark_parked(prefix .. 'lock:' .. c1[2]) end
     redis.pcall('HINCRBY', prefix .. 'parked_queues', queue, 1)
     count(prefix, now, 'parked', class)
-    if c1[1] == 'rate' then
-      count(prefix, now, 'rate_limited', class)
-      -- RL-5: per class, fleet-wide, for /metrics (the rate path alone pays for it).
-      redis.pcall('HINCRBY', prefix .. 'rate_stats', 'rate_limited|' .. class, 1)
-    end
+    -- RL-5: per class, fleet-wide, for /metrics: the count goes to `rate_stats` with the
+    -- others (lib.lua flush_counts, or the worker's tally, src/store/tally.rs).
+    if c1[1] == 'rate' then count(prefix, now, 'rate_limited', class) end
     action = 'parked'
   elseif fallback == 'requeue' then
     -- The copy is pushed before the record goes (S-6): if the push raises, the job stays
@@ -492,6 +495,14 @@ if #conflicts > 0 then
   return out
 end
 
+-- RL-1: the start counts against every rate of the job, one SET per rate (a ZSET's three or
+-- four commands above RATE_STRING_MAX, rate.lua), first of the success's writes: a string
+-- log that holds another type (MGET read it as nil, and its SET NX refuses) undoes them and
+-- the locks taken above, and raises (S-6).
+if #rates > 0 then
+  rate_record(prefix, rates, rate_logs, now_ms(), 'acquire', undo_taken, ARGV[1])
+end
+
 -- Success: the locks of a larger limit get their holder, lockinfo, expiries and index entry.
 local deadline = wnow + ttl
 local ids = {}
@@ -552,9 +563,6 @@ for _, name in ipairs(enqueue_holds) do
   holds[#holds + 1] = name
 end
 count(prefix, now, 'holds_added', class, #start_holds)
-
--- RL-1: the start counts against every rate of the job.
-for i, r in ipairs(rates) do rate_record(prefix, r, now_ms(), ARGV[1], rate_full[i]) end
 
 -- START (A-8): the job runs; work could be done in q, so its counter restarts.
 redis.call('HSET', inflight,

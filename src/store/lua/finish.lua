@@ -144,13 +144,11 @@ if outcome == 'throttled' then
   local key = throttle['key']
   local now = now_ms()
   local untl = now + tonumber(throttle['for'])
-  local ck = prefix .. 'rate_closed:' .. key
-  local was = tonumber(sget(ck) or '') or 0
-  if untl > was and untl > now then
-    redis.call('SET', ck, int(untl), 'PX', int(untl - now))
-    known[ck] = int(untl)
-  end
-  untl = math.max(untl, was)
+  -- The close goes in the key's log (rate.lua); a log of another type is left as it is (the
+  -- job's next ACQUIRE reports it).
+  local closed = rate_close(prefix, {key, throttle['limit'], throttle['period'],
+    throttle['spread']}, untl, now)
+  untl = math.max(untl, closed or untl)
   redis.call('LPUSH', prefix .. 'parked:rate:' .. key, cjson.encode({rid = ARGV[1],
     queue = ARGV[7], payload = payload, parked_at = now, class = class, digest = ARGV[9],
     attempt = 1, ttl = 0, limit = tonumber(throttle['limit']),
@@ -159,7 +157,6 @@ if outcome == 'throttled' then
   redis.pcall('HINCRBY', prefix .. 'parked_queues', ARGV[7], 1)
   end_reservation()
   count(prefix, now, 'throttled', class)
-  redis.pcall('HINCRBY', prefix .. 'rate_stats', 'throttled|' .. class, 1)
   return 'ok'
 end
 

@@ -377,6 +377,12 @@ end
 -- counts summed by count(); returns the counts as a flat list {field, n, ...} when it is set.
 -- The bucket gets its 8 h expiry when one of its event fields is created (event names hold no
 -- '|'; the class fields do).
+-- RL-5: the per-class counts that /metrics reads fleet-wide from `<prefix>rate_stats` as
+-- well (src/store/tally.rs keeps the same list).
+local function is_rate_stat(field)
+  return string.sub(field, 1, 13) == 'rate_limited|' or string.sub(field, 1, 10) == 'throttled|'
+end
+
 local function flush_counts()
   -- Counts are observability: a counter key another tool made a non-integer or another type
   -- is passed over (redis.pcall), so it never fails the step whose writes are already made.
@@ -400,6 +406,7 @@ local function flush_counts()
     local s = int(n)
     if string.find(field, '|', 1, true) then
       redis.pcall('HINCRBY', m, field, s)
+      if is_rate_stat(field) then redis.pcall('HINCRBY', counts_prefix .. 'rate_stats', field, s) end
     else
       redis.pcall('INCRBY', counts_prefix .. 'stat:' .. field, s)
       if redis.pcall('HINCRBY', m, field, s) == n then fresh = true end
@@ -562,12 +569,12 @@ local function acquire_reads(K, A)
   for i = 1, (#A - 14) / 2 do
     if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
   end
-  -- RL-4: the rates' closed-until keys (rate.lua).
+  -- RL-1, RL-4: the rates' logs (rate.lua), with their closes.
   if string.find(A[12], '"rates":', 1, true) then
     local ok, o = pcall(cjson.decode, A[12])
     if ok and type(o) == 'table' and type(o['rates']) == 'table' then
       for _, r in ipairs(o['rates']) do
-        out[#out + 1] = locket_prefix(A[8]) .. 'rate_closed:' .. tostring(r[1])
+        out[#out + 1] = locket_prefix(A[8]) .. 'ratelog:' .. tostring(r[1])
       end
     end
   end

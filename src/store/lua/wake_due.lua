@@ -25,6 +25,11 @@ if #head == 0 then return {0, 0} end
 local prefix = ARGV[1]
 local now = now_ms()
 local every = tonumber(ARGV[3])
+-- Nothing due yet (another process's look came first, or the earliest is later): two
+-- commands, and the next look when the earliest is due (at most park_check_interval away).
+if tonumber(head[2]) > now then
+  return {0, 1 + math.min(tonumber(head[2]) - now, every)}
+end
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, tonumber(ARGV[2]))
 local woken = 0
 local out = {0, 0}
@@ -95,8 +100,8 @@ for _, res in ipairs(members) do
       -- RL-3: as many as the key allows now; the entry carries the rate's settings.
       local d = first_entry(pk)
       local r = {id, tonumber(d['limit']) or 0, tonumber(d['period']) or 0, d['spread']}
-      local n, at, used = nil, now, 0
-      if r[2] > 0 and r[3] > 0 then n, at, used = rate_free(prefix, r, now) end
+      local n, at, used, l = nil, now, 0, nil
+      if r[2] > 0 and r[3] > 0 then n, at, used, l = rate_free(prefix, r, now) end
       if n == nil then
         stuck = true
       elseif n > 0 then
@@ -105,7 +110,7 @@ for _, res in ipairs(members) do
         stuck = bad and #moved == 0
         -- Due again when the oldest start in the window lapses (the woken jobs' starts are
         -- logged by then), else shortly, once they have started.
-        next_at = rate_after(prefix, r, used) or (now + math.min(every, 100))
+        next_at = rate_after(prefix, l, r, used) or (now + math.min(every, 100))
         next_at = math.max(next_at, now + 5)
       else
         next_at = at

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{daemon, http, now_ms, seed, TOKEN};
+use super::{daemon, get_json, http, now_ms, rate_row, seed, TOKEN};
 use crate::daemon::R;
 use crate::support::{manifest_dir, RedisServer};
 
@@ -139,10 +139,15 @@ fn the_page_in_headless_chromium() {
     assert!(refreshed.starts_with("refreshed at 20"), "{refreshed}");
     assert!(!dom.contains("refresh failed"), "{dom}");
     // The sections, as the script left them: its own rendering of the same rows.
+    let closed = get_json(&addr, "/api/rates")["rows"][0]["closed_until_ms"]
+        .as_u64()
+        .expect("the seed's close");
+    let rate_row = rate_row(closed);
     for (id, needle) in [
         ("queues", "draining (1 of 3 wait on a lock)"),
         ("locks", "Acct::Sync on busy (attempt 2"),
         ("holds", "queues skipping: mixed"),
+        ("rates", rate_row.as_str()),
         ("delayed", "SendEmail"),
         ("schedules", "cron 0 3 * * *"),
         ("failures", "RuntimeError"),

@@ -204,6 +204,37 @@ fn seed(r: &mut R, class: &str, queue: &str) {
             "180",
         ],
     );
+    // RL-5: a rate key with two starts in its window, closed by a handler's back-off (RL-4)
+    // and two jobs parked on it, looked at again in ten minutes (the daemon's janitor leaves
+    // them be meanwhile).
+    let log = locketd::store::RateLog {
+        closed_until_ms: far as u64,
+        starts: vec![now as u64 - 100, now as u64 - 50],
+    };
+    let _: () = redis::cmd("SET")
+        .arg("resque:locket:ratelog:api:7")
+        .arg(log.encode())
+        .arg("PX")
+        .arg(600_000)
+        .query(c)
+        .unwrap();
+    let entry = json!({"rid": "rid-r", "queue": "mailers", "payload": payload, "parked_at": now,
+                       "class": "Api::Call", "digest": "d2", "attempt": 1, "ttl": 0,
+                       "limit": 5, "period": 3_600_000, "spread": 0})
+    .to_string();
+    run(
+        c,
+        &["RPUSH", "resque:locket:parked:rate:api:7", &entry, &entry],
+    );
+    run(
+        c,
+        &[
+            "ZADD",
+            "resque:locket:parked",
+            &far.to_string(),
+            "rate:api:7",
+        ],
+    );
     // Per-minute counts of this minute.
     let minute = (now / 60_000).to_string();
     run(
@@ -221,12 +252,24 @@ fn seed(r: &mut R, class: &str, queue: &str) {
     );
 }
 
+/// The seed's rate key as a row of the page, closed until `closed` (epoch ms).
+fn rate_row(closed: u64) -> String {
+    let c = locketd::admin::clock_ms(closed);
+    format!("<td>api:7</td><td>5</td><td>1h00m</td><td>2</td><td>0</td><td>{c}</td><td>{c}</td><td>2</td>")
+}
+
 /// A daemon working another queue, serving on `--http 127.0.0.1:0`, with `extra` config lines.
 fn daemon(redis: &RedisServer, extra: &str) -> (Daemon, String) {
     let mut c = cfg("web_worked");
     for l in extra.lines() {
         c = c.top(l);
     }
+    // The seed's rate key is this class's (RL-5: its limit and period come from here).
+    c = c.class(
+        "Api::Call",
+        std::path::Path::new("/bin/true"),
+        "rate = { key = \"api:{args[0]}\", limit = 5, period = \"1h\" }",
+    );
     let d = Daemon::builder(redis)
         .config(&c.render())
         .args(["--http", "127.0.0.1:0"])
@@ -240,7 +283,7 @@ fn the_api_and_the_page_show_a_known_state() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     seed(&mut r, "Acct::Sync", "busy");
-    let (_d, addr) = daemon(
+    let (d, addr) = daemon(
         &redis,
         "resque_web_url = \"http://resque-web.example:5678/\"",
     );
@@ -386,6 +429,38 @@ fn the_api_and_the_page_show_a_known_state() {
         v["left_ms"] = json!(0);
     }
     assert_eq!(from_cli, from_api);
+    // RL-5: the rates section is `locketd limits --json`'s keys.
+    let rates = get_json(&addr, "/api/rates");
+    assert_eq!(rates["total"], 1);
+    let k = &rates["rows"][0];
+    assert_eq!(
+        (
+            &k["key"],
+            &k["template"],
+            &k["limit"],
+            &k["period_ms"],
+            &k["parked"]
+        ),
+        (
+            &json!("api:7"),
+            &json!("api:{args[0]}"),
+            &json!(5),
+            &json!(3_600_000),
+            &json!(2)
+        )
+    );
+    assert_eq!((&k["used"], &k["allowed_now"]), (&json!(2), &json!(0)));
+    let closed = k["closed_until_ms"].as_u64().unwrap();
+    assert_eq!(k["next_allowed_ms"], closed);
+    assert!(closed > now_ms(&mut r) as u64 + 500_000, "{k}");
+    let config = d.config_path().display().to_string();
+    let from_cli = cli(&["--config", &config, "limits", "--json"]);
+    let mut from_api = rates["rows"].clone();
+    let mut from_cli_keys = from_cli["keys"].clone();
+    for v in [&mut from_cli_keys[0], &mut from_api[0]] {
+        v["next_allowed_ms"] = json!(0);
+    }
+    assert_eq!(from_cli_keys, from_api);
     let mut from_cli = cli(&["locks", "--json"]);
     let mut from_api = locks["rows"].clone();
     for v in [&mut from_cli[0], &mut from_api[0]] {
@@ -402,6 +477,7 @@ fn the_api_and_the_page_show_a_known_state() {
         "workers",
         "locks",
         "holds",
+        "rates",
         "delayed",
         "schedules",
         "failures",
@@ -414,6 +490,7 @@ fn the_api_and_the_page_show_a_known_state() {
     assert!(body.contains("/api/locks"), "{body}");
 
     // The HTML holds the same state, server-rendered.
+    let rate_row = rate_row(closed);
     let (code, head, page) = http(&addr, "GET", "/", &[], "");
     assert_eq!(code, 200);
     assert!(head.contains("text/html"), "{head}");
@@ -434,6 +511,8 @@ fn the_api_and_the_page_show_a_known_state() {
         "report:2026",
         "abcdef012345",
         "queues skipping: mixed",
+        "<section id=\"rates\">",
+        &rate_row,
         "<section id=\"delayed\">",
         "rid-1",
         "SendEmail",
@@ -472,7 +551,14 @@ fn sections_appear_only_with_their_data() {
     // Without its scheduler: the scheduler lock it would hold is data of the schedules section.
     let (_d, addr) = daemon(&redis, "[scheduler]\nenabled = false");
     let (_, _, page) = http(&addr, "GET", "/", &[], "");
-    for s in ["locks", "holds", "delayed", "schedules", "failures"] {
+    for s in [
+        "locks",
+        "holds",
+        "rates",
+        "delayed",
+        "schedules",
+        "failures",
+    ] {
         assert!(
             page.contains(&format!("<section id=\"{s}\" hidden>")),
             "{s} shown in\n{page}"
