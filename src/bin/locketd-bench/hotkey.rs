@@ -56,14 +56,14 @@ fn free_payloads(n: usize) -> impl Iterator<Item = String> {
 /// Counts the `probe` lines of a daemon's log as it grows, reading each byte once (a re-read of
 /// the whole log every 10 ms would take the daemon's CPU on a small machine).
 #[derive(Default)]
-struct ProbeCount {
+pub(crate) struct ProbeCount {
     /// Bytes of the log counted so far (up to the end of the last whole line).
     offset: u64,
     n: usize,
 }
 
 impl ProbeCount {
-    fn count(&mut self, log: &Path) -> usize {
+    pub(crate) fn count(&mut self, log: &Path) -> usize {
         use std::io::{Read, Seek, SeekFrom};
         let Ok(mut f) = std::fs::File::open(log) else {
             return self.n;
