@@ -145,7 +145,15 @@ pub fn instant_of(ns: u64) -> Instant {
 /// A process's parent, process group and start time (`/proc/<pid>/stat` fields 4, 5, 22),
 /// if it exists.
 pub fn proc_identity(pid: i32) -> Option<(u32, i32, u64)> {
-    let stat = crate::host::read_proc(&format!("/proc/{pid}/stat"))?;
+    // One read: a stat line is short (the command name is at most 15 bytes), and
+    // `read_to_string` would first ask procfs for a size (0) and then read in six pieces.
+    let mut buf = [0u8; 1024];
+    let n = std::io::Read::read(
+        &mut std::fs::File::open(format!("/proc/{pid}/stat")).ok()?,
+        &mut buf,
+    )
+    .ok()?;
+    let stat = std::str::from_utf8(&buf[..n]).ok()?;
     // "pid (comm) S ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
     // stime cutime cstime priority nice threads itrealvalue starttime ...", comm may hold
     // spaces and parentheses.
