@@ -235,6 +235,55 @@ fn stat(r: &mut R, event: &str) -> i64 {
     r.int(&format!("{NS}:locket:stat:{event}"))
 }
 
+/// The PK-3 tests' handler: a job whose second arg starts with `h` (a holder) runs until
+/// `release` exists (at most 30 s); any other sleeps `secs`.
+fn held_until(dir: &Path, log: &Path, release: &Path, secs: &str) -> PathBuf {
+    handler(
+        dir,
+        "hot.sh",
+        log,
+        &format!(
+            "case \"$LOCKETD_ARGS\" in *'\"h'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
+             do sleep 0.1; i=$((i+1)); done;; *) sleep {secs};; esac",
+            release.display()
+        ),
+    )
+}
+
+/// The PK-3 tests' configuration: class `Hot` locked on `user:{args[0]}` (plus `extra`).
+fn hot_config(h: &Path, queues: &str, extra: &str) -> String {
+    cfg(queues)
+        .locket("lock_ttl", "\"10s\"")
+        .locket("process_ttl", "\"20s\"")
+        .class("Hot", h, &format!("lock = \"user:{{args[0]}}\"{extra}"))
+        .render()
+}
+
+/// The second arg of each job parked in `key`, head first.
+fn parking_order(r: &mut R, key: &str) -> Vec<i64> {
+    let entries: Vec<String> = r.cmd(&["LRANGE", key, "0", "-1"]);
+    entries
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            let p: serde_json::Value =
+                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
+            p["args"][1].as_i64().unwrap()
+        })
+        .collect()
+}
+
+/// The second arg of each job in the order they started, past the first `skip` (the holders).
+fn start_order(log: &Path, skip: usize) -> Vec<i64> {
+    started(log)[skip..]
+        .iter()
+        .map(|a| {
+            let v: serde_json::Value = serde_json::from_str(a).unwrap();
+            v[1].as_i64().unwrap()
+        })
+        .collect()
+}
+
 // PK-3: 50 jobs of one key, parked behind a running holder, run in the order they parked, and
 // jobs of the key that arrive on a higher queue meanwhile (while they wait, and while they run)
 // park behind them instead of jumping ahead. Two workers park them, so the parking order is
@@ -246,23 +295,8 @@ fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queu
     let work = workdir();
     let log = work.path().join("runs.log");
     let release = work.path().join("release");
-    let h = handler(
-        work.path(),
-        "hot.sh",
-        &log,
-        &format!(
-            "case \"$LOCKETD_ARGS\" in *'\"h\"'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
-             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.02;; esac",
-            release.display()
-        ),
-    );
-    let config = |queues: &str| {
-        cfg(queues)
-            .locket("lock_ttl", "\"10s\"")
-            .locket("process_ttl", "\"20s\"")
-            .class("Hot", &h, "lock = \"user:{args[0]}\"")
-            .render()
-    };
+    let h = held_until(work.path(), &log, &release, "0.02");
+    let config = |queues: &str| hot_config(&h, queues, "");
     // The holder runs on a daemon of its own queue.
     let mut holder = Daemon::start(&redis, &config("hold"), &[]);
     r.push("hold", r#"{"class":"Hot","args":[1,"h"]}"#);
@@ -282,16 +316,7 @@ fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queu
     wait_until(LONG, "the higher queue's jobs parked", || {
         r.llen(&parked) == 60
     });
-    let entries: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
-    let parking_order: Vec<i64> = entries
-        .iter()
-        .map(|e| {
-            let v: serde_json::Value = serde_json::from_str(e).unwrap();
-            let p: serde_json::Value =
-                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
-            p["args"][1].as_i64().unwrap()
-        })
-        .collect();
+    let parking_order = parking_order(&mut r, &parked);
     let mut lows: Vec<i64> = parking_order.iter().copied().filter(|i| *i < 100).collect();
     lows.sort();
     assert_eq!(lows, (0..50).collect::<Vec<_>>());
@@ -309,13 +334,7 @@ fn pk3_jobs_of_one_key_run_in_parking_order_while_others_arrive_on_a_higher_queu
         );
     }
     wait_until(LONG, "every job ran", || ended(&log) == 66);
-    let order: Vec<i64> = started(&log)[1..]
-        .iter()
-        .map(|a| {
-            let v: serde_json::Value = serde_json::from_str(a).unwrap();
-            v[1].as_i64().unwrap()
-        })
-        .collect();
+    let order = start_order(&log, 1);
     assert_eq!(order[..60], parking_order[..], "parking order");
     let mut late = order[60..].to_vec();
     late.sort();
@@ -341,23 +360,8 @@ fn pk3_a_limit_two_lock_keeps_each_freed_unit_for_the_next_parked_job() {
     let work = workdir();
     let log = work.path().join("runs.log");
     let release = work.path().join("release");
-    let h = handler(
-        work.path(),
-        "hot.sh",
-        &log,
-        &format!(
-            "case \"$LOCKETD_ARGS\" in *'\"h'*) i=0; while [ ! -f {} ] && [ $i -lt 300 ]; \
-             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.05;; esac",
-            release.display()
-        ),
-    );
-    let config = |queues: &str| {
-        cfg(queues)
-            .locket("lock_ttl", "\"10s\"")
-            .locket("process_ttl", "\"20s\"")
-            .class("Hot", &h, "lock = \"user:{args[0]}\"\nlimit = 2")
-            .render()
-    };
+    let h = held_until(work.path(), &log, &release, "0.05");
+    let config = |queues: &str| hot_config(&h, queues, "\nlimit = 2");
     let mut holder = Daemon::start(&redis, &config("hold"), &["--workers", "2"]);
     r.push("hold", r#"{"class":"Hot","args":[1,"h1"]}"#);
     r.push("hold", r#"{"class":"Hot","args":[1,"h2"]}"#);
@@ -368,16 +372,7 @@ fn pk3_a_limit_two_lock_keeps_each_freed_unit_for_the_next_parked_job() {
     let mut d = Daemon::start(&redis, &config("high,low"), &["--workers", "2"]);
     let parked = format!("{NS}:locket:parked:lock:user:1");
     wait_until(LONG, "the backlog parked", || r.llen(&parked) == 30);
-    let entries: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
-    let parking_order: Vec<i64> = entries
-        .iter()
-        .map(|e| {
-            let v: serde_json::Value = serde_json::from_str(e).unwrap();
-            let p: serde_json::Value =
-                serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
-            p["args"][1].as_i64().unwrap()
-        })
-        .collect();
+    let parking_order = parking_order(&mut r, &parked);
     std::fs::write(&release, "").unwrap();
     wait_until(LONG, "six jobs ran", || ended(&log) >= 6);
     for j in 0..5 {
@@ -387,13 +382,7 @@ fn pk3_a_limit_two_lock_keeps_each_freed_unit_for_the_next_parked_job() {
         );
     }
     wait_until(LONG, "every job ran", || ended(&log) == 37);
-    let order: Vec<i64> = started(&log)[2..]
-        .iter()
-        .map(|a| {
-            let v: serde_json::Value = serde_json::from_str(a).unwrap();
-            v[1].as_i64().unwrap()
-        })
-        .collect();
+    let order = start_order(&log, 2);
     // A late job is woken only after every backlog job: at most one of those (woken with it,
     // the other unit's) can still be waiting to start when it starts.
     for late in 200..205 {
