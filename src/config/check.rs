@@ -184,6 +184,18 @@ impl Config {
                 ),
             ));
         }
+        // The last extension of a lock may come up to one process heartbeat after the
+        // process's last heartbeat: in a partition its lease can then end after the process
+        // lease, and R-4 would free the lock while its holder (stalled, not dead) still runs.
+        if l.lock_ttl.get() + l.process_heartbeat.get() > l.process_ttl.get() {
+            warnings.push(format!(
+                "locket.process_ttl ({}) is less than locket.lock_ttl ({}) + \
+                 locket.process_heartbeat ({}): in a network partition a worker presumed dead \
+                 may have its locks freed by recovery up to one heartbeat before their leases \
+                 end, while its job still runs; set process_ttl to at least their sum",
+                l.process_ttl, l.lock_ttl, l.process_heartbeat
+            ));
+        }
         if l.janitor_interval.get() < Duration::from_millis(100) {
             return Err(invalid("locket.janitor_interval", "is below 100ms"));
         }

@@ -757,6 +757,17 @@ mod tests {
         assert!(w.iter().any(|w| w.contains("#insecure")), "{w:?}");
     }
 
+    // R-4 in a partition: a process lease shorter than a lock lease plus one heartbeat lets
+    // recovery free a lock before its lease ends; the defaults (60 s >= 35 s + 10 s) do not.
+    #[test]
+    fn a_process_lease_shorter_than_a_lock_lease_and_a_heartbeat_is_a_warning() {
+        let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"50s\"\nprocess_ttl = \"55s\"");
+        let w = c.check().unwrap();
+        assert!(w.iter().any(|w| w.contains("at least their sum")), "{w:?}");
+        let w = cfg("queues = \"q\"").check().unwrap();
+        assert!(!w.iter().any(|w| w.contains("their sum")), "{w:?}");
+    }
+
     #[test]
     fn short_slack_is_a_warning_not_an_error() {
         let c = cfg("queues = \"q\"\n[locket]\nlock_ttl = \"10s\"\nheartbeat_interval = \"4s\"\nkill_grace = \"3s\"");
