@@ -190,9 +190,9 @@ impl Config {
         if l.lock_ttl.get() + l.process_heartbeat.get() > l.process_ttl.get() {
             warnings.push(format!(
                 "locket.process_ttl ({}) is less than locket.lock_ttl ({}) + \
-                 locket.process_heartbeat ({}): in a network partition a worker presumed dead \
-                 may have its locks freed by recovery up to one heartbeat before their leases \
-                 end, while its job still runs; set process_ttl to at least their sum",
+                 locket.process_heartbeat ({}): in a network partition, recovery may free a \
+                 stalled worker's locks up to one heartbeat before their leases end, while its \
+                 job still runs; set process_ttl to at least their sum",
                 l.process_ttl, l.lock_ttl, l.process_heartbeat
             ));
         }
