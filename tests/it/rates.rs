@@ -764,7 +764,11 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
             "lock = false\nrate = { key = \"api:{args[0]}\", limit = 100, period = \"10s\" }",
         )
         .render();
-    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    let mut d = Daemon::start(
+        &redis,
+        &config,
+        &["--workers", "2", "--metrics", "127.0.0.1:0"],
+    );
     r.push("api", r#"{"class":"Call","args":[5,"t"]}"#);
     wait_until(LONG, "the key is closed", || {
         read_close(&mut r, "api:5").0 > 0
@@ -783,6 +787,18 @@ fn rl4_exit_76_with_retry_after_holds_every_job_of_the_key_back() {
             == 6
     });
     assert_held_back(&mut r, "api:5", throttled_at, close, 6);
+    // RL-5: /metrics counts them per class, from the same fleet-wide counts (written within a
+    // second): the throttled run, and the jobs the closed key refused.
+    let addr = crate::service::metrics_addr(&d);
+    wait_until(LONG, "the counts in /metrics", || {
+        let body = crate::service::scrape(&addr).unwrap_or_default();
+        let limited = rate_stat(&mut r, "rate_limited|Call");
+        limited > 0
+            && body.contains("locketd_throttled_total{class=\"Call\"} 1\n")
+            && body.contains(&format!(
+                "locketd_rate_limited_total{{class=\"Call\"}} {limited}\n"
+            ))
+    });
     assert_eq!(d.terminate(LONG).code(), Some(0));
     assert_eq!(stat(&mut r, "throttled"), 1);
     assert_eq!(rate_stat(&mut r, "throttled|Call"), 1);
