@@ -13,7 +13,8 @@ use crate::support::{read_lossy, wait_until, write_script, Daemon, RedisServer};
 
 const LONG: Duration = Duration::from_secs(30);
 
-fn cli(redis: &RedisServer, config: &Path, args: &[&str]) -> Output {
+/// `locketd --config <config> --redis <redis> <args>`, its output.
+pub(crate) fn cli(redis: &RedisServer, config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_locketd"))
         .arg("--config")
         .arg(config)

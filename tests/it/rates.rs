@@ -39,6 +39,33 @@ async fn log_of(c: &mut Conn, key: &str) -> RateLog {
         .unwrap_or_default()
 }
 
+/// ACQUIRE of `j` (reserved from its queue) with `locks` and `rates`, which Redis must refuse
+/// (S-6: a rate log of another type): the error it raised.
+async fn acquire_refused(
+    c: &mut Conn,
+    j: &crate::policies::Job,
+    locks: &[locketd::locks::LockSpec],
+    rates: &[RateSpec],
+) -> redis::RedisError {
+    let req = store::AcquireRequest {
+        rid: &j.rid,
+        token: "00112233445566778899aabbccddeeff",
+        queue: &j.queue,
+        class: "Call",
+        digest: &j.digest,
+        locks,
+        lock_ttl: Duration::from_secs(10),
+        counter_ttl: Duration::from_secs(5),
+        requeue_on_conflict: true,
+        working_on: "{}",
+        lockinfo: "{}",
+        resent: false,
+    };
+    store::acquire_with(c, &j.slot(), &req, Some(&with_rates(rates)))
+        .await
+        .unwrap_err()
+}
+
 async fn llen(c: &mut Conn, key: &str) -> i64 {
     cmd(c, &["LLEN", key]).await
 }
@@ -248,24 +275,7 @@ async fn rl1_a_wrong_typed_rate_key_refuses_acquire_having_changed_nothing() {
         ];
         let lock = [spec(&format!("user:{n}"), 1), spec("pool", 3)];
         let j = reserved(&mut c, &format!("a{n}"), "q", "Call", json!([n])).await;
-        let working = "{}".to_string();
-        let req = store::AcquireRequest {
-            rid: &j.rid,
-            token: "00112233445566778899aabbccddeeff",
-            queue: "q",
-            class: "Call",
-            digest: &j.digest,
-            locks: &lock,
-            lock_ttl: Duration::from_secs(10),
-            counter_ttl: Duration::from_secs(5),
-            requeue_on_conflict: true,
-            working_on: &working,
-            lockinfo: "{}",
-            resent: false,
-        };
-        let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&rates)))
-            .await
-            .unwrap_err();
+        let err = acquire_refused(&mut c, &j, &lock, &rates).await;
         assert!(err.to_string().contains("WRONGTYPE"), "{spoil}: {err}");
         let state: Option<String> = cmd(&mut c, &["HGET", &j.inflight(), "state"]).await;
         assert_eq!(
@@ -347,24 +357,7 @@ async fn rl1_a_limit_above_the_string_log_keeps_its_exact_bound_in_a_zset() {
         &first.acquire(&mut c, &[], &with_rates(&other[..1])).await
     ));
     let before: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
-    let working = "{}".to_string();
-    let req = store::AcquireRequest {
-        rid: &j.rid,
-        token: "00112233445566778899aabbccddeeff",
-        queue: "q2",
-        class: "Call",
-        digest: &j.digest,
-        locks: &[],
-        lock_ttl: Duration::from_secs(10),
-        counter_ttl: Duration::from_secs(5),
-        requeue_on_conflict: true,
-        working_on: &working,
-        lockinfo: "{}",
-        resent: false,
-    };
-    let err = store::acquire_with(&mut c, &j.slot(), &req, Some(&with_rates(&other)))
-        .await
-        .unwrap_err();
+    let err = acquire_refused(&mut c, &j, &[], &other).await;
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let after: Vec<String> = cmd(&mut c, &["ZRANGE", &k.locket("rate:big:2"), "0", "-1"]).await;
     assert_eq!(after, before, "no start recorded in the ZSET");
@@ -928,14 +921,7 @@ module.exports.jobs = {
 }
 
 fn cli(redis: &RedisServer, config: &Path, args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_locketd"))
-        .arg("--config")
-        .arg(config)
-        .arg("--redis")
-        .arg(redis.url())
-        .args(args)
-        .output()
-        .expect("run locketd");
+    let out = crate::admin::cli(redis, config, args);
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).unwrap()
 }
