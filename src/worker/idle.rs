@@ -102,23 +102,21 @@ impl Idle {
         tokio::spawn(async move {
             let mut batch = pickup::LeaseBatch::default();
             loop {
-                let out = match batch.due() {
-                    None => match rx.recv().await {
-                        Some(note) => batch.take(
-                            note,
-                            crate::watchdog::monotonic_ns(std::time::Instant::now()),
-                            Instant::now(),
-                        ),
-                        None => return,
-                    },
-                    Some(due) => match tokio::time::timeout_at(due, rx.recv()).await {
-                        Ok(Some(note)) => batch.take(
-                            note,
-                            crate::watchdog::monotonic_ns(std::time::Instant::now()),
-                            Instant::now(),
-                        ),
-                        Ok(None) | Err(_) => batch.flush(),
-                    },
+                // A held end waits for the next note until it is due (or the channel closes).
+                let note = match batch.due() {
+                    None => rx.recv().await,
+                    Some(due) => tokio::time::timeout_at(due, rx.recv())
+                        .await
+                        .unwrap_or(None),
+                };
+                let out = match note {
+                    Some(note) => batch.take(
+                        note,
+                        crate::watchdog::monotonic_ns(std::time::Instant::now()),
+                        Instant::now(),
+                    ),
+                    None if batch.due().is_some() => batch.flush(),
+                    None => return,
                 };
                 if out.is_empty() {
                     continue;
