@@ -212,7 +212,9 @@ fn independence_drain(
         if free_done.is_none() && probes.count(&daemon.log) >= FREE {
             free_done = Some(now);
         }
-        if p >= total as u64 || (!to_the_end && free_done.is_some()) {
+        // The log is written after the job's end reaches Redis: a drain whose count is in
+        // may still owe its last probe lines, so both are waited for.
+        if free_done.is_some() && (p >= total as u64 || !to_the_end) {
             break;
         }
         if t0.elapsed() > Duration::from_secs(120) {
