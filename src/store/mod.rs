@@ -49,6 +49,9 @@ pub enum Reserved {
         payload: Vec<u8>,
         /// Reservation id.
         rid: String,
+        /// The RESERVE found a pause or cap key of another type (A-20, S-6): the worker's
+        /// next RESERVEs look at the keys' types again instead of trusting their `MGET`.
+        odd_guards: bool,
     },
     /// No queue yielded a job; these queues were skipped by the counter rule.
     Nothing {

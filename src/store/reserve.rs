@@ -13,17 +13,49 @@ fn reserve_keys(cmd: &mut Cmd, slot: &SlotRef<'_>) {
         .arg(slot.keys.pause_all());
 }
 
+/// What a RESERVE is told besides its queues (reserve.lua's flags). A `bool` converts to the
+/// flags of a RESERVE that clears counters or not and looks at every key's type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReserveFlags {
+    /// Clear the counters of skipped queues when nothing was reserved (`clear_counters_when_idle`).
+    pub clear_counters_when_idle: bool,
+    /// The worker looked at the types of the pause and cap keys less than a second ago, so a
+    /// RESERVE fused with its slot's FINISH may take its `MGET` of them as the whole answer
+    /// a key of another type is then seen by the worker's next look, within a second).
+    pub guard_types_seen: bool,
+}
+
+impl From<bool> for ReserveFlags {
+    fn from(clear_counters_when_idle: bool) -> Self {
+        ReserveFlags {
+            clear_counters_when_idle,
+            guard_types_seen: false,
+        }
+    }
+}
+
+impl ReserveFlags {
+    fn arg(self) -> &'static str {
+        match (self.clear_counters_when_idle, self.guard_types_seen) {
+            (false, false) => "0",
+            (true, false) => "1",
+            (false, true) => "2",
+            (true, true) => "3",
+        }
+    }
+}
+
 /// RESERVE's arguments: the queue keys are built from the names in the script.
 fn reserve_args(
     cmd: &mut Cmd,
     slot: &SlotRef<'_>,
     rid: &str,
     queues: &[String],
-    clear_counters_when_idle: bool,
+    flags: ReserveFlags,
 ) {
     cmd.arg(rid)
         .arg(slot.worker_id)
-        .arg(if clear_counters_when_idle { "1" } else { "0" })
+        .arg(flags.arg())
         .arg(slot.keys.locket_prefix())
         .arg(slot.keys.queue(""))
         .arg(super::wall_ms());
@@ -37,13 +69,14 @@ const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
 
 fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
     match reply.first().map(text).as_deref() {
-        Some("job") if reply.len() == 4 => Ok(Reserved::Job {
+        Some("job") if reply.len() == 4 || reply.len() == 5 => Ok(Reserved::Job {
             queue: text(&reply[1]),
             payload: match &reply[2] {
                 Value::BulkString(b) => b.clone(),
                 other => text(other).into_bytes(),
             },
             rid: text(&reply[3]),
+            odd_guards: reply.get(4).is_some_and(|v| text(v) == "1"),
         }),
         Some("nothing") => {
             let names = |v: Option<&Value>| match v {
@@ -71,11 +104,12 @@ pub async fn reserve<C: ConnectionLike + Send>(
     slot: &SlotRef<'_>,
     rid: &str,
     queues: &[String],
-    clear_counters_when_idle: bool,
+    flags: impl Into<ReserveFlags>,
 ) -> RedisResult<Reserved> {
+    let flags = flags.into();
     let reply: Value = evalsha(conn, &scripts().direct.reserve, 2, |cmd| {
         reserve_keys(cmd, slot);
-        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+        reserve_args(cmd, slot, rid, queues, flags);
     })
     .await?;
     match reply {
@@ -96,8 +130,9 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
     holds: &FinishHolds<'_>,
     rid: &str,
     queues: &[String],
-    clear_counters_when_idle: bool,
+    flags: impl Into<ReserveFlags>,
 ) -> RedisResult<(bool, RedisResult<Reserved>)> {
+    let flags = flags.into();
     let (fkeys, fargs) = finish_parts(slot, req, holds);
     let numkeys = fkeys.len() + 2;
     let reply: Value = evalsha(conn, &scripts().direct.finish_reserve, numkeys, |cmd| {
@@ -109,7 +144,7 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
         for a in &fargs {
             cmd.arg(a.as_str());
         }
-        reserve_args(cmd, slot, rid, queues, clear_counters_when_idle);
+        reserve_args(cmd, slot, rid, queues, flags);
     })
     .await?;
     let Value::Array(reply) = reply else {

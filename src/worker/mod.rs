@@ -32,7 +32,7 @@ use crate::store::SlotRef;
 use crate::{host, proctitle};
 use finish::PendingFinish;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -200,6 +200,9 @@ pub struct Worker {
     /// The last job's end, recorded by the next RESERVE's call (FINISH+RESERVE) or flushed
     /// on its own before the loop waits or stops.
     pending: Option<PendingFinish>,
+    /// When this slot's last RESERVE that looked at the pause and cap keys' types was sent
+    /// a fused RESERVE within a second of it trusts its `MGET` of them.
+    guard_types_seen: Option<Instant>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -257,6 +260,7 @@ impl Worker {
             metrics: crate::metrics::Metrics::default(),
             idle: Arc::new(idle::Idle::new()),
             pending: None,
+            guard_types_seen: None,
         };
         worker.idle.report_leases();
         for k in 2..=slots {
@@ -304,6 +308,7 @@ impl Worker {
             idle: self.idle.clone(),
             plans: self.plans.clone(),
             pending: None,
+            guard_types_seen: None,
         }
     }
 

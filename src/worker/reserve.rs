@@ -5,7 +5,7 @@
 use super::retry::{sleep_or_stop, wait_unpaused};
 use super::{Control, StopReason, Worker};
 use crate::store::random_hex;
-use crate::store::{self, Reserved};
+use crate::store::{self, ReserveFlags, Reserved};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -13,6 +13,10 @@ use tracing::{debug, error, info, warn};
 /// The target of this file's log lines: the module they came from before the layout of
 /// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
 const LOG_TARGET: &str = "locketd::worker";
+
+/// How long a look at the pause and cap keys' types lasts: a key of another type
+/// written there is seen within this.
+const GUARD_TYPES_EVERY: Duration = Duration::from_secs(1);
 
 impl Worker {
     /// The worker's loop: RESERVE, then the job's path (`job.rs`), until a stop.
@@ -54,6 +58,7 @@ impl Worker {
                     queue,
                     payload,
                     rid,
+                    ..
                 }) => {
                     self.redis_ok();
                     backoff = Duration::from_millis(100);
@@ -161,7 +166,15 @@ impl Worker {
     /// RESERVE from `queues`, carrying the last job's FINISH when one is pending.
     async fn reserve_next(&mut self, queues: &[String]) -> Next<redis::RedisResult<Reserved>> {
         let rid = random_hex(8);
-        let clear = self.config.locket.clear_counters_when_idle;
+        // at least once a second a RESERVE looks at the types of the pause and cap keys
+        // (one EXISTS); the fused ones in between trust their MGET of them.
+        let sent = Instant::now();
+        let flags = ReserveFlags {
+            clear_counters_when_idle: self.config.locket.clear_counters_when_idle,
+            guard_types_seen: self
+                .guard_types_seen
+                .is_some_and(|t| sent.duration_since(t) < GUARD_TYPES_EVERY),
+        };
         if queues.is_empty() {
             if let Some(r) = self.flush_pending().await {
                 return Next::Stop(r);
@@ -176,9 +189,9 @@ impl Worker {
         }
         let Some(mut p) = self.pending.take() else {
             let slot = self.slot();
-            return Next::Go(
-                store::reserve(&mut self.conn.clone(), &slot, &rid, queues, clear).await,
-            );
+            let reserved = store::reserve(&mut self.conn.clone(), &slot, &rid, queues, flags).await;
+            self.note_guard_look(flags, sent, &reserved);
+            return Next::Go(reserved);
         };
         // The last job's FINISH and this RESERVE in one round trip.
         let slot = self.slot();
@@ -189,12 +202,13 @@ impl Worker {
             &p.holds(),
             &rid,
             queues,
-            clear,
+            flags,
         )
         .await;
         match fused {
             // The FINISH landed; a RESERVE error is handled like any other.
             Ok((finished, reserved)) => {
+                self.note_guard_look(flags, sent, &reserved);
                 self.report_finish(&p, Some(finished), p.tried);
                 Next::Go(reserved)
             }
@@ -212,6 +226,27 @@ impl Worker {
                 self.pending = Some(p);
                 Next::Go(Err(e))
             }
+        }
+    }
+
+    /// Remembers when a RESERVE that looked at the pause and cap keys' types found none of
+    /// another type; one that found some (or reserved nothing: the idle path looks anyway)
+    /// makes the next ones look too.
+    fn note_guard_look(
+        &mut self,
+        flags: ReserveFlags,
+        sent: Instant,
+        reserved: &redis::RedisResult<Reserved>,
+    ) {
+        match reserved {
+            Ok(Reserved::Job { odd_guards, .. }) => {
+                if *odd_guards {
+                    self.guard_types_seen = None;
+                } else if !flags.guard_types_seen {
+                    self.guard_types_seen = Some(sent);
+                }
+            }
+            _ => self.guard_types_seen = None,
         }
     }
 

@@ -155,6 +155,7 @@ async fn reserve_job(conn: &mut Conn, slot: &Slot, queues: &[&str]) -> Res {
             queue,
             payload,
             rid,
+            ..
         } => Res {
             queue,
             payload,
@@ -702,7 +703,8 @@ async fn reserve_pops_the_head_of_the_first_nonempty_queue_into_a_reserved_infli
         Reserved::Job {
             queue: "b".into(),
             payload: raw.to_vec(),
-            rid: rid.clone()
+            rid: rid.clone(),
+            odd_guards: false,
         }
     );
 
@@ -3456,6 +3458,7 @@ async fn a_queue_whose_jobs_all_conflict_is_skipped_after_one_pass_and_retried_a
                 queue,
                 payload,
                 rid,
+                ..
             } => {
                 let n = serde_json::from_slice::<Value>(&payload).unwrap()["args"][0].clone();
                 let res = Res {
@@ -3706,6 +3709,96 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     assert_eq!(get(c, &keys().stat_processed()).await.as_deref(), Some("2"));
     assert!(!exists(c, &slot.inflight()).await);
     assert!(!exists(c, &keys().lock("job:2")).await);
+}
+
+/// a FINISH+RESERVE whose worker looked at the pause and cap keys' types less
+/// than a second ago (`guard_types_seen`) leaves the EXISTS out and trusts its MGET: a pause
+/// or a cap written as a string is honoured by it at once; a pause key of another type (by
+/// hand) is not seen by it, but is by the next RESERVE that looks (the worker sends one at least
+/// once a second), which passes the queue over.
+#[tokio::test]
+async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let c = &mut conn;
+    let k = keys();
+    let slot = Slot::new("h:1:a:0", "h:1:q");
+    for i in 1..=4 {
+        push(c, "q", &payload("Job", json!([i]))).await;
+    }
+    let queues = vec!["q".to_string()];
+    let trusting = store::ReserveFlags {
+        clear_counters_when_idle: false,
+        guard_types_seen: true,
+    };
+    let nothing = |paused: Vec<String>, capped: Vec<String>| Reserved::Nothing {
+        skipped: vec![],
+        unreadable: vec![],
+        paused,
+        capped,
+        refused: vec![],
+    };
+    // Runs the reserved job `res` (lock job:<n>) and ends it with a FINISH+RESERVE of `flags`.
+    async fn end_and_reserve(
+        c: &mut Conn,
+        slot: &Slot,
+        res: &Res,
+        n: i64,
+        queues: &[String],
+        flags: store::ReserveFlags,
+    ) -> Reserved {
+        let locks = vec![spec(&format!("job:{n}"), 1)];
+        let tok = random_hex(16);
+        started(acquire(c, slot, res, &tok, &locks, opts(30_000, 10_000, true)).await);
+        let req = finish_request(res, &tok, &locks, &Finish::Success);
+        let (finished, next) =
+            store::finish_and_reserve(c, &slot.r(), &req, &NO_HOLDS, &random_hex(8), queues, flags)
+                .await
+                .expect("FINISH+RESERVE");
+        assert!(finished);
+        next.expect("RESERVE")
+    }
+    let as_res = |r: &Reserved| match r {
+        Reserved::Job {
+            queue,
+            payload,
+            rid,
+            ..
+        } => Res {
+            queue: queue.clone(),
+            payload: payload.clone(),
+            rid: rid.clone(),
+        },
+        other => panic!("expected a job, got {other:?}"),
+    };
+
+    // A string pause (resque-pause's, `locketd pause`'s) stops the trusting RESERVE at once.
+    let first = reserve_job(c, &slot, &["q"]).await;
+    let _: () = rcmd!(c, "SET", &k.pause_queue("q"), "true");
+    let got = end_and_reserve(c, &slot, &first, 1, &queues, trusting).await;
+    assert_eq!(got, nothing(vec!["q".into()], vec![]));
+    let _: i64 = rcmd!(c, "DEL", &k.pause_queue("q"));
+
+    // So does a cap (a string) that is full: one unit, held by another reservation.
+    let second = reserve_job(c, &slot, &["q"]).await;
+    let _: () = rcmd!(c, "SET", &k.cap("q"), "1");
+    let _: i64 = rcmd!(c, "SADD", &k.running("q"), "other-rid other-slot");
+    let got = end_and_reserve(c, &slot, &second, 2, &queues, trusting).await;
+    assert_eq!(got, nothing(vec![], vec!["q".into()]));
+    let _: i64 = rcmd!(c, "DEL", &k.cap("q"), &k.running("q"));
+
+    // A pause key of another type: the trusting RESERVE cannot see it in its MGET and pops
+    // (the window of at most a second)...
+    let third = reserve_job(c, &slot, &["q"]).await;
+    let _: i64 = rcmd!(c, "HSET", &k.pause_queue("q"), "by", "hand");
+    let got = end_and_reserve(c, &slot, &third, 3, &queues, trusting).await;
+    let fourth = as_res(&got);
+    assert_eq!(fourth.payload, payload("Job", json!([4])));
+    // ... and the next look (a RESERVE that does not trust its MGET) passes the queue over.
+    push(c, "q", &payload("Job", json!([5]))).await;
+    let got = end_and_reserve(c, &slot, &fourth, 4, &queues, false.into()).await;
+    assert_eq!(got, nothing(vec!["q".into()], vec![]));
+    assert_eq!(lrange(c, &k.queue("q")).await.len(), 1, "nothing popped");
 }
 
 /// A-1 with many queues (RESERVE checks runs of empty queues with one EXISTS): priority order

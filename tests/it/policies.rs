@@ -206,6 +206,7 @@ pub(crate) async fn reserve_next(c: &mut Conn, slot: &str, queue: &str) -> Job {
             queue,
             payload,
             rid,
+            ..
         } => {
             let payload = String::from_utf8(payload).unwrap();
             let v: Value = serde_json::from_str(&payload).unwrap();

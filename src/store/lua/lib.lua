@@ -458,13 +458,18 @@ end
 -- cap keys of up to 16 queues), so the slot is free and those values are all there is.
 -- Otherwise the record gets an EXISTS of its own, the keys not read yet one MGET, and only
 -- when a key exists that MGET cannot read (another type), the unread ones an EXISTS each.
+-- `trust` (the worker looked at these keys' types less than a second ago, A-20): with no
+-- record to check and every key read by this run's MGET, that MGET is taken as the whole
+-- answer and the EXISTS is left out, so a key of another type is seen within a second, by
+-- the worker's next look, instead of at once. Strings (what every tool writes) are read at once
+-- either way.
 -- Returns true when the record exists (nothing else is worked out), else false and
 -- {paused = false or a set of paused queue names, caps = queue -> cap, refused = set of
--- queue names whose cap key is unreadable}. The keys' part is kept for the run (a batch's
+-- queue names whose cap key is unreadable, odd = whether a key of another type was found}. The keys' part is kept for the run (a batch's
 -- RESERVEs name the same queues; no job-path step writes these keys).
 -- `prefix` is "<ns>:locket:", `queue_prefix` "<ns>:queue:"; `A[first..last]` the queue names.
 local guards_of = {}
-local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
+local function queue_guards(prefix, queue_prefix, A, first, last, inflight, trust)
   local id = prefix .. '\n' .. table.concat(A, '\n', first, last)
   local g = guards_of[id]
   if g ~= nil then
@@ -480,11 +485,26 @@ local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
     ek = {inflight}
     for _, k in ipairs(keys) do ek[#ek + 1] = k end
   end
-  local total = 0
-  for i = 1, #ek, 1000 do
-    total = total + redis.call('EXISTS', unpack(ek, i, math.min(i + 999, #ek)))
+  local total, trusted = nil, false
+  if trust and not inflight then
+    local strings = 0
+    for _, k in ipairs(keys) do
+      if known[k] == nil then
+        strings = nil
+        break
+      elseif known[k] then
+        strings = strings + 1
+      end
+    end
+    total, trusted = strings, strings ~= nil
   end
-  g = {paused = false, caps = {}, refused = {}}
+  if total == nil then
+    total = 0
+    for i = 1, #ek, 1000 do
+      total = total + redis.call('EXISTS', unpack(ek, i, math.min(i + 999, #ek)))
+    end
+  end
+  g = {paused = false, caps = {}, refused = {}, odd = false}
   if total > 0 then
     local strings, all_read = 0, true
     for _, k in ipairs(keys) do
@@ -501,6 +521,7 @@ local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
         if known[k] then strings = strings + 1 end
       end
       if total > strings then
+        g.odd = true
         for j, k in ipairs(keys) do
           if not known[k] and redis.call('EXISTS', k) == 1 then other[j] = true end
         end
@@ -524,7 +545,9 @@ local function queue_guards(prefix, queue_prefix, A, first, last, inflight)
     end
     if any then g.paused = paused end
   end
-  guards_of[id] = g
+  -- A look that trusted the MGET is not kept: a later RESERVE of the run (a batch's) may be
+  -- the one that looks at the types.
+  if not trusted then guards_of[id] = g end
   return false, g
 end
 

@@ -6,7 +6,9 @@
 -- KEYS[2]       <ns>:pause-all-workers
 -- ARGV[1]       rid (fresh, 16 hex chars)
 -- ARGV[2]       Resque worker id of the slot
--- ARGV[3]       "1" to clear the counters of skipped queues when nothing was reserved
+-- ARGV[3]       flags, a number: + 1 to clear the counters of skipped queues when nothing
+--               was reserved; + 2 when the worker looked at the types of the pause and cap
+--               keys less than a second ago (A-20: queue_guards may then trust the MGET)
 -- ARGV[4]       locket key prefix "<ns>:locket:" (O-3 stats)
 -- ARGV[5]       queue key prefix "<ns>:queue:"
 -- ARGV[6]       the worker's clock in ms (reserved_at: shown, never a deadline)
@@ -19,7 +21,9 @@
 -- popped: it is passed over and reported, so that it does not stop every queue after it.
 --
 -- Returns one of
---   {"job", queue, payload, rid}
+--   {"job", queue, payload, rid, odd}
+--                         odd: "1" when a pause or cap key of another type was found (the
+--                         worker then looks at every RESERVE until none is), else "0"
 --   {"nothing", {skipped queue...}, {unreadable queue...}, {paused queue...}, {capped queue...},
 --    {refused queue...}}
 --                         a refused queue (A-22, S-6: its <ns>:locket:cap:<q> holds another
@@ -50,13 +54,15 @@ local n = #ARGV - 6
 local prefix = ARGV[4]
 local queue_prefix = ARGV[5]
 local counter_prefix = prefix .. 'counter:'
+local flags = tonumber(ARGV[3]) or 0
+local trust = math.floor(flags / 2) % 2 == 1
 -- K-2, A-20, A-22: the slot's record, the pause keys and the caps, in one EXISTS (lib.lua,
 -- queue_guards). A RESERVE fused with its slot's FINISH (the record freed in this run) needs
 -- no K-2 check and reads the rest at the first queue that may hold a job.
 local guards = nil
 if not inflight_freed[inflight] then
   local busy
-  busy, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, inflight)
+  busy, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, inflight, trust)
   if busy then return {'busy'} end
 end
 if not lease_held(prefix, inflight) then
@@ -65,7 +71,7 @@ end
 local function guard()
   if guards == nil then
     local _
-    _, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, nil)
+    _, guards = queue_guards(prefix, queue_prefix, ARGV, 7, 6 + n, nil, trust)
   end
   return guards
 end
@@ -154,11 +160,11 @@ for i = 1, n do
     end
     count(prefix, now, 'reserved', '')
     if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
-    return {'job', ARGV[6 + i], payload, ARGV[1]}
+    return {'job', ARGV[6 + i], payload, ARGV[1], guards.odd and '1' or '0'}
   end
 end
 
-if ARGV[3] == '1' then
+if flags % 2 == 1 then
   for _, q in ipairs(skipped) do
     clear_counter(counter_prefix .. q)
   end
