@@ -606,6 +606,23 @@ def _load(target):
     return importlib.import_module(target)
 
 
+def _reap_children():
+    """Children that job code started and never waited for (os.spawn*, os.fork, a Popen
+    dropped while running) are dead by the next request: locketd killed what the last job
+    left in the group before it recorded the job (H-9). Reaped here, between jobs, so a
+    long-lived handler collects no zombies (they count against a service's TasksMax). Only
+    children that have exited are reaped; a Popen polled later reads returncode 0."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except OSError:
+            return
+        if pid == 0:
+            return
+
+
 def _dispatch(app, line):
     try:
         frame = json.loads(line.decode("utf-8"))
@@ -620,6 +637,7 @@ def _dispatch(app, line):
         if kind != "stop":
             _warn(f"ignoring a request of unknown type {kind!r}")
         return
+    _reap_children()
     _State.term_raised = False
     _State.requeued = False
     outcome = _run_job(app, frame) if kind == "job" else _failure_hooks(app, frame)

@@ -11,7 +11,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::daemon::{cfg, default_lock_id, wait_registered, workdir, NS, R};
-use crate::support::{child_pids, manifest_dir, pid_alive, wait_until, Daemon, RedisServer};
+use crate::support::{
+    child_pids, manifest_dir, pid_alive, wait_until, zombie_children, Daemon, RedisServer,
+};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -795,11 +797,19 @@ fn h15_ruby_fork_a_slow_before_fork_is_not_a_no_start() {
     );
 }
 
-fn python_app() -> Option<App> {
+/// Whether python3 or the adapter is missing (said once on stderr: the test is skipped).
+fn python_app_missing() -> bool {
     if !have("python3")
         || !Path::new(&manifest_dir().join("adapters/python/locketd_handler.py")).exists()
     {
         eprintln!("python3 is not installed: skipped (.ci/run installs it)");
+        return true;
+    }
+    false
+}
+
+fn python_app() -> Option<App> {
+    if python_app_missing() {
         return None;
     }
     Some(App::start(
@@ -810,6 +820,44 @@ fn python_app() -> Option<App> {
         ],
         "",
     ))
+}
+
+/// H-9: processes that job code started and never waited for are zombies of the adapter once
+/// the job is done (locketd killed or outlived them); the adapter reaps them before its next
+/// job, so a long-lived handler does not pile them up (they count against TasksMax).
+fn check_unwaited_children_are_reaped(command: &[&str]) {
+    let mut app = App::start(command, "");
+    let worker = app.daemon.worker_pid();
+    wait_registered(&mut app.r, &app.daemon);
+    app.push("Spawn", json!([5]));
+    app.processed(1);
+    let adapter = child_pids(worker)
+        .into_iter()
+        .next()
+        .expect("the worker has a handler process");
+    wait_until(LONG, "the job's 5 processes are zombies", || {
+        zombie_children(adapter) == 5
+    });
+    app.push("Noop", json!([]));
+    app.processed(2);
+    assert_eq!(
+        child_pids(worker),
+        vec![adapter],
+        "the same handler ran both"
+    );
+    assert_eq!(zombie_children(adapter), 0, "reaped before the next job");
+}
+
+#[test]
+fn h9_python_adapter_reaps_the_children_a_job_left_unwaited() {
+    if python_app_missing() {
+        return;
+    }
+    check_unwaited_children_are_reaped(&[
+        "python3",
+        "adapters/python/locketd_handler.py",
+        "tests/it/fixtures/spawning_app.py",
+    ]);
 }
 
 /// H-16 Python: pyres-style classes and `module:function`, hooks in Resque's order, a

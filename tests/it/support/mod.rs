@@ -220,6 +220,17 @@ pub fn child_pids(pid: i32) -> Vec<i32> {
     pids
 }
 
+/// How many children of `pid` are zombies (exited, not reaped by it).
+pub fn zombie_children(pid: i32) -> usize {
+    fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| matches!(proc_stat(p), Some(('Z', ppid, _)) if ppid == pid))
+                .count()
+        })
+        .unwrap_or_default()
+}
+
 /// `calls=` of `cmdstat_<command>` in an `INFO commandstats` reply (0 when absent).
 pub fn command_calls(info: &str, command: &str) -> i64 {
     let prefix = format!("cmdstat_{command}:calls=");
