@@ -324,13 +324,79 @@ fn drive(slots: &mut [Slot]) -> Result<u64> {
     Ok(jobs)
 }
 
-/// The bench process's own CPU (all threads), in seconds.
-fn self_cpu_secs() -> f64 {
+/// CPU time, user and system, in seconds (or, divided, in us per job).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    user: f64,
+    sys: f64,
+}
+
+impl Cpu {
+    fn total(self) -> f64 {
+        self.user + self.sys
+    }
+
+    /// `self - before`, per job, in us.
+    fn per_job_us(self, before: Cpu, jobs: u64) -> Cpu {
+        let k = 1e6 / jobs.max(1) as f64;
+        Cpu {
+            user: (self.user - before.user) * k,
+            sys: (self.sys - before.sys) * k,
+        }
+    }
+
+    /// `12.3 us (sys 4.5)`.
+    fn text(self) -> String {
+        format!("{:.1} us (sys {:.1})", self.total(), self.sys)
+    }
+}
+
+/// The bench process's own CPU (all threads).
+fn self_cpu() -> Cpu {
     // SAFETY: getrusage fills the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    Cpu {
+        user: tv(ru.ru_utime),
+        sys: tv(ru.ru_stime),
+    }
+}
+
+/// utime and stime of processes (fields 14 and 15 of `/proc/<pid>/stat`), summed.
+fn procs_cpu(pids: impl Iterator<Item = i32>) -> Cpu {
+    let hz = procs::clk_tck();
+    let mut cpu = Cpu::default();
+    for pid in pids {
+        let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = s.rfind(')') else { continue };
+        let mut rest = s[close + 1..].split_whitespace().skip(11);
+        let mut next = || {
+            rest.next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        cpu.user += next() / hz;
+        cpu.sys += next() / hz;
+    }
+    cpu
+}
+
+/// Redis's CPU (`INFO cpu`: used_cpu_user, used_cpu_sys).
+fn redis_cpu(conn: &mut redis::Connection) -> Result<Cpu> {
+    let info: String = redis::cmd("INFO").arg("cpu").query(conn)?;
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(Cpu {
+        user: field("used_cpu_user:"),
+        sys: field("used_cpu_sys:"),
+    })
 }
 
 /// What one variant measured.
@@ -338,11 +404,12 @@ struct FloorRun {
     workers: usize,
     slots: usize,
     rate: f64,
-    bench_us: f64,
-    ruby_us: f64,
-    /// The handlers' boot CPU, per handler (excluded from `ruby_us`).
+    /// CPU per job of the bench process, of the handlers (boot excluded) and of Redis.
+    bench: Cpu,
+    ruby: Cpu,
+    redis: Cpu,
+    /// The handlers' boot CPU, per handler (excluded from `ruby`).
     boot_ms: f64,
-    redis_us: f64,
     cmds: f64,
 }
 
@@ -380,9 +447,6 @@ fn measure(
             .with_context(|| format!("handler {} booting", h.pid))?;
     }
     let boot_secs = boot.elapsed().as_secs_f64();
-    let hz = procs::clk_tck();
-    let ruby_ticks =
-        |hs: &[&Handler]| -> u64 { hs.iter().filter_map(|h| procs::cpu_ticks(h.pid)).sum() };
     let mut groups: Vec<Vec<Slot>> = Vec::new();
     let mut it = handlers.into_iter();
     for w in 0..workers {
@@ -398,12 +462,11 @@ fn measure(
         }
         groups.push(g);
     }
-    let all_handlers = |gs: &[Vec<Slot>]| -> u64 {
-        ruby_ticks(&gs.iter().flatten().map(|s| &s.h).collect::<Vec<_>>())
-    };
+    let all_handlers = |gs: &[Vec<Slot>]| procs_cpu(gs.iter().flatten().map(|s| s.h.pid));
     let r0 = all_handlers(&groups);
     let s0 = stats::snapshot(&mut ctx.conn)?;
-    let c0 = self_cpu_secs();
+    let x0 = redis_cpu(&mut ctx.conn)?;
+    let c0 = self_cpu();
     let t0 = Instant::now();
     let done = std::thread::scope(|s| -> Result<u64> {
         let handles: Vec<_> = groups
@@ -419,31 +482,31 @@ fn measure(
         Ok(jobs)
     })?;
     let secs = t0.elapsed().as_secs_f64().max(1e-6);
-    let c1 = self_cpu_secs();
+    let c1 = self_cpu();
+    let x1 = redis_cpu(&mut ctx.conn)?;
     let d = stats::Delta::between(&s0, &stats::snapshot(&mut ctx.conn)?, &[]);
     let r1 = all_handlers(&groups);
     if done != n as u64 {
         bail!("ruby-floor: {done} jobs done of {n}");
     }
-    let per = |x: f64| x * 1e6 / done.max(1) as f64;
     let run = FloorRun {
         workers,
         slots,
         rate: done as f64 / secs,
-        bench_us: per(c1 - c0),
-        ruby_us: per(r1.saturating_sub(r0) as f64 / hz),
-        boot_ms: r0 as f64 / hz * 1e3 / (workers * slots) as f64,
-        redis_us: per(d.cpu_s),
+        bench: c1.per_job_us(c0, done),
+        ruby: r1.per_job_us(r0, done),
+        redis: x1.per_job_us(x0, done),
+        boot_ms: r0.total() * 1e3 / (workers * slots) as f64,
         cmds: d.total_calls() as f64 / done.max(1) as f64,
     };
     println!(
-        "{}: {n} jobs at {} jobs/s; CPU/job: bench drivers {:.1} us, Ruby handlers {:.1} us, Redis {:.1} us \
+        "{}: {n} jobs at {} jobs/s; CPU/job: bench drivers {}, Ruby handlers {}, Redis {} \
          ({:.1} commands/job); handlers' boot {:.2} s wall, {:.0} ms CPU each",
         run.label(),
         fmt_int(run.rate),
-        run.bench_us,
-        run.ruby_us,
-        run.redis_us,
+        run.bench.text(),
+        run.ruby.text(),
+        run.redis.text(),
         run.cmds,
         boot_secs,
         run.boot_ms
@@ -476,8 +539,13 @@ pub(crate) fn scenario_ruby_floor(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) 
         rows.push(row(
             format!("{}: CPU/job, bench + Ruby + Redis", r.label()),
             format!(
-                "{:.1} + {:.1} + {:.1} us",
-                r.bench_us, r.ruby_us, r.redis_us
+                "{:.1} + {:.1} + {:.1} us (sys {:.1} + {:.1} + {:.1})",
+                r.bench.total(),
+                r.ruby.total(),
+                r.redis.total(),
+                r.bench.sys,
+                r.ruby.sys,
+                r.redis.sys
             ),
             "",
             None,
