@@ -415,13 +415,14 @@ struct FloorRun {
 
 impl FloorRun {
     fn label(&self) -> String {
+        let threads = match self.workers {
+            1 => "1 thread".to_string(),
+            w => format!("{w} threads"),
+        };
         if self.slots > 1 {
-            format!(
-                "ruby-floor: {} threads x {} handlers",
-                self.workers, self.slots
-            )
+            format!("ruby-floor: {threads} x {} handlers", self.slots)
         } else {
-            format!("ruby-floor: {} threads, 1 handler each", self.workers)
+            format!("ruby-floor: {threads}, 1 handler each")
         }
     }
 }
