@@ -512,6 +512,7 @@ fn measure(
         boot_secs,
         run.boot_ms
     );
+    println!("  commands: {}", d.breakdown(done, usize::MAX));
     Ok(run)
 }
 
