@@ -130,3 +130,41 @@ fn a_flag_the_binary_rejects_is_reported_clearly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("rejects --workers"), "{stderr}");
 }
+
+/// `ruby-floor`: real persistent Ruby handlers fed with the floor's two round trips and the
+/// protocol's three frames, one handler per thread (blocking reads) and two per thread
+/// (`poll`); every job drains (the harness fails a variant that does not). Sidekiq, when it
+/// is not installed, is a row that says so.
+#[test]
+fn the_ruby_floor_scenario_runs_jobs_through_real_ruby_handlers() {
+    let ruby = Command::new("ruby")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ruby {
+        eprintln!("ruby is not installed: skipped (.ci/run installs it)");
+        return;
+    }
+    for (flags, what) in [
+        (
+            &["--workers", "1"][..],
+            "1 thread, 1 handler each: 200 jobs at",
+        ),
+        (
+            &["--workers", "2", "--slots", "2"][..],
+            "2 threads x 2 handlers: 200 jobs at",
+        ),
+    ] {
+        let mut args = vec!["ruby-floor", "--jobs", "200", "--no-build"];
+        args.extend_from_slice(flags);
+        let out = run_bench(&args);
+        assert!(figure(&out, what) > 0.0, "{out}");
+        // The floor's 10 commands in 2 scripts, and the 2 script calls themselves (plus each
+        // driver's last call, which finds the queue empty).
+        let line = out.lines().find(|l| l.contains(what)).unwrap();
+        let before = line.split(" commands/job").next().unwrap();
+        let cmds: f64 = before.rsplit('(').next().unwrap().parse().unwrap();
+        assert!((12.0..12.5).contains(&cmds), "{out}");
+    }
+}

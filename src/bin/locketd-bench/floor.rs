@@ -86,76 +86,147 @@ struct FloorRun {
 }
 
 /// The args' digest, as a lock id is made from them (class + SHA-256 of the args' JSON).
-fn lock_id(payload: &str) -> Result<String> {
+/// Returns the class too.
+fn lock_id(payload: &str) -> Result<(String, String)> {
     let v: serde_json::Value = serde_json::from_str(payload)?;
     let class = v.get("class").and_then(|c| c.as_str()).unwrap_or("");
     let args = v.get("args").map(|a| a.to_string()).unwrap_or_default();
-    Ok(format!(
+    let lock = format!(
         "{LOCK_PREFIX}{class}:{}",
         hex::encode(Sha256::digest(args.as_bytes()))
-    ))
+    );
+    Ok((class.to_string(), lock))
+}
+
+/// A job reserved and locked by [`FloorWorker::next`].
+pub(crate) struct Reserved {
+    /// The reservation id (also the lock token).
+    pub rid: String,
+    pub payload: String,
+    pub class: String,
+    pub lock: String,
+}
+
+/// One floor worker's Redis side: its blocking connection, its keys, the scripts and the
+/// last job's lock (released by the FINISH that comes with the next RESERVE).
+pub(crate) struct FloorWorker {
+    conn: redis::Connection,
+    /// `floor:<pid>:<w>`, the worker id in its keys.
+    pub wid: String,
+    inflight: String,
+    worker_key: String,
+    processed_w: String,
+    lease: String,
+    fr: redis::Script,
+    acq: redis::Script,
+    both: redis::Script,
+    prev_lock: String,
+    finish: bool,
+    jobs: u64,
+}
+
+impl FloorWorker {
+    /// Worker `w`'s connection and keys.
+    pub(crate) fn new(url: &str, w: usize) -> Result<FloorWorker> {
+        let conn = redis::Client::open(url)?.get_connection()?;
+        let wid = format!("floor:{}:{w}", std::process::id());
+        Ok(FloorWorker {
+            conn,
+            inflight: format!("resque:floor:inflight:{wid}"),
+            worker_key: format!("resque:worker:{wid}"),
+            processed_w: format!("resque:stat:processed:{wid}"),
+            lease: format!("resque:floor:alive:{wid}"),
+            wid,
+            fr: redis::Script::new(FINISH_RESERVE),
+            acq: redis::Script::new(ACQUIRE_START),
+            both: redis::Script::new(FUSED),
+            prev_lock: String::from("resque:floor:none"),
+            finish: false,
+            jobs: 0,
+        })
+    }
+
+    /// FINISH of the last job (if any) with the RESERVE of the next, then its ACQUIRE+START:
+    /// 2 round trips, or 1 when `fused`. `None` once the queue is empty (the call that finds
+    /// it so finished the last job).
+    pub(crate) fn next(&mut self, fused: bool) -> Result<Option<Reserved>> {
+        let now = now_us().to_string();
+        let rid = format!("{:016x}", self.jobs);
+        let keys = [
+            self.inflight.as_str(),
+            self.worker_key.as_str(),
+            "resque:stat:processed",
+            self.processed_w.as_str(),
+            "resque:queue:bench",
+            self.prev_lock.as_str(),
+            "resque:pause-all-workers",
+            self.lease.as_str(),
+            "resque:floor:counter:bench",
+        ];
+        let mut inv = if fused { &self.both } else { &self.fr }.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        let finish = if self.finish { "1" } else { "0" };
+        inv.arg(finish)
+            .arg(&rid)
+            .arg("bench")
+            .arg(&self.wid)
+            .arg(&now);
+        let reserved = if fused {
+            let r: Option<(String, String)> =
+                inv.arg(LOCK_PREFIX).arg(&rid).invoke(&mut self.conn)?;
+            let Some((payload, lock)) = r else {
+                return Ok(None);
+            };
+            let v: serde_json::Value = serde_json::from_str(&payload)?;
+            let class = v.get("class").and_then(|c| c.as_str()).unwrap_or("");
+            let class = std::hint::black_box(class).to_string();
+            Reserved {
+                rid,
+                payload,
+                class,
+                lock,
+            }
+        } else {
+            let r: Option<String> = inv.invoke(&mut self.conn)?;
+            let Some(payload) = r else {
+                return Ok(None);
+            };
+            let (class, lock) = lock_id(&payload)?;
+            let working = format!(r#"{{"queue":"bench","run_at":"{now}","payload":{payload}}}"#);
+            let ok: i64 = self
+                .acq
+                .key(&lock)
+                .key(&self.inflight)
+                .key(&self.worker_key)
+                .key(&self.lease)
+                .key("resque:floor:counter:bench")
+                .arg(&rid)
+                .arg(working)
+                .invoke(&mut self.conn)?;
+            if ok != 1 {
+                bail!("floor: lock {lock} was held (every job's args are distinct)");
+            }
+            Reserved {
+                rid,
+                payload,
+                class,
+                lock,
+            }
+        };
+        self.prev_lock.clone_from(&reserved.lock);
+        self.finish = true;
+        self.jobs += 1;
+        Ok(Some(reserved))
+    }
 }
 
 /// One worker's loop until the queue is empty; returns its jobs.
 fn work(url: &str, w: usize, fused: bool) -> Result<u64> {
-    let mut conn = redis::Client::open(url)?.get_connection()?;
-    let wid = format!("floor:{}:{w}", std::process::id());
-    let inflight = format!("resque:floor:inflight:{wid}");
-    let worker_key = format!("resque:worker:{wid}");
-    let processed_w = format!("resque:stat:processed:{wid}");
-    let lease = format!("resque:floor:alive:{wid}");
-    let (fr, acq, both) = (
-        redis::Script::new(FINISH_RESERVE),
-        redis::Script::new(ACQUIRE_START),
-        redis::Script::new(FUSED),
-    );
-    let mut prev_lock = String::from("resque:floor:none");
-    let mut finish = "0";
+    let mut fw = FloorWorker::new(url, w)?;
     let mut jobs = 0u64;
-    loop {
-        let now = now_us().to_string();
-        let rid = format!("{jobs:016x}");
-        let keys = [
-            inflight.as_str(),
-            worker_key.as_str(),
-            "resque:stat:processed",
-            processed_w.as_str(),
-            "resque:queue:bench",
-            prev_lock.as_str(),
-            "resque:pause-all-workers",
-            lease.as_str(),
-            "resque:floor:counter:bench",
-        ];
-        let mut inv = if fused { &both } else { &fr }.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        inv.arg(finish).arg(&rid).arg("bench").arg(&wid).arg(&now);
-        if fused {
-            let r: Option<(String, String)> = inv.arg(LOCK_PREFIX).arg(&rid).invoke(&mut conn)?;
-            let Some((payload, lock)) = r else { break };
-            std::hint::black_box(serde_json::from_str::<serde_json::Value>(&payload)?);
-            prev_lock = lock;
-        } else {
-            let r: Option<String> = inv.invoke(&mut conn)?;
-            let Some(payload) = r else { break };
-            let lock = lock_id(&payload)?;
-            let working = format!(r#"{{"queue":"bench","run_at":"{now}","payload":{payload}}}"#);
-            let ok: i64 = acq
-                .key(&lock)
-                .key(&inflight)
-                .key(&worker_key)
-                .key(&lease)
-                .key("resque:floor:counter:bench")
-                .arg(&rid)
-                .arg(working)
-                .invoke(&mut conn)?;
-            if ok != 1 {
-                bail!("floor: lock {lock} was held (every job's args are distinct)");
-            }
-            prev_lock = lock;
-        }
-        finish = "1";
+    while fw.next(fused)?.is_some() {
         jobs += 1;
     }
     // The last call finished the last job before it found the queue empty.

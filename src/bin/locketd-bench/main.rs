@@ -16,6 +16,7 @@ mod peers;
 mod persistent;
 mod procs;
 mod rates;
+mod rubyfloor;
 mod scenarios;
 mod sidekiq;
 mod spawn;
@@ -57,6 +58,10 @@ enum Scenario {
     Peers,
     /// Ruby `Noop` through the persistent Ruby adapter, beside Sidekiq 6.4 and exec-per-job Ruby.
     Ruby,
+    /// The Ruby path's floor: W threads, each feeding its own persistent Ruby handlers
+    /// (the real adapter, `Noop`) with the floor's 2 round trips, the `job` frame, and the
+    /// `started` and `done` frames, no locketd; beside Sidekiq 6.4 with one process per core.
+    RubyFloor,
     /// Python `Noop` through the persistent Python adapter, beside exec-per-job Python.
     Python,
     /// p50 enqueue-to-start latency of a persistent handler's `Probe` vs the `probe` builtin.
@@ -579,6 +584,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::Idle => scenario_idle(&opts, &exe, &mut rows)?,
         Scenario::Peers => scenario_peers(&opts, &exe, &mut rows)?,
         Scenario::Ruby => persistent::scenario_ruby(&opts, &exe, &mut rows)?,
+        Scenario::RubyFloor => rubyfloor::scenario_ruby_floor(&opts, &exe, &mut rows)?,
         Scenario::Python => persistent::scenario_python(&opts, &exe, &mut rows)?,
         Scenario::HandlerLatency => persistent::scenario_handler_latency(&opts, &exe, &mut rows)?,
         Scenario::Delayed => delayed::scenario_delayed(&opts, &exe, &mut rows)?,
@@ -641,6 +647,9 @@ fn run(opts: Opts) -> Result<()> {
             if persistent::ruby_installed() {
                 attempt("ruby --workers 2", &mut rows, |r| {
                     persistent::scenario_ruby(&with(Some(2), None), &exe, r)
+                })?;
+                attempt("ruby-floor", &mut rows, |r| {
+                    rubyfloor::scenario_ruby_floor(&with(None, None), &exe, r)
                 })?;
                 attempt("handler-latency --workers 2", &mut rows, |r| {
                     persistent::scenario_handler_latency(&with(Some(2), None), &exe, r)

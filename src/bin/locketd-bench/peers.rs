@@ -145,7 +145,7 @@ fn sidekiq_peer(ctx: &Ctx, n: usize, rows: &mut Vec<Row>) -> Result<PeerRate> {
         ));
         return Ok(Err(why.to_string()));
     }
-    let r = sidekiq_drain(ctx, n, SIDEKIQ_CONCURRENCY).map(|s| {
+    let r = sidekiq_drain(ctx, n, SIDEKIQ_CONCURRENCY, 1).map(|s| {
         s.report(&format!("peers: {SIDEKIQ}"));
         rows.push(row(
             format!("peers: {SIDEKIQ}: jobs/s (timed by its queue)"),

@@ -46,7 +46,7 @@ pub(crate) fn python_installed() -> bool {
 }
 
 /// `[adapters/ruby/locketd-ruby, APP_FILE]`, once `ruby` is on PATH (the adapter's `#!`).
-fn ruby_command(app: &str) -> Result<Vec<String>> {
+pub(crate) fn ruby_command(app: &str) -> Result<Vec<String>> {
     if procs::on_path("ruby").is_none() {
         bail!("ruby is not installed (apt-get install ruby; see bench/README.md)");
     }
@@ -236,7 +236,7 @@ pub(crate) fn scenario_ruby(opts: &Opts, exe: &Path, rows: &mut Vec<Row>) -> Res
     let d = adapter_drain(&mut ctx, &command, workers, n, &label, rows)?;
 
     let concurrency = 10;
-    let peer: Result<PeerDrain> = sidekiq_drain(&ctx, n, concurrency).inspect(|s| {
+    let peer: Result<PeerDrain> = sidekiq_drain(&ctx, n, concurrency, 1).inspect(|s| {
         s.report(&format!("sidekiq 6.4 -c {concurrency}"));
     });
     match peer {

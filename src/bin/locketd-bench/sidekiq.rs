@@ -59,9 +59,15 @@ fn bench_file(rel: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
-/// Pushes `n` jobs with Sidekiq's own client into a private redis-server, runs `sidekiq -c
-/// concurrency` until the queue is empty, stops it and returns the figures.
-pub(crate) fn sidekiq_drain(ctx: &Ctx, n: usize, concurrency: usize) -> Result<PeerDrain> {
+/// Pushes `n` jobs with Sidekiq's own client into a private redis-server, runs `processes`
+/// processes of `sidekiq -c concurrency` (one per core is how Ruby shops deploy it) until the
+/// queue is empty, stops them and returns the figures (CPU: all of them together).
+pub(crate) fn sidekiq_drain(
+    ctx: &Ctx,
+    n: usize,
+    concurrency: usize,
+    processes: usize,
+) -> Result<PeerDrain> {
     let sidekiq = on_path("sidekiq").ok_or_else(|| {
         anyhow!("sidekiq is not installed (apt-get install ruby-sidekiq; see bench/README.md)")
     })?;
@@ -91,14 +97,21 @@ pub(crate) fn sidekiq_drain(ctx: &Ctx, n: usize, concurrency: usize) -> Result<P
         Ok(redis::cmd("LLEN").arg("queue:default").query(conn)?)
     };
     let s0 = stats::snapshot(&mut conn)?;
-    let mut cmd = Command::new(&sidekiq);
-    cmd.arg("-r")
-        .arg(&job)
-        .args(["-c", &concurrency.to_string(), "-q", "default"])
-        .env("REDIS_URL", redis.url())
-        .current_dir(&dir);
     let t_spawn = Instant::now();
-    let mut peer = Spawned::start(cmd, &dir, "sidekiq")?;
+    let mut peers = Vec::new();
+    for i in 0..processes.max(1) {
+        let mut cmd = Command::new(&sidekiq);
+        cmd.arg("-r")
+            .arg(&job)
+            .args(["-c", &concurrency.to_string(), "-q", "default"])
+            .env("REDIS_URL", redis.url())
+            .current_dir(&dir);
+        peers.push(Spawned::start(cmd, &dir, &format!("sidekiq-{i}"))?);
+    }
+    let cpu = |peers: &[Spawned]| -> u64 { peers.iter().filter_map(|p| cpu_ticks(p.pid)).sum() };
+    let check = |peers: &mut [Spawned]| -> Result<()> {
+        peers.iter_mut().try_for_each(|p| p.check_alive())
+    };
     let limit = Duration::from_secs(ctx.opts.timeout.unwrap_or(60 + n as u64 / 250));
     let mut llens = 0u64;
     let mut last_check = Instant::now();
@@ -108,10 +121,10 @@ pub(crate) fn sidekiq_drain(ctx: &Ctx, n: usize, concurrency: usize) -> Result<P
         let len = llen(&mut conn)?;
         llens += 1;
         if len < n as u64 {
-            break (Instant::now(), len, cpu_ticks(peer.pid).unwrap_or(0));
+            break (Instant::now(), len, cpu(&peers));
         }
         if last_check.elapsed() >= Duration::from_millis(200) {
-            peer.check_alive()?;
+            check(&mut peers)?;
             last_check = Instant::now();
         }
         if t_spawn.elapsed() > limit {
@@ -125,10 +138,10 @@ pub(crate) fn sidekiq_drain(ctx: &Ctx, n: usize, concurrency: usize) -> Result<P
         let len = llen(&mut conn)?;
         llens += 1;
         if len == 0 {
-            break (Instant::now(), cpu_ticks(peer.pid).unwrap_or(0));
+            break (Instant::now(), cpu(&peers));
         }
         if last_check.elapsed() >= Duration::from_millis(200) {
-            peer.check_alive()?;
+            check(&mut peers)?;
             last_check = Instant::now();
         }
         if t_spawn.elapsed() > limit {
@@ -142,10 +155,14 @@ pub(crate) fn sidekiq_drain(ctx: &Ctx, n: usize, concurrency: usize) -> Result<P
     // Up to 10 jobs may still be running when the list is empty; a moment lets them finish
     // before the TERM (Sidekiq's own shutdown would wait for them too).
     sleep(Duration::from_millis(100))?;
-    let cpu_end = cpu_ticks(peer.pid).unwrap_or(cpu1);
+    let cpu_end = cpu(&peers).max(cpu1);
     // TERM: Sidekiq stops its processors (each may sit in a 2 s BRPOP) and flushes its stats
-    // at exit.
-    peer.stop(Duration::from_secs(30));
+    // at exit. All at once, so their shutdowns overlap.
+    std::thread::scope(|s| {
+        for p in peers {
+            s.spawn(move || p.stop(Duration::from_secs(30)));
+        }
+    });
     let processed: Option<u64> = redis::cmd("GET").arg("stat:processed").query(&mut conn)?;
     let processed = processed.unwrap_or(0);
     if processed < n as u64 {
