@@ -849,6 +849,17 @@ fn check_unwaited_children_are_reaped(command: &[&str]) {
 }
 
 #[test]
+fn h9_ruby_adapter_reaps_the_children_a_job_left_unwaited() {
+    if !have_or_skip("ruby") {
+        return;
+    }
+    check_unwaited_children_are_reaped(&[
+        "adapters/ruby/locketd-ruby",
+        "tests/it/fixtures/spawning_app.rb",
+    ]);
+}
+
+#[test]
 fn h9_python_adapter_reaps_the_children_a_job_left_unwaited() {
     if python_app_missing() {
         return;
