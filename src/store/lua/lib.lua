@@ -465,8 +465,9 @@ end
 -- either way.
 -- Returns true when the record exists (nothing else is worked out), else false and
 -- {paused = false or a set of paused queue names, caps = queue -> cap, refused = set of
--- queue names whose cap key is unreadable, odd = whether a key of another type was found}. The keys' part is kept for the run (a batch's
--- RESERVEs name the same queues; no job-path step writes these keys).
+-- queue names whose cap key is unreadable, odd = whether a key of another type was found}.
+-- The keys' part is kept for the run (a batch's RESERVEs name the same queues; no job-path
+-- step writes these keys).
 -- `prefix` is "<ns>:locket:", `queue_prefix` "<ns>:queue:"; `A[first..last]` the queue names.
 local guards_of = {}
 local function queue_guards(prefix, queue_prefix, A, first, last, inflight, trust)
