@@ -189,6 +189,18 @@ def _send(frame):
     text = json.dumps(_scrub(frame), separators=(",", ":"), ensure_ascii=False)
     if "\n" in text or "\r" in text:  # cannot happen (JSON escapes control characters); belt and braces
         text = json.dumps(_scrub(frame), separators=(",", ":"))
+    _write_line(text)
+
+
+def _send_plain(kind, frame_id, tail=""):
+    """The frames of every job, {"t": kind, "id": frame_id} plus `tail` (JSON members, with
+    their leading comma), written without the general path's walk: about 8 us a job less."""
+    if os.getpid() != _State.pid:
+        return
+    _write_line('{"t":"' + kind + '","id":' + json.dumps(_scrub(frame_id)) + tail + "}")
+
+
+def _write_line(text):
     data = memoryview((text + "\n").encode("utf-8"))
     while data:
         data = data[os.write(_State.replies, data):]
@@ -384,8 +396,10 @@ def _performer(obj, class_name):
     raise _name_error(f"job {class_name!r} has no perform (and is not a function)")
 
 
-def _hooks(obj, prefix):
-    names = sorted(n for n in dir(obj) if n.startswith(prefix))
+def _hooks(obj, prefix, names=None):
+    """The callables whose names start with `prefix`, sorted by name (Resque's order);
+    `names` is dir(obj) when the caller has it."""
+    names = sorted(n for n in (dir(obj) if names is None else names) if n.startswith(prefix))
     hooks = []
     for n in names:
         hook = getattr(obj, n, None)
@@ -422,16 +436,17 @@ def _perform(obj, class_name, args):
     """Resque::Job#perform's order. True when performed, False when a before hook
     raised DontPerform; raises the job's exception after the on_failure hooks."""
     perform = _performer(obj, class_name)
+    names = dir(obj)  # once for both kinds of hook: a job's code adds none in between
     try:
         try:
-            for hook in _hooks(obj, "before_perform"):
+            for hook in _hooks(obj, "before_perform", names):
                 _call(hook, *args)
         except BaseException as err:
             if _named(err, "DontPerform"):
                 return False
             raise
         _call(perform, *args)
-        for hook in _hooks(obj, "after_perform"):
+        for hook in _hooks(obj, "after_perform", names):
             _call(hook, *args)
         return True
     except BaseException as err:
@@ -452,7 +467,7 @@ def _run_failure_hooks(obj, exception, args):
 
 def _run_job(app, frame):
     global current
-    _send({"t": "started", "id": frame.get("id")})
+    _send_plain("started", frame.get("id"))
     current = frame
     try:
         class_name, args = _parse_payload(frame.get("payload"))
@@ -646,7 +661,10 @@ def _dispatch(app, line):
         _flush_output()
         os._exit(0 if outcome.get("status") == "ok" else 1)
     _flush_output()
-    _send({"t": "done", "id": frame.get("id"), **outcome})
+    if outcome.get("status") == "ok" and len(outcome) == 2 and isinstance(outcome.get("performed"), bool):
+        _send_plain("done", frame.get("id"), ',"status":"ok","performed":' + ("true" if outcome["performed"] else "false"))
+    else:
+        _send({"t": "done", "id": frame.get("id"), **outcome})
     if _State.term_requested:
         _send({"t": "bye", "reason": "SIGTERM"})
         sys.exit(0)
