@@ -20,7 +20,8 @@
 
 use super::*;
 use floor::{FloorWorker, Reserved};
-use serde::{Deserialize, Serialize};
+use locketd::handler::persistent::{protocol_fds_in_child, JobFrame};
+use serde::Deserialize;
 use sidekiq::{sidekiq_drain, PeerDrain};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -34,20 +35,6 @@ const SIDEKIQ_CONCURRENCY: usize = 10;
 
 /// The target for the Ruby path against Sidekiq with one process per core.
 const TARGET: f64 = 0.8;
-
-/// The `job` frame, field for field as locketd writes it (handler/persistent/job.rs).
-#[derive(Serialize)]
-struct JobFrame<'a> {
-    t: &'static str,
-    id: &'a str,
-    payload: &'a str,
-    queue: &'a str,
-    class: &'a str,
-    worker: &'a str,
-    lock_keys: &'a [String],
-    lock_token: &'a str,
-    deadline_ms: Option<u64>,
-}
 
 /// The fields of a reply frame that the driver checks.
 #[derive(Deserialize)]
@@ -111,19 +98,12 @@ impl Handler {
             .stderr(Stdio::piped())
             .process_group(0);
         let (child_in, child_out) = (req_r.as_raw_fd(), rep_w.as_raw_fd());
-        // SAFETY: between fork and exec only prctl, fcntl, dup2 and close run, all
-        // async-signal-safe, on descriptors that exist in the child (as locketd's spawn).
+        // SAFETY: between fork and exec only prctl and locketd's own fd move run, all
+        // async-signal-safe, on descriptors that exist in the child.
         unsafe {
             cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                let a = libc::fcntl(child_in, libc::F_DUPFD, 10);
-                let b = libc::fcntl(child_out, libc::F_DUPFD, 10);
-                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(a);
-                libc::close(b);
-                Ok(())
+                protocol_fds_in_child(child_in, child_out)
             });
         }
         let mut child = cmd

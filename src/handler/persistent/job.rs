@@ -31,17 +31,28 @@ enum End {
     NoStart,
 }
 
+/// The `job` request (persistent-handlers.md §3), field for field; public so that the
+/// benchmark's Ruby floor writes the very frame locketd writes.
 #[derive(Serialize)]
-struct JobFrame<'a> {
-    t: &'static str,
-    id: &'a str,
-    payload: &'a str,
-    queue: &'a str,
-    class: &'a str,
-    worker: &'a str,
-    lock_keys: &'a [String],
-    lock_token: &'a str,
-    deadline_ms: Option<u64>,
+pub struct JobFrame<'a> {
+    /// Always "job".
+    pub t: &'static str,
+    /// The request id (the reservation id).
+    pub id: &'a str,
+    /// The job's exact payload.
+    pub payload: &'a str,
+    /// The queue it came from.
+    pub queue: &'a str,
+    /// Its class.
+    pub class: &'a str,
+    /// The Resque worker id of the slot.
+    pub worker: &'a str,
+    /// The lock keys it holds.
+    pub lock_keys: &'a [String],
+    /// Its lease token.
+    pub lock_token: &'a str,
+    /// When its timeout ends (Unix ms), if it has one.
+    pub deadline_ms: Option<u64>,
 }
 
 pub(super) fn line_of(value: &impl Serialize) -> Vec<u8> {

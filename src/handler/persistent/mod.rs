@@ -20,6 +20,8 @@ mod frame;
 mod job;
 mod life;
 mod proc;
+pub use job::JobFrame;
+pub use proc::protocol_fds_in_child;
 mod record;
 
 use super::{Handler, HandlerResult, JobContext, Readiness, Stopped, RESCHEDULE};

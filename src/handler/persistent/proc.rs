@@ -7,7 +7,7 @@ use super::frame::{read_frames, Frame, ProtocolError};
 use crate::handler::command::{base_command, GroupGuard};
 use crate::handler::lines::{for_each_line, STDERR_TAIL_LINES};
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,6 +124,23 @@ fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
 }
 
+/// In a forked child before exec: the protocol pipes' ends `child_in` and `child_out` become
+/// fds 3 and 4. Only fcntl, dup2 and close run, all async-signal-safe; the copies above 10
+/// keep a descriptor that happens to be 3 or 4 from being overwritten before it is moved.
+pub fn protocol_fds_in_child(child_in: RawFd, child_out: RawFd) -> std::io::Result<()> {
+    // SAFETY: plain descriptor calls on descriptors the child has; no allocation.
+    unsafe {
+        let a = libc::fcntl(child_in, libc::F_DUPFD, 10);
+        let b = libc::fcntl(child_out, libc::F_DUPFD, 10);
+        if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::close(a);
+        libc::close(b);
+    }
+    Ok(())
+}
+
 impl Proc {
     /// Spawns the handler. Its fds 3 and 4 are the only pipe ends it inherits: every other
     /// descriptor of the worker is close-on-exec.
@@ -136,20 +153,10 @@ impl Proc {
             .env("LOCKETD_HANDLER", spec.name)
             .stdin(Stdio::null());
         let (child_in, child_out) = (req_r.as_raw_fd(), rep_w.as_raw_fd());
-        // SAFETY: between fork and exec only fcntl, dup2 and close run, all async-signal-safe,
-        // on descriptors that exist in the child. The copies above 10 keep a descriptor that
-        // happens to be 3 or 4 from being overwritten before it is moved.
+        // SAFETY: protocol_fds_in_child is async-signal-safe, on descriptors that exist in the
+        // child.
         unsafe {
-            cmd.pre_exec(move || {
-                let a = libc::fcntl(child_in, libc::F_DUPFD, 10);
-                let b = libc::fcntl(child_out, libc::F_DUPFD, 10);
-                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(a);
-                libc::close(b);
-                Ok(())
-            });
+            cmd.pre_exec(move || protocol_fds_in_child(child_in, child_out));
         }
         let mut child = cmd.spawn()?;
         // The child has its copies; the worker keeps only its own ends.
