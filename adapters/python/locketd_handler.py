@@ -630,9 +630,7 @@ def _reap_children():
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        except OSError:
+        except OSError:  # ChildProcessError: no child left
             return
         if pid == 0:
             return

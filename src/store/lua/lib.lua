@@ -486,20 +486,14 @@ local function queue_guards(prefix, queue_prefix, A, first, last, inflight, trus
     ek = {inflight}
     for _, k in ipairs(keys) do ek[#ek + 1] = k end
   end
-  local total, trusted = nil, false
-  if trust and not inflight then
-    local strings = 0
-    for _, k in ipairs(keys) do
-      if known[k] == nil then
-        strings = nil
-        break
-      elseif known[k] then
-        strings = strings + 1
-      end
-    end
-    total, trusted = strings, strings ~= nil
+  -- The string keys this run's MGET read already, and whether it read them all.
+  local strings, all_read = 0, true
+  for _, k in ipairs(keys) do
+    if known[k] == nil then all_read = false elseif known[k] then strings = strings + 1 end
   end
-  if total == nil then
+  local trusted = trust and not inflight and all_read
+  local total = strings
+  if not trusted then
     total = 0
     for i = 1, #ek, 1000 do
       total = total + redis.call('EXISTS', unpack(ek, i, math.min(i + 999, #ek)))
@@ -507,10 +501,6 @@ local function queue_guards(prefix, queue_prefix, A, first, last, inflight, trus
   end
   g = {paused = false, caps = {}, refused = {}, odd = false}
   if total > 0 then
-    local strings, all_read = 0, true
-    for _, k in ipairs(keys) do
-      if known[k] == nil then all_read = false elseif known[k] then strings = strings + 1 end
-    end
     -- Keys that exist but hold another type than a string.
     local other = {}
     if not (all_read and total == strings) then
