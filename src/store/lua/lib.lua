@@ -337,6 +337,11 @@ end
 -- them up in memory and writes stat:<event> and the metrics:<epoch minute> bucket at most once
 -- per second (src/store/tally.rs), so they cost the job path nothing. The other steps (janitor,
 -- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
+-- Empties table t in place (a table kept and emptied costs less than one made anew).
+local function clear(t)
+  if next(t) == nil then return end
+  for k in pairs(t) do t[k] = nil end
+end
 local counts, counts_prefix, counts_bucket = {}, nil, nil
 local counts_reply = false
 -- "<event>|<class>" field names, made once per run: event -> class -> field.
@@ -389,14 +394,15 @@ local function flush_counts()
   for key, n in pairs(incrs) do
     redis.pcall('INCRBY', key, int(n))
   end
-  incrs = {}
+  clear(incrs)
   if counts_reply then
     local flat = {}
     for field, n in pairs(counts) do
       flat[#flat + 1] = field
       flat[#flat + 1] = n
     end
-    counts, counts_prefix = {}, nil
+    clear(counts)
+    counts_prefix = nil
     return flat
   end
   if counts_prefix == nil then return end
@@ -413,7 +419,8 @@ local function flush_counts()
     end
   end
   if fresh then redis.pcall('PEXPIRE', m, '28800000') end
-  counts, counts_prefix, counts_bucket = {}, nil, nil
+  clear(counts)
+  counts_prefix, counts_bucket = nil, nil
 end
 
 -- "<ns>:locket:" from the counter prefix "<ns>:locket:counter:" the scripts already receive.
@@ -691,18 +698,27 @@ end
 -- so there this changes nothing; a FUNCTION library's locals live as long as the library, so
 -- each of its functions calls this first (src/store/scripts.rs). Every local above that a run
 -- writes is listed here.
+-- Per-run tables are emptied, not made anew: a table made and grown each run (and its
+-- garbage) was the largest single cost of the job path's Lua (docs/performance.md).
+-- The memos of pure functions of their arguments (lease keys, locket prefixes, counter keys,
+-- "<event>|<class>" fields) are kept from run to run, made anew every MEMO_RUNS runs (a run adds
+-- a bounded number of entries, so this bounds them).
+local MEMO_RUNS = 4096
+local runs_since_memo_reset = 0
 local function reset_run()
   cached_now = nil
-  known = {}
+  clear(known)
   reads_done = false
-  lease_keys = {}
-  inflight_freed = {}
-  counts, counts_prefix, counts_bucket = {}, nil, nil
+  clear(inflight_freed)
+  clear(counts)
+  counts_prefix, counts_bucket = nil, nil
   counts_reply = false
-  class_fields = {}
-  incrs = {}
-  locket_prefixes = {}
-  counter_keys = {}
-  splits = {}
-  guards_of = {}
+  clear(incrs)
+  clear(splits)
+  clear(guards_of)
+  runs_since_memo_reset = runs_since_memo_reset + 1
+  if runs_since_memo_reset > MEMO_RUNS then
+    runs_since_memo_reset = 0
+    lease_keys, class_fields, locket_prefixes, counter_keys = {}, {}, {}, {}
+  end
 end
