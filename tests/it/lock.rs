@@ -2154,6 +2154,86 @@ async fn a_limit_three_lock_admits_three_distinct_holders_and_the_fourth_conflic
     assert!(zscore(c, &k.lock("three"), t).await.is_none());
 }
 
+// locking-semantics.md L-4, A-6, S-6: a job with no options and limit-1 locks only takes the
+// short path of ACQUIRE; a lock key of another type (MGET reads it as absent, its SET NX
+// refuses) must still leave no lock taken, and settle the job by its policy.
+#[tokio::test]
+async fn plain_limit_one_locks_are_all_or_nothing_when_a_key_holds_another_type() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let k = keys();
+    let a_lock = spec("A", 1);
+    let b_lock = spec("B", 1);
+    let both = [a_lock.clone(), b_lock.clone()];
+    let _: i64 = rcmd!(c, "HSET", k.lock("B"), "written", "by hand");
+
+    let (s, r, _, a) = try_job(
+        c,
+        "p",
+        "q",
+        &payload("P", json!([1])),
+        &both,
+        opts(10_000, 5000, false),
+    )
+    .await;
+    assert!(
+        matches!(&a, Acquired::Conflict { lock_id, holders: 1, limit: 1, requeued: false, .. } if lock_id == "B"),
+        "{a:?}"
+    );
+    assert!(
+        !exists(c, &k.lock("A")).await,
+        "A taken although B was not free"
+    );
+    assert_eq!(hgetall(c, &s.inflight()).await["state"], "reserved");
+
+    // With requeue: the copy is back in its queue, A still free, B still the hand's hash.
+    let (.., a) = try_job(
+        c,
+        "p2",
+        "q2",
+        &payload("P", json!([2])),
+        &both,
+        opts(10_000, 5000, true),
+    )
+    .await;
+    assert!(
+        matches!(a, Acquired::Conflict { requeued: true, .. }),
+        "{a:?}"
+    );
+    assert_eq!(lrange(c, &k.queue("q2")).await.len(), 1);
+    assert!(!exists(c, &k.lock("A")).await);
+    let kind: String = rcmd!(c, "TYPE", k.lock("B"));
+    assert_eq!(kind, "hash");
+
+    // B free: both taken with the attempt's token, in the full path's format.
+    let _: i64 = rcmd!(c, "DEL", k.lock("B"));
+    let t = random_hex(16);
+    let before = server_ms(c).await;
+    let deadline = started(acquire(c, &s, &r, &t, &both, opts(10_000, 5000, false)).await);
+    for id in ["A", "B"] {
+        let v: Value = serde_json::from_str(&get(c, &k.lock(id)).await.expect("lock value"))
+            .expect("a lock value is JSON");
+        assert_eq!(v["token"], json!(t), "{id}: {v}");
+        assert_eq!(v["blocked"], json!(0), "{id}: {v}");
+        assert_eq!(v["limit"], json!(1), "{id}: {v}");
+        assert_eq!(v["lock_id"], json!(id), "{id}: {v}");
+        assert_eq!(v["lock_id_source"], json!(id), "{id}: {v}");
+        assert_eq!(v["process"], json!(s.slot_key), "{id}: {v}");
+        assert_eq!(v["class"], json!("P"), "{id}: {v}");
+        assert!(v["acquired_at"].as_u64().is_some(), "{id}: {v}");
+        let left: i64 = rcmd!(c, "PTTL", k.lock(id));
+        assert!(left > 9_000 && left <= 10_000, "{id}: PTTL {left}");
+    }
+    assert!(deadline >= before, "deadline {deadline} before {before}");
+    let rec = hgetall(c, &s.inflight()).await;
+    assert_eq!(rec["state"], "running");
+    assert_eq!(rec["token"], t);
+    assert_eq!(
+        serde_json::from_str::<Value>(&rec["locks"]).unwrap(),
+        json!(["A", "B"])
+    );
+}
+
 // locking-semantics.md L-4, A-6 step 4
 #[tokio::test]
 async fn several_locks_are_taken_all_or_nothing_in_any_order() {

@@ -113,6 +113,78 @@ end
 local queue = ARGV[9]
 local class = ARGV[10]
 local digest = ARGV[11]
+
+-- The lockinfo object gets its times and per-lock fields appended as text (the object from
+-- the worker holds none of them), which spares a cjson decode and encode per lock. Its fields
+-- without the braces, and the comma that goes before them, are cut once per call; each value
+-- is then made by one concatenation (every string Lua makes is hashed byte by byte here, and
+-- the limit-1 lock's value is the job path's longest).
+local info_inner = string.sub(ARGV[7], 2, -2)
+local info_sep = (info_inner ~= '') and ',' or ''
+-- A limit-1 lock's value, this attempt's: {"blocked":0,"token":"<token>",<holder fields>,
+-- "acquired_at":..,"limit":1,"lock_id":..,"lock_id_source":..[,"fence":..]} (lib.lua).
+local function lock1_value(id_json, source, fence_field)
+  return LOCK1_HEAD .. ARGV[2] .. '"' .. info_sep .. info_inner .. ',"acquired_at":' ..
+    int(wnow) .. ',"limit":1,"lock_id":' .. id_json .. ',"lock_id_source":' .. source ..
+    fence_field .. '}'
+end
+-- START (A-8): the job runs; work could be done in q, so its counter restarts. `ids` are the
+-- locks' ids as JSON strings; `holds` and `fence_list` lists, or nil for none.
+local function start_job(ids, holds, fence_list)
+  redis.call('HSET', inflight,
+    'state', 'running',
+    'started_at', int(wnow),
+    'token', ARGV[2],
+    'locks', '[' .. table.concat(ids, ',') .. ']',
+    'class', class,
+    'digest', digest)
+  if holds and #holds > 0 then redis.call('HSET', inflight, 'holds', cjson.encode(holds)) end
+  if fence_list and #fence_list > 0 then
+    redis.call('HSET', inflight, 'fences', cjson.encode(fence_list))
+  end
+  redis.call('SET', KEYS[5], ARGV[6])
+  clear_counter(KEYS[4])
+end
+
+-- The plain case, in few steps: no options (no holds, rates, fencing, sources or wait), every
+-- lock of limit 1 and, by the step's MGET, free. Each lock is taken by SET NX PX with the
+-- value the full path below writes, then the job starts as it starts there. A SET NX that
+-- finds a key anyway (one of another type: MGET reads it as absent) gives back the locks
+-- just taken and hands the step to the full path, which settles the conflict.
+if ARGV[12] == '' then
+  local plain = true
+  for i = 1, n do
+    if tonumber(ARGV[14 + 2 * i]) > 1 or known[KEYS[6 + i]] ~= false then
+      plain = false
+      break
+    end
+  end
+  if plain then
+    local ids = {}
+    local got = 0
+    for i = 1, n do
+      local lk = KEYS[6 + i]
+      local id_json = cjson.encode(ARGV[13 + 2 * i])
+      ids[i] = id_json
+      local v = lock1_value(id_json, id_json, '')
+      if not redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then break end
+      known[lk] = v
+      got = i
+    end
+    if got == n then
+      start_job(ids, nil, nil)
+      if n > 0 then count(prefix, nil, 'acquired', class) end
+      count(prefix, nil, 'started', class)
+      return {'ok', wnow + ttl}
+    end
+    -- Not all taken: the ones taken go back, as if never taken (L-4).
+    for i = 1, got do
+      redis.call('DEL', KEYS[6 + i])
+      known[KEYS[6 + i]] = false
+    end
+  end
+end
+
 local opt = {}
 if ARGV[12] ~= '' then opt = cjson.decode(ARGV[12]) end
 local locked_by = opt['locked_by'] or {}
@@ -214,13 +286,6 @@ for _, name in ipairs(locked_by) do
 end
 for _, c in ipairs(rate_conflicts) do conflicts[#conflicts + 1] = c end
 
--- The lockinfo object gets its times and per-lock fields appended as text (the object from
--- the worker holds none of them), which spares a cjson decode and encode per lock. Its fields
--- without the braces, and the comma that goes before them, are cut once per call; each value
--- is then made by one concatenation (every string Lua makes is hashed byte by byte here, and
--- the limit-1 lock's value is the job path's longest).
-local info_inner = string.sub(ARGV[7], 2, -2)
-local info_sep = (info_inner ~= '') and ',' or ''
 local sources = opt['sources'] or {}
 local function source_json(i, id_json)
   return sources[i] and cjson.encode(sources[i]) or id_json
@@ -280,10 +345,7 @@ for i = 1, n do
         fence = redis.call('HINCRBY', prefix .. 'fence', id, 1)
         fence_field = ',"fence":' .. int(fence)
       end
-      -- {"blocked":0,"token":"<token>",<holder fields>,"acquired_at":..,"limit":1,...} (lib.lua)
-      local v = LOCK1_HEAD .. ARGV[2] .. '"' .. info_sep .. info_inner .. ',"acquired_at":' ..
-        int(wnow) .. ',"limit":1,"lock_id":' .. id_json .. ',"lock_id_source":' ..
-        source_json(i, id_json) .. fence_field .. '}'
+      local v = lock1_value(id_json, source_json(i, id_json), fence_field)
       local hv = sget(lk)
       if not hv and redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
         known[lk] = v
@@ -564,18 +626,7 @@ for _, name in ipairs(enqueue_holds) do
 end
 count(prefix, now, 'holds_added', class, #start_holds)
 
--- START (A-8): the job runs; work could be done in q, so its counter restarts.
-redis.call('HSET', inflight,
-  'state', 'running',
-  'started_at', int(wnow),
-  'token', ARGV[2],
-  'locks', '[' .. table.concat(ids, ',') .. ']',
-  'class', class,
-  'digest', digest)
-if #holds > 0 then redis.call('HSET', inflight, 'holds', cjson.encode(holds)) end
-if #fence_list > 0 then redis.call('HSET', inflight, 'fences', cjson.encode(fence_list)) end
-redis.call('SET', KEYS[5], ARGV[6])
-clear_counter(KEYS[4])
+start_job(ids, holds, fence_list)
 if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end
 if n > 0 then count(prefix, now, 'acquired', class) end
 count(prefix, now, 'started', class)
