@@ -129,8 +129,9 @@ local function lock1_value(id_json, source, fence_field)
     fence_field .. '}'
 end
 -- START (A-8): the job runs; work could be done in q, so its counter restarts. `ids` are the
--- locks' ids as JSON strings; `holds` and `fence_list` lists, or nil for none.
-local function start_job(ids, holds, fence_list)
+-- locks' ids as JSON strings; `holds` and `fence_list` lists, or nil for none; `now` the
+-- server time when this step read it, else nil (count reads it only if it needs it).
+local function start_job(ids, holds, fence_list, now)
   redis.call('HSET', inflight,
     'state', 'running',
     'started_at', int(wnow),
@@ -144,6 +145,8 @@ local function start_job(ids, holds, fence_list)
   end
   redis.call('SET', KEYS[5], ARGV[6])
   clear_counter(KEYS[4])
+  if n > 0 then count(prefix, now, 'acquired', class) end
+  count(prefix, now, 'started', class)
 end
 
 -- The plain case, in few steps: no options (no holds, rates, fencing, sources or wait), every
@@ -172,9 +175,7 @@ if ARGV[12] == '' then
       got = i
     end
     if got == n then
-      start_job(ids, nil, nil)
-      if n > 0 then count(prefix, nil, 'acquired', class) end
-      count(prefix, nil, 'started', class)
+      start_job(ids, nil, nil, nil)
       return {'ok', wnow + ttl}
     end
     -- Not all taken: the ones taken go back, as if never taken (L-4).
@@ -626,8 +627,6 @@ for _, name in ipairs(enqueue_holds) do
 end
 count(prefix, now, 'holds_added', class, #start_holds)
 
-start_job(ids, holds, fence_list)
+start_job(ids, holds, fence_list, now)
 if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end
-if n > 0 then count(prefix, now, 'acquired', class) end
-count(prefix, now, 'started', class)
 return out
