@@ -51,6 +51,7 @@ Python 3.9+, stdlib only.
 """
 
 import asyncio
+import bisect
 import builtins
 import importlib
 import importlib.util
@@ -194,10 +195,15 @@ def _send(frame):
 
 def _send_plain(kind, frame_id, tail=""):
     """The frames of every job, {"t": kind, "id": frame_id} plus `tail` (JSON members, with
-    their leading comma), written without the general path's walk: about 8 us a job less."""
-    if os.getpid() != _State.pid:
-        return
-    _write_line('{"t":"' + kind + '","id":' + json.dumps(_scrub(frame_id)) + tail + "}")
+    their leading comma), written without the general path's walk: about 8 us a job less.
+    Its two callers are the adapter's own process for certain (`started` goes out before
+    job code runs, `done` after _dispatch's check for a forked child), so it asks for no
+    pid; frame_id is the id already encoded as JSON (_json_id), once for both frames."""
+    _write_line('{"t":"' + kind + '","id":' + frame_id + tail + "}")
+
+
+def _json_id(frame_id):
+    return json.dumps(_scrub(frame_id))
 
 
 def _write_line(text):
@@ -399,9 +405,21 @@ def _performer(obj, class_name):
 def _hooks(obj, prefix, names=None):
     """The callables whose names start with `prefix`, sorted by name (Resque's order);
     `names` is dir(obj) when the caller has it."""
-    names = sorted(n for n in (dir(obj) if names is None else names) if n.startswith(prefix))
+    if names is None:
+        names = dir(obj)
+    try:
+        # dir() returns its names sorted, so those with the prefix are one run, found by
+        # bisection instead of a startswith over every name (about 30 on a plain class).
+        start = bisect.bisect_left(names, prefix)
+        matched = []
+        for n in names[start:]:
+            if not n.startswith(prefix):
+                break
+            matched.append(n)
+    except TypeError:  # a __dir__ that answers something other than strings
+        matched = sorted(n for n in names if isinstance(n, str) and n.startswith(prefix))
     hooks = []
-    for n in names:
+    for n in matched:
         hook = getattr(obj, n, None)
         if callable(hook):
             hooks.append(hook)
@@ -465,9 +483,9 @@ def _run_failure_hooks(obj, exception, args):
                   f"{_exception_name(err)}: {_message(err)}\n" + "".join(_format_tb(err)).rstrip("\n"))
 
 
-def _run_job(app, frame):
+def _run_job(app, frame, json_id):
     global current
-    _send_plain("started", frame.get("id"))
+    _send_plain("started", json_id)
     current = frame
     try:
         class_name, args = _parse_payload(frame.get("payload"))
@@ -653,14 +671,15 @@ def _dispatch(app, line):
     _reap_children()
     _State.term_raised = False
     _State.requeued = False
-    outcome = _run_job(app, frame) if kind == "job" else _failure_hooks(app, frame)
+    json_id = _json_id(frame.get("id"))
+    outcome = _run_job(app, frame, json_id) if kind == "job" else _failure_hooks(app, frame)
     if os.getpid() != _State.pid:
         # job code forked and its child came back here instead of exiting
         _flush_output()
         os._exit(0 if outcome.get("status") == "ok" else 1)
     _flush_output()
     if outcome.get("status") == "ok" and len(outcome) == 2 and isinstance(outcome.get("performed"), bool):
-        _send_plain("done", frame.get("id"), ',"status":"ok","performed":' + ("true" if outcome["performed"] else "false"))
+        _send_plain("done", json_id, ',"status":"ok","performed":' + ("true" if outcome["performed"] else "false"))
     else:
         _send({"t": "done", "id": frame.get("id"), **outcome})
     if _State.term_requested:
