@@ -3791,6 +3791,23 @@ async fn finish_and_reserve_records_the_job_then_reserves_the_next_in_one_call()
     assert!(!exists(c, &keys().lock("job:2")).await);
 }
 
+/// The reservation a RESERVE's reply holds; panics on any other reply.
+fn as_res(r: &Reserved) -> Res {
+    match r {
+        Reserved::Job {
+            queue,
+            payload,
+            rid,
+            ..
+        } => Res {
+            queue: queue.clone(),
+            payload: payload.clone(),
+            rid: rid.clone(),
+        },
+        other => panic!("expected a job, got {other:?}"),
+    }
+}
+
 /// a FINISH+RESERVE whose worker looked at the pause and cap keys' types less
 /// than a second ago (`guard_types_seen`) leaves the EXISTS out and trusts its MGET: a pause
 /// or a cap written as a string is honoured by it at once; a pause key of another type (by
@@ -3838,19 +3855,6 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
         assert!(finished);
         next.expect("RESERVE")
     }
-    let as_res = |r: &Reserved| match r {
-        Reserved::Job {
-            queue,
-            payload,
-            rid,
-            ..
-        } => Res {
-            queue: queue.clone(),
-            payload: payload.clone(),
-            rid: rid.clone(),
-        },
-        other => panic!("expected a job, got {other:?}"),
-    };
 
     // A string pause (resque-pause's, `locketd pause`'s) stops the trusting RESERVE at once.
     let first = reserve_job(c, &slot, &["q"]).await;
@@ -3879,6 +3883,111 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
     let got = end_and_reserve(c, &slot, &fourth, 4, &queues, false.into()).await;
     assert_eq!(got, nothing(vec!["q".into()], vec![]));
     assert_eq!(lrange(c, &k.queue("q")).await.len(), 1, "nothing popped");
+}
+
+/// A-13, L-5, A-1, A-2: the plain FINISH+RESERVE (one limit-1 lock held unflagged, a success,
+/// a trusting RESERVE over queues with no counter, cap or pause) lands what the full path
+/// lands: the lock released, the job counted, the next job popped in priority order over
+/// runs of empty queues, a queue of another type passed over and reported. What it does not
+/// cover goes to the full path unchanged: a lock that another attempt holds now is left to
+/// it, and a queue with a counter keeps the skip rule.
+#[tokio::test]
+async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let c = &mut conn;
+    let k = keys();
+    let slot = Slot::new("h:1:a:0", "h:1:*");
+    let names: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
+    let trusting = store::ReserveFlags {
+        clear_counters_when_idle: false,
+        guard_types_seen: true,
+    };
+    let nothing = |skipped: Vec<String>| Reserved::Nothing {
+        skipped,
+        unreadable: vec!["p1".into()],
+        paused: vec![],
+        capped: vec![],
+        refused: vec![],
+    };
+    // Starts `res` under lock `lock` (limit 1), lets `meddle` act on the lock's value, then
+    // ends the job with a trusting FINISH+RESERVE over p0..p5; the FINISH must land.
+    async fn run_then_end(
+        c: &mut Conn,
+        slot: &Slot,
+        res: &Res,
+        lock: &str,
+        queues: &[String],
+        flags: store::ReserveFlags,
+        meddle: impl FnOnce(String, &str) -> Option<String>,
+    ) -> Reserved {
+        let locks = vec![spec(lock, 1)];
+        let tok = random_hex(16);
+        started(acquire(c, slot, res, &tok, &locks, opts(30_000, 10_000, true)).await);
+        let value = get(c, &keys().lock(lock)).await.expect("lock value");
+        if let Some(v) = meddle(value, &tok) {
+            let _: () = rcmd!(c, "SET", keys().lock(lock), v);
+        }
+        let req = finish_request(res, &tok, &locks, &Finish::Success);
+        let (finished, next) =
+            store::finish_and_reserve(c, &slot.r(), &req, &NO_HOLDS, &random_hex(8), queues, flags)
+                .await
+                .expect("FINISH+RESERVE");
+        assert!(finished, "the FINISH landed");
+        next.expect("RESERVE")
+    }
+    let _: i64 = rcmd!(c, "HSET", k.queue("p1"), "written", "by hand");
+    push(c, "p4", &payload("Job", json!([1]))).await;
+    push(c, "p4", &payload("Job", json!([2]))).await;
+    push(c, "p5", &payload("Job", json!([3]))).await;
+    let first = reserve_job(c, &slot, &["p4"]).await;
+
+    // Plain: released, counted, and the next job is p4's second (p1 passed over, p5 after).
+    let got = run_then_end(c, &slot, &first, "job:1", &names, trusting, |_, _| None).await;
+    let second = as_res(&got);
+    assert_eq!(
+        (second.queue.as_str(), &second.payload),
+        ("p4", &payload("Job", json!([2])))
+    );
+    assert!(!exists(c, &k.lock("job:1")).await, "lock released");
+    assert!(!exists(c, &k.worker(&slot.worker_id)).await);
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("1"));
+    let rec = hgetall(c, &slot.inflight()).await;
+    assert_eq!(rec["rid"], second.rid);
+    assert_eq!(rec["state"], "reserved");
+    assert_eq!(rec["resque_worker"], slot.worker_id);
+
+    // The lock lapsed and another attempt holds it now: it stays that attempt's; the job is
+    // still recorded, and the queue left (p5) is reserved.
+    let mut other = String::new();
+    let got = run_then_end(c, &slot, &second, "job:2", &names, trusting, |v, tok| {
+        other = v.replace(tok, &"f".repeat(tok.len()));
+        Some(other.clone())
+    })
+    .await;
+    let third = as_res(&got);
+    assert_eq!(third.queue, "p5");
+    assert_eq!(get(c, &k.lock("job:2")).await, Some(other));
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("2"));
+
+    // A counter as long as its queue: p4's new job is skipped, p1 reported.
+    push(c, "p4", &payload("Job", json!([4]))).await;
+    let _: () = rcmd!(c, "SET", k.counter("p4"), 1);
+    let got = run_then_end(c, &slot, &third, "job:3", &names, trusting, |_, _| None).await;
+    assert_eq!(got, nothing(vec!["p4".into()]));
+    assert!(!exists(c, &k.lock("job:3")).await, "lock released");
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("3"));
+    assert!(!exists(c, &slot.inflight()).await);
+
+    // Nothing left but p1's hash: `nothing`, p1 reported, by the plain path.
+    let _: i64 = rcmd!(c, "DEL", k.counter("p4"), k.queue("p4"));
+    push(c, "p5", &payload("Job", json!([5]))).await;
+    let fifth = reserve_job(c, &slot, &["p5"]).await;
+    let got = run_then_end(c, &slot, &fifth, "job:5", &names, trusting, |_, _| None).await;
+    assert_eq!(got, nothing(vec![]));
+    assert!(!exists(c, &k.lock("job:5")).await, "lock released");
+    assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("4"));
+    assert!(!exists(c, &slot.inflight()).await);
 }
 
 /// A-1 with many queues (RESERVE checks runs of empty queues with one EXISTS): priority order

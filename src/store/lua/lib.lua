@@ -337,6 +337,15 @@ end
 -- them up in memory and writes stat:<event> and the metrics:<epoch minute> bucket at most once
 -- per second (src/store/tally.rs), so they cost the job path nothing. The other steps (janitor,
 -- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
+-- t[k], a table, made empty the first time it is asked for (the memos' nested tables).
+local function child(t, k)
+  local c = t[k]
+  if c == nil then
+    c = {}
+    t[k] = c
+  end
+  return c
+end
 -- Empties table t in place (a table kept and emptied costs less than one made anew).
 local function clear(t)
   for k in pairs(t) do t[k] = nil end
@@ -356,11 +365,7 @@ local function count(prefix, now, event, class, n)
   end
   counts[event] = (counts[event] or 0) + n
   if class and class ~= '' then
-    local fields = class_fields[event]
-    if fields == nil then
-      fields = {}
-      class_fields[event] = fields
-    end
+    local fields = child(class_fields, event)
     local f = fields[class]
     if f == nil then
       f = event .. '|' .. class
@@ -437,17 +442,33 @@ end
 -- the same queues call after call).
 local counter_keys = {}
 local function counter_key(prefix, q)
-  local by_q = counter_keys[prefix]
-  if by_q == nil then
-    by_q = {}
-    counter_keys[prefix] = by_q
-  end
+  local by_q = child(counter_keys, prefix)
   local k = by_q[q]
   if k == nil then
     k = prefix .. 'counter:' .. q
     by_q[q] = k
   end
   return k
+end
+
+-- The keys RESERVE names from queue q: {queue key, counter, cap (A-22), pause key (A-20)},
+-- made once per queue and kept across runs; [1] of a prefix's table is its "<ns>:pause:all".
+-- `prefix` is "<ns>:locket:", `queue_prefix` "<ns>:queue:".
+local queue_key_sets = {}
+local function queue_keys(prefix, queue_prefix, q)
+  local by_prefix = child(queue_key_sets, prefix)
+  local sets = by_prefix[queue_prefix]
+  if sets == nil then
+    sets = {string.sub(queue_prefix, 1, -7) .. 'pause:all'}
+    by_prefix[queue_prefix] = sets
+  end
+  local ks = sets[q]
+  if ks == nil then
+    ks = {queue_prefix .. q, counter_key(prefix, q), prefix .. 'cap:' .. q,
+      string.sub(queue_prefix, 1, -7) .. 'pause:queue:' .. q}
+    sets[q] = ks
+  end
+  return ks, sets[1]
 end
 
 -- Operator controls of a queue, read by RESERVE in its own step (issue 27): resque-pause's
@@ -700,8 +721,8 @@ end
 -- Per-run tables are emptied, not made anew (a table made and grown key by key each run, and
 -- its garbage, cost about 2% of a job's FCALL instructions: docs/performance.md).
 -- The memos of pure functions of their arguments (lease keys, locket prefixes, counter keys,
--- "<event>|<class>" fields) are kept from run to run, made anew every MEMO_RUNS runs (a run adds
--- a bounded number of entries, so this bounds them).
+-- queue key sets, "<event>|<class>" fields) are kept from run to run, made anew every
+-- MEMO_RUNS runs (a run adds a bounded number of entries, so this bounds them).
 local MEMO_RUNS = 4096
 local runs_since_memo_reset = 0
 local function reset_run()
@@ -719,5 +740,6 @@ local function reset_run()
   if runs_since_memo_reset > MEMO_RUNS then
     runs_since_memo_reset = 0
     lease_keys, class_fields, locket_prefixes, counter_keys = {}, {}, {}, {}
+    queue_key_sets = {}
   end
 end
