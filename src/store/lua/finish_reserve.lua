@@ -69,7 +69,7 @@ local function plain()
   end
   local lock_v = nlocks == 1 and vals[#reads] or nil
   if ok and nlocks == 1 then
-    ok = lock1_holds(lock_v, token) and string.sub(lock_v, 12, 12) == '0'
+    ok = lock1_holds(lock_v, token) and not lock1_flagged(lock_v) and not lock1_parked(lock_v)
   end
   if not ok then
     -- The full path reads these from `known` instead of its own MGET.
@@ -105,14 +105,8 @@ local function plain()
       if type(payload) == 'table' and payload.err then
         unreadable[#unreadable + 1] = ARGV[r + 6 + i]
       elseif payload then
-        redis.call('HSET', inflight,
-          'rid', ARGV[r + 1],
-          'queue', ARGV[r + 6 + i],
-          'payload', payload,
-          'reserved_at', int(now),
-          'state', 'reserved',
-          'resque_worker', ARGV[r + 2])
-        count(prefix, now, 'reserved', '')
+        record_reservation(inflight, prefix, ARGV[r + 1], ARGV[r + 2], ARGV[r + 6 + i], payload,
+          now)
         return {'ok', {'job', ARGV[r + 6 + i], payload, ARGV[r + 1], '0'}}
       end
     end

@@ -331,12 +331,6 @@ local function iso8601(secs)
     math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60)
 end
 
--- O-3: count an event (`<event>`, and `<event>|<class>` when a class is given). Counts are
--- summed in Lua. The job-path steps (RESERVE, ACQUIRE, FINISH and their batches) hand them to
--- the worker with their reply (`counts_reply`, set by src/store/scripts.rs): the worker adds
--- them up in memory and writes stat:<event> and the metrics:<epoch minute> bucket at most once
--- per second (src/store/tally.rs), so they cost the job path nothing. The other steps (janitor,
--- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
 -- t[k], a table, made empty the first time it is asked for (the memos' nested tables).
 local function child(t, k)
   local c = t[k]
@@ -350,6 +344,13 @@ end
 local function clear(t)
   for k in pairs(t) do t[k] = nil end
 end
+
+-- O-3: count an event (`<event>`, and `<event>|<class>` when a class is given). Counts are
+-- summed in Lua. The job-path steps (RESERVE, ACQUIRE, FINISH and their batches) hand them to
+-- the worker with their reply (`counts_reply`, set by src/store/scripts.rs): the worker adds
+-- them up in memory and writes stat:<event> and the metrics:<epoch minute> bucket at most once
+-- per second (src/store/tally.rs), so they cost the job path nothing. The other steps (janitor,
+-- admin, scheduler: seconds apart) write theirs at their end, in flush_counts().
 local counts, counts_prefix, counts_bucket = {}, nil, nil
 local counts_reply = false
 -- "<event>|<class>" field names, made once and kept across runs: event -> class -> field.
@@ -373,6 +374,20 @@ local function count(prefix, now, event, class, n)
     end
     counts[f] = (counts[f] or 0) + n
   end
+end
+
+-- A-1: `payload`, popped from `queue`, becomes the reservation in slot record `inflight`
+-- (RESERVE's write: reserve.lua, and FINISH+RESERVE's short path).
+local function record_reservation(inflight, prefix, rid, worker, queue, payload, now)
+  redis.call('HSET', inflight,
+    'rid', rid,
+    'queue', queue,
+    'payload', payload,
+    'reserved_at', int(now),
+    'state', 'reserved',
+    'resque_worker', worker)
+  inflight_freed[inflight] = nil
+  count(prefix, now, 'reserved', '')
 end
 
 -- Resque's own counters (stat:processed and the like) are summed the same way and always

@@ -147,18 +147,10 @@ for i = 1, n do
   end
   if payload then
     local now = tonumber(ARGV[6]) or 0
-    redis.call('HSET', inflight,
-      'rid', ARGV[1],
-      'queue', ARGV[6 + i],
-      'payload', payload,
-      'reserved_at', int(now),
-      'state', 'reserved',
-      'resque_worker', ARGV[2])
-    inflight_freed[inflight] = nil
+    record_reservation(inflight, prefix, ARGV[1], ARGV[2], ARGV[6 + i], payload, now)
     if guards.caps[ARGV[6 + i]] then
       redis.call('SADD', prefix .. 'running:' .. ARGV[6 + i], ARGV[1] .. ' ' .. inflight)
     end
-    count(prefix, now, 'reserved', '')
     if #skipped > 0 then count(prefix, now, 'queue_skipped', '', #skipped) end
     return {'job', ARGV[6 + i], payload, ARGV[1], guards.odd and '1' or '0'}
   end
