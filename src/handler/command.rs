@@ -159,7 +159,8 @@ impl CommandHandler {
         let status = tokio::select! {
             s = child.wait() => s,
             _ = stop.cancelled() => {
-                guard.signal(libc::SIGTERM);
+                let at_once = job.stop_reason.at_once();
+                guard.signal(if at_once { libc::SIGKILL } else { libc::SIGTERM });
                 child.wait().await
             }
         };

@@ -76,26 +76,48 @@ impl RecordedNote {
 }
 
 /// Why a run was asked to stop (`timeout`, `lock_lost`, `shutdown`, `usr1`,
-/// `presumed_dead`), and whether the job then goes back to its queue instead of being
-/// recorded (a lost lock under `on_lock_lost = "requeue"`): written by the supervisor, read
-/// by a handler that tells its process (a persistent handler's `stop` frame, H-14).
+/// `presumed_dead`), whether the job then goes back to its queue instead of being recorded (a
+/// lost lock under `on_lock_lost = "requeue"`), and whether the stop is a kill at once (USR1, a
+/// second TERM): written by the supervisor, read by a handler that tells its process (a
+/// persistent handler's `stop` frame, H-14) or signals its group.
 #[derive(Debug, Clone, Default)]
-pub struct StopNote(Arc<std::sync::OnceLock<(&'static str, bool)>>);
+pub struct StopNote(Arc<std::sync::OnceLock<StopKind>>);
+
+/// What a [`StopNote`] records.
+#[derive(Debug, Clone, Copy)]
+struct StopKind {
+    reason: &'static str,
+    requeue: bool,
+    at_once: bool,
+}
 
 impl StopNote {
-    /// Records the reason and whether the job is requeued (the first one counts).
-    pub fn set(&self, reason: &'static str, requeue: bool) {
-        let _ = self.0.set((reason, requeue));
+    /// Records the reason, whether the job is requeued and whether the stop is a kill with no
+    /// polite stop before it (the first call counts).
+    pub fn set(&self, reason: &'static str, requeue: bool, at_once: bool) {
+        let _ = self.0.set(StopKind {
+            reason,
+            requeue,
+            at_once,
+        });
     }
 
     /// The reason, once set.
     pub fn get(&self) -> Option<&'static str> {
-        self.0.get().map(|(reason, _)| *reason)
+        self.0.get().map(|k| k.reason)
     }
 
     /// Whether the stopped job goes back to its queue rather than being recorded.
     pub fn requeue(&self) -> bool {
-        self.0.get().is_some_and(|(_, requeue)| *requeue)
+        self.0.get().is_some_and(|k| k.requeue)
+    }
+
+    /// Whether the group is to be SIGKILLed now, with no `stop` frame or SIGTERM first, as
+    /// Resque's `kill_child` does on USR1: a job given a polite stop it has no time to use
+    /// could run its own failure path (a Ruby job's `on_failure` with
+    /// `Resque::TermException`) against a failure recorded as `Resque::DirtyExit`.
+    pub fn at_once(&self) -> bool {
+        self.0.get().is_some_and(|k| k.at_once)
     }
 }
 

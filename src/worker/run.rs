@@ -58,6 +58,15 @@ impl RunEnd {
         }
     }
 
+    /// Whether this end kills the handler's group at once, with no polite stop (USR1, a second
+    /// TERM), as Resque's `kill_child` SIGKILLs its child.
+    fn kills_at_once(&self) -> bool {
+        matches!(
+            self,
+            RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true }
+        )
+    }
+
     /// Whether this end puts the job back in its queue (A-11's `requeue`) rather than
     /// recording it. Known before the handler is asked to stop, so that it can be told.
     pub(super) fn requeues(&self, on_lost: OnLockLost) -> bool {
@@ -241,7 +250,11 @@ impl Supervision {
             Ok(result) => return RunEnd::Finished(result),
             Err(end) => end,
         };
-        note.set(end.stop_reason(), end.requeues(self.on_lock_lost));
+        note.set(
+            end.stop_reason(),
+            end.requeues(self.on_lock_lost),
+            end.kills_at_once(),
+        );
         let (end, returned) = self.stop_handler(&mut r, end, locked, control).await;
         drop(r);
         // A shutdown's polite stop is the handler's to answer, as a Ruby job may rescue
@@ -392,7 +405,7 @@ impl Supervision {
         control: &Control,
     ) -> (RunEnd, Option<HandlerResult>) {
         let grace = match end {
-            RunEnd::KilledByUsr1 | RunEnd::Terminated { killed: true } => Duration::ZERO,
+            _ if end.kills_at_once() => Duration::ZERO,
             RunEnd::Terminated { .. } => self.term_timeout,
             _ => self.kill_grace,
         };

@@ -157,14 +157,24 @@ fn usr1_kills_the_running_job_and_the_worker_keeps_working() {
     let mut reaper = Reaper::default();
     reaper.watch(&dir.join("pid.a"));
     reaper.watch(&dir.join("child.a"));
+    // A handler that would note a polite stop: USR1 gives none (Resque's kill_child).
     let script = long_handler(dir);
+    let trapping = write_script(
+        dir,
+        "trapping.sh",
+        &format!(
+            "trap 'echo term >> {}/term; exit 1' TERM\n. {}\n",
+            dir.display(),
+            script.display()
+        ),
+    );
     let quick = write_script(
         dir,
         "quick.sh",
         &format!("echo ok >> {}/quick\n", dir.display()),
     );
     let config = cfg("q")
-        .class("Long", &script, "")
+        .class("Long", &trapping, "")
         .class("Quick", &quick, "")
         .render();
     let mut d = Daemon::start(&redis, &config, &[]);
@@ -178,6 +188,7 @@ fn usr1_kills_the_running_job_and_the_worker_keeps_working() {
         read_lossy(&dir.join("quick")) == "ok\n"
     });
     assert!(!pid_alive(handler) && !pid_alive(child));
+    assert_eq!(read_lossy(&dir.join("term")), "", "USR1 sent no SIGTERM");
     let failures = r.failures();
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0]["exception"], "Resque::DirtyExit");

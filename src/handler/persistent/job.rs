@@ -253,6 +253,14 @@ async fn wait_for_end(
             _ = stop.cancelled(), if !stopping => {
                 stopping = true;
                 let reason = job.stop_reason.get().unwrap_or("shutdown");
+                if job.stop_reason.at_once() {
+                    // H-11 with no grace (USR1, a second TERM): no `stop`, no SIGTERM, so the
+                    // job cannot run its own failure path; the fresh process runs its failure
+                    // hooks with the exception that is recorded (H-14).
+                    info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, reason, "killing the handler's job at once");
+                    p.signal(libc::SIGKILL);
+                    continue;
+                }
                 info!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, reason, "stopping the handler's job");
                 // H-14: `requeue` says the job goes back to its queue rather than being
                 // recorded, so the process runs no failure hooks for it and records nothing.
