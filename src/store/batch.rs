@@ -278,9 +278,8 @@ async fn send(conn: &mut Manager, calls: Vec<Call>, tally: &Tally, mode: &Mode) 
             }
         })
         .await;
-    // The batch's counts go to the process's sums (tally.rs); each call gets its reply with
+    // The batch's counts go to the connection's sums (tally.rs); each call gets its reply with
     // no counts, in the shape a lone call's has.
-    // The batch's counts go to the connection's sums (tally.rs).
     let result = result.and_then(|v| tally.split_reply(v));
     match result {
         Ok(Value::Array(replies)) if replies.len() == calls.len() => {

@@ -25,8 +25,9 @@ macro_rules! run_and_flush {
 
 /// The end of every job-path script (RESERVE, ACQUIRE, FINISH, their pair and their batch):
 /// run `$entry` with the O-3 counts kept for the reply, write Resque's own counters, and
-/// return `{reply, {field, n, ...}}` (src/store/tally.rs sums the counts in memory). A body
-/// that raises writes its counts itself, as the other scripts do, and returns its error.
+/// return `{reply, counts}`, the counts joined in one string (src/store/tally.rs sums them in
+/// memory). A body that raises writes its counts itself, as the other scripts do, and returns
+/// its error.
 macro_rules! run_and_reply {
     ($entry:expr) => {
         concat!(

@@ -4,7 +4,7 @@
 //! On a worker's connection (src/store/batch.rs), RESERVE, ACQUIRE, FINISH and their batches
 //! do not write `stat:<event>` or the `metrics:<epoch minute>` bucket themselves: the
 //! connection sends their tallied variant, which returns what it counted beside its reply
-//! (`{reply, {field, n, ...}}`, lib.lua `counts_reply`); [`Tally::split_reply`] adds that to the
+//! (`{reply, counts}`, lib.lua `counts_reply`); [`Tally::split_reply`] adds that to the
 //! connection's [`Tally`], and [`flush_loop`] writes the sums once per second and once more
 //! when the process stops. A process killed with SIGKILL loses at most the last second of
 //! these counts; they are observability, not state. Resque's own `stat:processed` and
@@ -48,27 +48,22 @@ impl Tally {
         }
     }
 
-    /// A tallied job-path script's reply `{reply, {field, n, ...}}`: the counts go to the
-    /// pending sums, the reply is returned.
+    /// A tallied job-path script's reply `{reply, counts}`: the counts (entries
+    /// `<n>,<length>:<field>` in one string, lib.lua `flush_counts`) go to the pending sums,
+    /// the reply is returned.
     pub fn split_reply(&self, v: Value) -> RedisResult<Value> {
         match v {
             Value::Array(mut items) if items.len() == 2 => {
                 let counts = items.pop().unwrap_or(Value::Nil);
                 let reply = items.pop().unwrap_or(Value::Nil);
-                if let Value::Array(flat) = counts {
+                if let Value::BulkString(joined) = counts {
                     let mut map = self.lock();
-                    for pair in flat.chunks(2) {
-                        if let [Value::BulkString(f), n] = pair {
-                            let n = match n {
-                                Value::Int(i) => *i,
-                                other => super::text(other).parse().unwrap_or(0),
-                            };
-                            let field = String::from_utf8_lossy(f);
-                            match map.get_mut(field.as_ref()) {
-                                Some(sum) => *sum += n,
-                                None => {
-                                    map.insert(field.into_owned(), n);
-                                }
+                    for (field, n) in entries(&joined) {
+                        let field = String::from_utf8_lossy(field);
+                        match map.get_mut(field.as_ref()) {
+                            Some(sum) => *sum += n,
+                            None => {
+                                map.insert(field.into_owned(), n);
                             }
                         }
                     }
@@ -164,6 +159,23 @@ pub async fn flush_loop<C: ConnectionLike + Send>(
     }
 }
 
+/// The entries of a joined counts string, `<n>,<length>:<field>` each, up to the first that
+/// does not parse.
+fn entries(mut rest: &[u8]) -> impl Iterator<Item = (&[u8], i64)> {
+    std::iter::from_fn(move || {
+        let comma = rest.iter().position(|b| *b == b',')?;
+        let colon = comma + 1 + rest[comma + 1..].iter().position(|b| *b == b':')?;
+        let n: i64 = std::str::from_utf8(&rest[..comma]).ok()?.parse().ok()?;
+        let len: usize = std::str::from_utf8(&rest[comma + 1..colon])
+            .ok()?
+            .parse()
+            .ok()?;
+        let field = rest.get(colon + 1..colon + 1 + len)?;
+        rest = &rest[colon + 1 + len..];
+        Some((field, n))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,21 +183,18 @@ mod tests {
     #[test]
     fn split_reply_adds_the_counts_and_returns_the_reply() {
         let t = Tally::default();
+        // A class name may hold the separators: the length says where it ends.
         let v = Value::Array(vec![
             Value::BulkString(b"ok".to_vec()),
-            Value::Array(vec![
-                Value::BulkString(b"started".to_vec()),
-                Value::Int(2),
-                Value::BulkString(b"started|Hello".to_vec()),
-                Value::Int(1),
-            ]),
+            Value::BulkString(b"2,7:started1,16:started|A,1:B\n:C3,0:".to_vec()),
         ]);
         let reply = t.split_reply(v).expect("a reply");
         assert_eq!(reply, Value::BulkString(b"ok".to_vec()));
         t.add([("started", 3)]);
         let sums = t.take();
         assert_eq!(sums.get("started"), Some(&5));
-        assert_eq!(sums.get("started|Hello"), Some(&1));
+        assert_eq!(sums.get("started|A,1:B\n:C"), Some(&1));
+        assert_eq!(sums.get(""), Some(&3));
         assert!(t.take().is_empty());
     }
 }
