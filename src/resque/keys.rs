@@ -36,7 +36,17 @@ impl Keys {
     }
 
     fn resque(&self, key: &str) -> String {
-        format!("{}:{key}", self.ns)
+        cat(&[&self.ns, ":", key])
+    }
+
+    /// `<ns>:<kind><name>`.
+    fn resque_with(&self, kind: &str, name: &str) -> String {
+        cat(&[&self.ns, ":", kind, name])
+    }
+
+    /// `<ns>:locket:<kind><name>`.
+    fn locket_with(&self, kind: &str, name: &str) -> String {
+        cat(&[&self.locket, kind, name])
     }
 
     /// `<ns>:delayed_queue_schedule`: resque-scheduler's ZSET of due timestamps (SC-1).
@@ -45,11 +55,11 @@ impl Keys {
     }
     /// `<ns>:delayed:<ts>`: resque-scheduler's list of the items due at `ts`.
     pub fn delayed_bucket(&self, ts: &str) -> String {
-        self.resque(&format!("delayed:{ts}"))
+        self.resque_with("delayed:", ts)
     }
     /// `<ns>:timestamps:<item>`: the buckets (`delayed:<ts>`) holding an item.
     pub fn delayed_index(&self, item: &str) -> String {
-        self.resque(&format!("timestamps:{item}"))
+        self.resque_with("timestamps:", item)
     }
     /// `<ns>:delayed:last_enqueued_at`: schedule name → last enqueue (Ruby `Time#to_s`).
     pub fn last_enqueued_at(&self) -> String {
@@ -80,7 +90,7 @@ impl Keys {
     }
     /// `<ns>:queue:<q>`: a queue's list of JSON payloads.
     pub fn queue(&self, q: &str) -> String {
-        self.resque(&format!("queue:{q}"))
+        self.resque_with("queue:", q)
     }
     /// `<ns>:workers`: the set of registered worker ids.
     pub fn workers(&self) -> String {
@@ -88,11 +98,11 @@ impl Keys {
     }
     /// `<ns>:worker:<id>`: what a worker is working on.
     pub fn worker(&self, id: &str) -> String {
-        self.resque(&format!("worker:{id}"))
+        self.resque_with("worker:", id)
     }
     /// `<ns>:worker:<id>:started`: when a worker registered.
     pub fn worker_started(&self, id: &str) -> String {
-        self.resque(&format!("worker:{id}:started"))
+        cat(&[&self.ns, ":worker:", id, ":started"])
     }
     /// `<ns>:workers:heartbeat`: worker id → last heartbeat.
     pub fn heartbeat(&self) -> String {
@@ -108,17 +118,17 @@ impl Keys {
     }
     /// `<ns>:locket:cancel:<process id>`: the process's cancel requests, rid → request.
     pub fn cancel(&self, process: &str) -> String {
-        self.locket(&format!("cancel:{process}"))
+        self.locket_with("cancel:", process)
     }
     /// `<ns>:locket:cap:<q>`: the queue's fleet-wide concurrency cap, as the daemons'
     /// configs set it.
     pub fn cap(&self, q: &str) -> String {
-        self.locket(&format!("cap:{q}"))
+        self.locket_with("cap:", q)
     }
     /// `<ns>:locket:running:<q>`: the units of a capped queue in use, one member
     /// `"<rid> <inflight key>"` per reserved job.
     pub fn running(&self, q: &str) -> String {
-        self.locket(&format!("running:{q}"))
+        self.locket_with("running:", q)
     }
     /// `<ns>:pause:`, the prefix of resque-pause's keys.
     pub fn pause_prefix(&self) -> String {
@@ -126,7 +136,7 @@ impl Keys {
     }
     /// `<ns>:pause:queue:<q>`: resque-pause's key pausing queue `q`.
     pub fn pause_queue(&self, q: &str) -> String {
-        self.resque(&format!("pause:queue:{q}"))
+        self.resque_with("pause:queue:", q)
     }
     /// `<ns>:pause:all`: pauses every queue.
     pub fn pause_every_queue(&self) -> String {
@@ -138,7 +148,7 @@ impl Keys {
     }
     /// `<ns>:stat:processed:<id>`.
     pub fn stat_processed_by(&self, id: &str) -> String {
-        self.resque(&format!("stat:processed:{id}"))
+        self.resque_with("stat:processed:", id)
     }
     /// `<ns>:stat:failed`.
     pub fn stat_failed(&self) -> String {
@@ -146,7 +156,7 @@ impl Keys {
     }
     /// `<ns>:stat:failed:<id>`.
     pub fn stat_failed_by(&self, id: &str) -> String {
-        self.resque(&format!("stat:failed:{id}"))
+        self.resque_with("stat:failed:", id)
     }
     /// `<ns>:failed`: the failure list.
     pub fn failed(&self) -> String {
@@ -154,7 +164,7 @@ impl Keys {
     }
     /// `<ns>:<q>_failed`: a per-queue failure list (`redis_multi_queue` backend).
     pub fn queue_failed(&self, q: &str) -> String {
-        self.resque(&format!("{q}_failed"))
+        cat(&[&self.ns, ":", q, "_failed"])
     }
     /// `<ns>:failed_queues`: names of the per-queue failure lists.
     pub fn failed_queues(&self) -> String {
@@ -167,15 +177,15 @@ impl Keys {
     }
     /// `<ns>:locket:<key>`.
     pub fn locket(&self, key: &str) -> String {
-        format!("{}{key}", self.locket)
+        cat(&[&self.locket, key])
     }
     /// `<ns>:locket:inflight:<slot key>`.
     pub fn inflight(&self, slot_key: &str) -> String {
-        self.locket(&format!("inflight:{slot_key}"))
+        self.locket_with("inflight:", slot_key)
     }
     /// `<ns>:locket:counter:<q>`.
     pub fn counter(&self, q: &str) -> String {
-        self.locket(&format!("counter:{q}"))
+        self.locket_with("counter:", q)
     }
     /// `<ns>:locket:counter:`, for scripts that reset counters of queues they find in sets.
     pub fn counter_prefix(&self) -> String {
@@ -187,15 +197,15 @@ impl Keys {
     }
     /// `<ns>:locket:lock:<id>`: token → deadline.
     pub fn lock(&self, id: &str) -> String {
-        self.locket(&format!("lock:{id}"))
+        self.locket_with("lock:", id)
     }
     /// `<ns>:locket:lockinfo:<id>`: token → holder metadata.
     pub fn lockinfo(&self, id: &str) -> String {
-        self.locket(&format!("lockinfo:{id}"))
+        self.locket_with("lockinfo:", id)
     }
     /// `<ns>:locket:blocked:lock:<id>`: queues that requeued a job because of this lock.
     pub fn blocked_lock(&self, id: &str) -> String {
-        self.locket(&format!("blocked:lock:{id}"))
+        self.locket_with("blocked:lock:", id)
     }
     /// `<ns>:locket:processes`: live (or not yet recovered) process ids.
     pub fn processes(&self) -> String {
@@ -203,16 +213,16 @@ impl Keys {
     }
     /// `<ns>:locket:alive:<process id>`: the liveness lease.
     pub fn alive(&self, process: &str) -> String {
-        self.locket(&format!("alive:{process}"))
+        self.locket_with("alive:", process)
     }
     /// `<ns>:locket:slots:<process id>`: slot number → Resque worker id.
     pub fn slots(&self, process: &str) -> String {
-        self.locket(&format!("slots:{process}"))
+        self.locket_with("slots:", process)
     }
     /// `<ns>:locket:handlers:<process id>`: the process's persistent handler processes, as
     /// JSON, for `locketd status` (written when they change, expiring after an hour).
     pub fn handlers(&self, process: &str) -> String {
-        self.locket(&format!("handlers:{process}"))
+        self.locket_with("handlers:", process)
     }
     /// `<ns>:locket:janitor`: the janitor mutex.
     pub fn janitor(&self) -> String {
@@ -224,7 +234,7 @@ impl Keys {
     }
     /// `<ns>:locket:dep:<name>`: digest → `"<count>:<deadline ms>"`.
     pub fn dep(&self, name: &str) -> String {
-        self.locket(&format!("dep:{name}"))
+        self.locket_with("dep:", name)
     }
     /// `<ns>:locket:delayed`: delayed jobs by due time.
     pub fn delayed(&self) -> String {
@@ -240,20 +250,30 @@ impl Keys {
     }
     /// `<ns>:locket:stat:<event>`: running total of an event (O-3).
     pub fn stat(&self, event: &str) -> String {
-        self.locket(&format!("stat:{event}"))
+        self.locket_with("stat:", event)
     }
     /// `<ns>:locket:metrics:<epoch minute>`: per-minute event counts (O-3).
     pub fn metrics(&self, minute: u64) -> String {
-        self.locket(&format!("metrics:{minute}"))
+        self.locket_with("metrics:", &minute.to_string())
     }
     /// `<ns>:locket:blocked:dep:<name>`: queues that requeued a job because of this hold.
     pub fn blocked_dep(&self, name: &str) -> String {
-        self.locket(&format!("blocked:dep:{name}"))
+        self.locket_with("blocked:dep:", name)
     }
     /// `<ns>:locket:recoveries`: digest → crash requeues.
     pub fn recoveries(&self) -> String {
         self.locket("recoveries")
     }
+}
+
+/// The parts joined, in a string of exactly their length: key names are built on every job,
+/// and `format!` costs several times as much.
+fn cat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        out.push_str(p);
+    }
+    out
 }
 
 #[cfg(test)]
