@@ -35,7 +35,7 @@ use std::time::Duration;
 pub fn random_hex(n: usize) -> String {
     let mut buf = vec![0u8; n];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut buf);
-    hex::encode(buf)
+    crate::locks::canonical::lower_hex(&buf)
 }
 
 /// What RESERVE found.
