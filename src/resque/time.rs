@@ -114,9 +114,21 @@ pub fn failed_at(t: SystemTime) -> String {
     stamp(epoch_secs(t), '/', ' ', " UTC")
 }
 
-/// `run_at` inside `worker:<id>`: `2026-11-21T12:18:29Z`.
+/// `run_at` inside `worker:<id>`: `2026-11-21T12:18:29Z`. Written for every job, so the text
+/// of the last second asked for is kept (per thread) and handed out again within it.
 pub fn run_at(t: SystemTime) -> String {
-    stamp(epoch_secs(t), '-', 'T', "Z")
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(i64, String)>> = const { std::cell::RefCell::new(None) };
+    }
+    let secs = epoch_secs(t);
+    LAST.with_borrow_mut(|last| match last {
+        Some((s, text)) if *s == secs => text.clone(),
+        _ => {
+            let text = stamp(secs, '-', 'T', "Z");
+            *last = Some((secs, text.clone()));
+            text
+        }
+    })
 }
 
 /// The value of `worker:<id>:started`: `2026-11-21 12:18:29 +0000` (Ruby `Time#to_s` of a
@@ -315,6 +327,9 @@ mod tests {
     fn run_at_is_iso8601_with_z() {
         assert_eq!(run_at(at(1_795_263_509)), "2026-11-21T12:18:29Z");
         assert_eq!(run_at(at(951_782_400)), "2000-02-29T00:00:00Z");
+        // The kept text of the last second is handed out only within that second.
+        assert_eq!(run_at(at(951_782_400)), "2000-02-29T00:00:00Z");
+        assert_eq!(run_at(at(951_782_401)), "2000-02-29T00:00:01Z");
     }
 
     // resque-protocol.md §13 item 12
