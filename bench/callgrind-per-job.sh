@@ -4,12 +4,26 @@
 # machine is doing). It starts its own redis-server on a free loopback port in a temporary
 # directory, pushes N jobs of a `builtin = "noop"` class (default lock on), runs the binary as
 # a worker (LOCKETD_ROLE=worker, config on stdin, interval 0: it drains and exits), and prints
-# the total. Per job: (Ir at N - Ir at 0) / N.
+# the total. Per job: (Ir at N - Ir at 0) / N. HANDLER `ruby` runs the class through the
+# persistent Ruby adapter instead (examples/ruby-app's `Noop`, started with the slot; valgrind
+# follows only the worker, not the handler): that count varies by a few thousand instructions
+# a job between runs, with how often the worker wakes for the handler's frames.
 #
-# usage: bench/callgrind-per-job.sh LOCKETD_BINARY N [SLOTS]
+# usage: bench/callgrind-per-job.sh LOCKETD_BINARY N [SLOTS] [HANDLER: builtin|ruby]
 # e.g.:  for n in 0 2000; do bench/callgrind-per-job.sh target/release/locketd $n 1; done
 set -euo pipefail
-exe=$(readlink -f "$1"); n=$2; slots=${3:-1}
+exe=$(readlink -f "$1"); n=$2; slots=${3:-1}; handler=${4:-builtin}
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "$handler" in
+  builtin) handlers=''; class_table='builtin = "noop"' ;;
+  ruby)
+    handlers="[handlers.app]
+mode = \"persistent\"
+command = [\"$root/adapters/ruby/locketd-ruby\", \"$root/examples/ruby-app/app.rb\"]
+preload = true"
+    class_table='handler = "app"' ;;
+  *) echo "HANDLER must be builtin or ruby, not $handler" >&2; exit 2 ;;
+esac
 dir=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
@@ -38,8 +52,9 @@ queues = "bench"
 interval = 0
 slots = $slots
 log_level = "warn"
+$handlers
 [classes.Noop]
-builtin = "noop"
+$class_table
 TOML
 # argv[0] starting with "resque-" spares the re-exec for title space, which valgrind cannot
 # follow.
@@ -48,4 +63,4 @@ LOCKETD_ROLE=worker LOCKETD_INCARNATION=c0ffee01 PATH="$dir:$PATH" \
   valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   resque-callgrind-locketd < "$dir/locketd.toml" >/dev/null 2>"$dir/valgrind.log"
 ir=$(grep -m1 '^summary:\|^totals:' "$dir/callgrind.out" | awk '{print $2}')
-echo "$exe n=$n slots=$slots Ir=$ir processed=$(redis-cli -p "$port" get resque:stat:processed) left=$(redis-cli -p "$port" llen resque:queue:bench)"
+echo "$exe n=$n slots=$slots handler=$handler Ir=$ir processed=$(redis-cli -p "$port" get resque:stat:processed) left=$(redis-cli -p "$port" llen resque:queue:bench)"
