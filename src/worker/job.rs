@@ -242,30 +242,6 @@ impl Worker {
         }
     }
 
-    /// The holder metadata stored with the job's locks (`lockinfo`, shown by `locketd locks`).
-    fn lockinfo(&self, p: &Planned) -> String {
-        // Serialized from borrowed fields: a `json!` map first costs a job about 7k
-        // instructions more.
-        #[derive(serde::Serialize)]
-        struct LockInfo<'a> {
-            process: &'a str,
-            slot: u32,
-            resque_worker: &'a str,
-            queue: &'a str,
-            class: &'a str,
-            digest: &'a str,
-        }
-        serde_json::to_string(&LockInfo {
-            process: &self.id.process_id,
-            slot: self.id.slot,
-            resque_worker: &self.id.worker_id,
-            queue: &p.queue,
-            class: &p.job.class,
-            digest: &p.digest,
-        })
-        .unwrap_or_default()
-    }
-
     /// ACQUIRE (+START, A-6..A-9), and P-3's bounded wait while the lock is taken.
     async fn acquire(
         &mut self,
@@ -276,7 +252,7 @@ impl Worker {
         let plan = p.plan();
         let setup = self.conflict_setup(p);
         let mut opts = self.acquire_options(p, &setup);
-        let lockinfo = self.lockinfo(p);
+        let lockinfo = self.id.lockinfo(&p.queue, &p.job.class, &p.digest);
         let wait_until = Instant::now() + plan.wait_timeout;
         let mut pause = Duration::from_millis(50);
         let mut waiting = false;

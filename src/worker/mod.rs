@@ -128,6 +128,30 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The holder metadata stored with a job's locks (`lockinfo`, shown by `locketd locks`).
+    /// Serialized from borrowed fields: a `json!` map first costs a job about 7k instructions
+    /// more.
+    pub fn lockinfo(&self, queue: &str, class: &str, digest: &str) -> String {
+        #[derive(serde::Serialize)]
+        struct LockInfo<'a> {
+            process: &'a str,
+            slot: u32,
+            resque_worker: &'a str,
+            queue: &'a str,
+            class: &'a str,
+            digest: &'a str,
+        }
+        serde_json::to_string(&LockInfo {
+            process: &self.process_id,
+            slot: self.slot,
+            resque_worker: &self.worker_id,
+            queue,
+            class,
+            digest,
+        })
+        .unwrap_or_default()
+    }
+
     /// Identity of this process (one slot) for a queue list.
     pub fn new(spec: &QueueSpec) -> Identity {
         let host = host::hostname();
@@ -582,5 +606,24 @@ impl Worker {
         // H-12: processes kept between jobs get EOF, then term_timeout, then SIGKILL.
         futures::future::join_all(self.handlers.distinct().iter().map(|h| h.shutdown())).await;
         reason
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Identity;
+
+    #[test]
+    fn lockinfo_names_the_holder_in_a_fixed_field_order() {
+        let id = Identity {
+            process_id: "vm:7:c0ffee01".into(),
+            slot: 2,
+            slot_key: "vm:7:c0ffee01:2".into(),
+            worker_id: "vm:7+2:q\"x".into(),
+        };
+        assert_eq!(
+            id.lockinfo("q", "A::B", "d1"),
+            r#"{"process":"vm:7:c0ffee01","slot":2,"resque_worker":"vm:7+2:q\"x","queue":"q","class":"A::B","digest":"d1"}"#
+        );
     }
 }

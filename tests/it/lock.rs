@@ -3808,6 +3808,13 @@ fn as_res(r: &Reserved) -> Res {
     }
 }
 
+/// The flags of a worker's FINISH+RESERVE that looked at the pause and cap keys' types less
+/// than a second ago: it trusts its MGET.
+const TRUSTING: store::ReserveFlags = store::ReserveFlags {
+    clear_counters_when_idle: false,
+    guard_types_seen: true,
+};
+
 /// a FINISH+RESERVE whose worker looked at the pause and cap keys' types less
 /// than a second ago (`guard_types_seen`) leaves the EXISTS out and trusts its MGET: a pause
 /// or a cap written as a string is honoured by it at once; a pause key of another type (by
@@ -3824,10 +3831,6 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
         push(c, "q", &payload("Job", json!([i]))).await;
     }
     let queues = vec!["q".to_string()];
-    let trusting = store::ReserveFlags {
-        clear_counters_when_idle: false,
-        guard_types_seen: true,
-    };
     let nothing = |paused: Vec<String>, capped: Vec<String>| Reserved::Nothing {
         skipped: vec![],
         unreadable: vec![],
@@ -3859,7 +3862,7 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
     // A string pause (resque-pause's, `locketd pause`'s) stops the trusting RESERVE at once.
     let first = reserve_job(c, &slot, &["q"]).await;
     let _: () = rcmd!(c, "SET", &k.pause_queue("q"), "true");
-    let got = end_and_reserve(c, &slot, &first, 1, &queues, trusting).await;
+    let got = end_and_reserve(c, &slot, &first, 1, &queues, TRUSTING).await;
     assert_eq!(got, nothing(vec!["q".into()], vec![]));
     let _: i64 = rcmd!(c, "DEL", &k.pause_queue("q"));
 
@@ -3867,7 +3870,7 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
     let second = reserve_job(c, &slot, &["q"]).await;
     let _: () = rcmd!(c, "SET", &k.cap("q"), "1");
     let _: i64 = rcmd!(c, "SADD", &k.running("q"), "other-rid other-slot");
-    let got = end_and_reserve(c, &slot, &second, 2, &queues, trusting).await;
+    let got = end_and_reserve(c, &slot, &second, 2, &queues, TRUSTING).await;
     assert_eq!(got, nothing(vec![], vec!["q".into()]));
     let _: i64 = rcmd!(c, "DEL", &k.cap("q"), &k.running("q"));
 
@@ -3875,7 +3878,7 @@ async fn a20_a_fused_reserve_that_trusts_its_mget_honours_string_pauses_and_caps
     // (the window of at most a second)...
     let third = reserve_job(c, &slot, &["q"]).await;
     let _: i64 = rcmd!(c, "HSET", &k.pause_queue("q"), "by", "hand");
-    let got = end_and_reserve(c, &slot, &third, 3, &queues, trusting).await;
+    let got = end_and_reserve(c, &slot, &third, 3, &queues, TRUSTING).await;
     let fourth = as_res(&got);
     assert_eq!(fourth.payload, payload("Job", json!([4])));
     // ... and the next look (a RESERVE that does not trust its MGET) passes the queue over.
@@ -3899,10 +3902,6 @@ async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
     let k = keys();
     let slot = Slot::new("h:1:a:0", "h:1:*");
     let names: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
-    let trusting = store::ReserveFlags {
-        clear_counters_when_idle: false,
-        guard_types_seen: true,
-    };
     let nothing = |skipped: Vec<String>| Reserved::Nothing {
         skipped,
         unreadable: vec!["p1".into()],
@@ -3943,7 +3942,7 @@ async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
     let first = reserve_job(c, &slot, &["p4"]).await;
 
     // Plain: released, counted, and the next job is p4's second (p1 passed over, p5 after).
-    let got = run_then_end(c, &slot, &first, "job:1", &names, trusting, |_, _| None).await;
+    let got = run_then_end(c, &slot, &first, "job:1", &names, TRUSTING, |_, _| None).await;
     let second = as_res(&got);
     assert_eq!(
         (second.queue.as_str(), &second.payload),
@@ -3960,7 +3959,7 @@ async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
     // The lock lapsed and another attempt holds it now: it stays that attempt's; the job is
     // still recorded, and the queue left (p5) is reserved.
     let mut other = String::new();
-    let got = run_then_end(c, &slot, &second, "job:2", &names, trusting, |v, tok| {
+    let got = run_then_end(c, &slot, &second, "job:2", &names, TRUSTING, |v, tok| {
         other = v.replace(tok, &"f".repeat(tok.len()));
         Some(other.clone())
     })
@@ -3973,7 +3972,7 @@ async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
     // A counter as long as its queue: p4's new job is skipped, p1 reported.
     push(c, "p4", &payload("Job", json!([4]))).await;
     let _: () = rcmd!(c, "SET", k.counter("p4"), 1);
-    let got = run_then_end(c, &slot, &third, "job:3", &names, trusting, |_, _| None).await;
+    let got = run_then_end(c, &slot, &third, "job:3", &names, TRUSTING, |_, _| None).await;
     assert_eq!(got, nothing(vec!["p4".into()]));
     assert!(!exists(c, &k.lock("job:3")).await, "lock released");
     assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("3"));
@@ -3983,7 +3982,7 @@ async fn a13_a1_the_plain_finish_reserve_lands_what_the_full_path_lands() {
     let _: i64 = rcmd!(c, "DEL", k.counter("p4"), k.queue("p4"));
     push(c, "p5", &payload("Job", json!([5]))).await;
     let fifth = reserve_job(c, &slot, &["p5"]).await;
-    let got = run_then_end(c, &slot, &fifth, "job:5", &names, trusting, |_, _| None).await;
+    let got = run_then_end(c, &slot, &fifth, "job:5", &names, TRUSTING, |_, _| None).await;
     assert_eq!(got, nothing(vec![]));
     assert!(!exists(c, &k.lock("job:5")).await, "lock released");
     assert_eq!(get(c, &k.stat_processed()).await.as_deref(), Some("4"));

@@ -770,7 +770,6 @@ local function reset_run()
   if runs_since_memo_reset > MEMO_RUNS then
     runs_since_memo_reset = 0
     lease_keys, class_fields, locket_prefixes, counter_keys = {}, {}, {}, {}
-    one_entries = {}
-    queue_key_sets = {}
+    one_entries, queue_key_sets = {}, {}
   end
 end
