@@ -3,8 +3,11 @@
 //! refusals rather than outages (E-3, [`classify`]: the one place that decides). Nothing here
 //! knows a locket key.
 
+mod plain;
 mod sentinel;
 mod url;
+
+pub use plain::Plain;
 
 pub use sentinel::{is_sentinel, parse as parse_sentinel, Moves, SentinelUrl};
 pub use url::redact;

@@ -13,6 +13,9 @@
 //! variant: its O-3 counts come back with the reply and go to the connection's [`Tally`],
 //! which the worker writes at most once per second (src/store/tally.rs).
 //!
+//! A one-slot process sends its job-path scripts on a [`Plain`] connection of their own
+//! where its URL allows one (src/conn/plain.rs): one call at a time is all it makes.
+//!
 //! Batching is group commit without a timer: a call waits only while an earlier batch is on
 //! the wire (at most [`IN_FLIGHT`] at once); whatever arrived meanwhile leaves in the next
 //! batch. A lone call therefore goes out at once.
@@ -20,7 +23,7 @@
 use super::fcall::Mode;
 use super::scripts::scripts;
 use super::tally::Tally;
-use crate::conn::Manager;
+use crate::conn::{Manager, Plain};
 use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
@@ -42,6 +45,8 @@ pub struct Conn {
     tally: Arc<Tally>,
     /// FCALL or EVALSHA (fcall.rs).
     mode: Arc<Mode>,
+    /// The job path's own connection of a one-slot process ([`Conn::with_plain`]).
+    plain: Option<Arc<tokio::sync::Mutex<Plain>>>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -88,6 +93,16 @@ impl Conn {
             batcher: None,
             tally: Arc::default(),
             mode: Arc::default(),
+            plain: None,
+        }
+    }
+
+    /// A direct connection whose job-path scripts go out on a [`Plain`] connection to `url`
+    /// when it is a plain TCP URL (else on `inner`, like everything else).
+    pub fn with_plain(inner: impl Into<Manager>, url: &str) -> Conn {
+        Conn {
+            plain: Plain::for_url(url).map(|p| Arc::new(tokio::sync::Mutex::new(p))),
+            ..Conn::direct(inner)
         }
     }
 
@@ -104,6 +119,7 @@ impl Conn {
             batcher: Some(tx),
             tally,
             mode,
+            plain: None,
         }
     }
 
@@ -196,16 +212,19 @@ impl ConnectionLike for Conn {
             // tallied script), its counts kept here.
             let (mut inner, tally, mode) =
                 (self.inner.clone(), self.tally.clone(), self.mode.clone());
+            let plain = self.plain.clone();
             return Box::pin(async move {
-                let v = mode
-                    .call(&mut inner, op, |out| {
-                        for a in cmd.args_iter().skip(2) {
-                            if let Arg::Simple(b) = a {
-                                out.arg(b);
-                            }
+                let fill = |out: &mut Cmd| {
+                    for a in cmd.args_iter().skip(2) {
+                        if let Arg::Simple(b) = a {
+                            out.arg(b);
                         }
-                    })
-                    .await?;
+                    }
+                };
+                let v = match plain {
+                    Some(plain) => mode.call(&mut *plain.lock().await, op, fill).await?,
+                    None => mode.call(&mut inner, op, fill).await?,
+                };
                 tally.split_reply(v)
             });
         }

@@ -20,7 +20,6 @@
 
 use super::scripts::scripts;
 use crate::conn::is_refusal;
-use crate::conn::Manager;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use std::collections::HashMap;
@@ -61,9 +60,9 @@ impl Mode {
     /// Calls job-path script `op` ("reserve", "acquire", "finish", "finish_reserve" or
     /// "batch"); `fill` writes what follows the function's name or the script's SHA1 (the
     /// number of keys, the keys, the arguments). A refusal comes back as an error.
-    pub(crate) async fn call(
+    pub(crate) async fn call<C: ConnectionLike + Send>(
         &self,
-        conn: &mut Manager,
+        conn: &mut C,
         op: &str,
         fill: impl Fn(&mut Cmd),
     ) -> RedisResult<Value> {
@@ -100,7 +99,7 @@ impl Mode {
     /// `FUNCTION LOAD` of the library: FCALL from now on when it loads (or was loaded by
     /// another process), EVALSHA for good when Redis refuses FUNCTION; an outage is returned
     /// (the caller retries the call as any other).
-    async fn load(&self, conn: &mut Manager) -> RedisResult<()> {
+    async fn load<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
         let lib = &scripts().library;
         // Recorded before it is loaded: another build's clean-up never finds it loaded and
         // unrecorded. Best effort: a Redis that refuses the write gets no clean-up.
@@ -150,14 +149,19 @@ impl Mode {
 }
 
 /// Redis's clock, in Unix seconds.
-async fn redis_secs(conn: &mut Manager) -> RedisResult<i64> {
+async fn redis_secs<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
     let (secs, _micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(secs)
 }
 
 /// Deletes the other builds' libraries (`locketd_*`, not `ours`) whose last load is older
 /// than [`STALE_SECS`], and their records; records one that has none (now).
-async fn clean_up(conn: &mut Manager, records: &str, ours: &str, now: i64) -> RedisResult<()> {
+async fn clean_up<C: ConnectionLike + Send>(
+    conn: &mut C,
+    records: &str,
+    ours: &str,
+    now: i64,
+) -> RedisResult<()> {
     let listed = send(
         conn,
         redis::cmd("FUNCTION")
@@ -221,7 +225,7 @@ fn library_names(listed: &Value) -> Vec<String> {
 }
 
 /// One command; a refusal in the reply becomes an error.
-async fn send(conn: &mut Manager, cmd: &Cmd) -> RedisResult<Value> {
+async fn send<C: ConnectionLike + Send>(conn: &mut C, cmd: &Cmd) -> RedisResult<Value> {
     conn.req_packed_command(cmd)
         .await
         .and_then(Value::extract_error)

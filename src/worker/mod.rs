@@ -261,7 +261,7 @@ impl Worker {
         let conn = if multi {
             Conn::batched(conn)
         } else {
-            Conn::direct(conn)
+            Conn::with_plain(conn, &config.redis)
         };
         conn.record_libraries_in(keys.locket("functions"));
         let mut worker = Worker {

@@ -173,3 +173,55 @@ fn a_redis_password_on_the_command_line_is_scrubbed_before_connecting() {
     assert!(!daemon.log().contains("pw-on-argv"), "{}", daemon.log());
     daemon.kill();
 }
+
+/// A one-slot worker sends its job-path scripts on a connection of their own (src/conn/plain.rs):
+/// it authenticates as the URL's ACL user, works in the URL's database, and comes back after
+/// Redis drops every connection of the daemon.
+#[test]
+fn the_job_paths_own_connection_uses_the_urls_user_and_database_and_reconnects() {
+    let redis = RedisServer::start();
+    let mut admin = redis.sync_conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "jobs", "on", ">pw3", "~*", "&*", "+@all"])
+        .query(&mut admin)
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "off"])
+        .query(&mut admin)
+        .unwrap();
+    let mut db3 = redis::Client::open(format!("redis://jobs:pw3@127.0.0.1:{}/3", redis.port()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    push_job(&mut db3);
+    let url = format!("redis://jobs:pw3@127.0.0.1:{}/3", redis.port());
+    let mut daemon = Daemon::builder(&redis)
+        .config(&CONFIG.replace("interval = 0", "interval = 1"))
+        .redis_url(&url)
+        .start();
+    let ran = |conn: &mut redis::Connection, n: &str| {
+        crate::support::wait_until(Duration::from_secs(20), "the job ran", || {
+            processed(conn).as_deref() == Some(n)
+        })
+    };
+    ran(&mut db3, "1");
+    // Database 3, not 0 (where the test's admin connection is).
+    assert_eq!(processed(&mut admin), None, "{}", daemon.log());
+    // Every connection but the killer's: the daemon's job path must connect again.
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query(&mut admin)
+        .unwrap();
+    let mut db3 = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    push_job(&mut db3);
+    ran(&mut db3, "2");
+    let failed: i64 = redis::cmd("LLEN")
+        .arg("resque:failed")
+        .query(&mut db3)
+        .unwrap();
+    assert_eq!(failed, 0, "{}", daemon.log());
+    daemon.terminate(Duration::from_secs(20));
+}

@@ -1,0 +1,361 @@
+//! A connection for one caller that sends one command and reads its reply before the next:
+//! the job path's scripts of a one-slot worker (src/store/batch.rs). A worker's job path is
+//! strictly sequential, so the multiplexed connection's machinery (a driver task, a channel
+//! and a oneshot per call, the generic reply parser) is pure cost there: this type writes the
+//! command from a reused buffer and reads the RESP2 reply into a [`Value`] itself, a fifth of
+//! the worker's instructions per job (docs/performance.md).
+//!
+//! It serves plain TCP URLs only ([`Plain::for_url`]: not TLS, not a Unix socket, not a
+//! sentinel's URL, whose calls stay on the [`super::Manager`]). It connects on first use and
+//! after any failure, with the password and database of the URL. A call that fails, times out
+//! or is dropped half-way leaves the connection to be replaced at the next call, so that no
+//! reply is ever read as another command's; the failed call's error is an I/O error or a
+//! timeout, which [`super::classify`] calls an outage, as the manager's are.
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
+use std::io;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The manager's bounds (src/conn/mod.rs, `connect_from`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where and how to connect: the URL's host, port, credentials and database.
+#[derive(Clone, Debug)]
+struct Target {
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+/// One request at a time over its own TCP connection (see the module's text).
+pub struct Plain {
+    target: Target,
+    stream: Option<TcpStream>,
+    /// Set while a call is on the wire: a call dropped half-way leaves it set, and the next
+    /// call then starts on a new connection.
+    busy: bool,
+    out: Vec<u8>,
+    /// Bytes read and not yet parsed start at `read_from`.
+    input: Vec<u8>,
+    read_from: usize,
+}
+
+impl std::fmt::Debug for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plain")
+            .field("host", &self.target.host)
+            .field("port", &self.target.port)
+            .field("connected", &self.stream.is_some())
+            .finish()
+    }
+}
+
+impl Plain {
+    /// A connection for `url` if it is a plain `redis://` TCP URL (not TLS, a Unix socket or
+    /// sentinels), else None. It does not connect yet.
+    pub fn for_url(url: &str) -> Option<Plain> {
+        if super::is_sentinel(url) {
+            return None;
+        }
+        let info = super::client(url).ok()?.get_connection_info().clone();
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let settings = info.redis_settings();
+        Some(Plain {
+            target: Target {
+                host: host.clone(),
+                port: *port,
+                username: settings.username().map(str::to_string),
+                password: settings.password().map(str::to_string),
+                db: settings.db(),
+            },
+            stream: None,
+            busy: false,
+            out: Vec::with_capacity(4096),
+            input: Vec::with_capacity(16 * 1024),
+            read_from: 0,
+        })
+    }
+
+    /// Sends `cmd` and reads its reply (a server's error reply comes back as a
+    /// [`Value::ServerError`], as from the manager).
+    pub async fn call(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.busy {
+            self.drop_stream();
+        }
+        self.busy = true;
+        let reply = match tokio::time::timeout(RESPONSE_TIMEOUT, self.round_trip(cmd)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "no reply from Redis in 30 s").into())
+            }
+        };
+        match &reply {
+            Ok(_) => self.busy = false,
+            Err(_) => self.drop_stream(),
+        }
+        reply
+    }
+
+    fn drop_stream(&mut self) {
+        self.stream = None;
+        self.input.clear();
+        self.read_from = 0;
+        self.busy = false;
+    }
+
+    async fn round_trip(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.stream.is_none() {
+            self.connect().await?;
+        }
+        self.out.clear();
+        cmd.write_packed_command(&mut self.out);
+        let stream = self.stream.as_mut().expect("connected above");
+        stream.write_all(&self.out).await?;
+        self.read_reply().await
+    }
+
+    async fn connect(&mut self) -> RedisResult<()> {
+        let t = &self.target;
+        let connecting = TcpStream::connect((t.host.as_str(), t.port));
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "connecting to Redis timed out")
+            })??;
+        stream.set_nodelay(true)?;
+        self.stream = Some(stream);
+        self.input.clear();
+        self.read_from = 0;
+        let mut setup = Vec::new();
+        if let Some(password) = self.target.password.clone() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.target.username {
+                auth.arg(user);
+            }
+            setup.push(auth.arg(password).clone());
+        }
+        if self.target.db != 0 {
+            setup.push(redis::cmd("SELECT").arg(self.target.db).clone());
+        }
+        for cmd in setup {
+            self.out.clear();
+            cmd.write_packed_command(&mut self.out);
+            let stream = self.stream.as_mut().expect("connected above");
+            stream.write_all(&self.out).await?;
+            self.read_reply().await?.extract_error()?;
+        }
+        Ok(())
+    }
+
+    async fn read_reply(&mut self) -> RedisResult<Value> {
+        loop {
+            if let Some((value, end)) = parse(&self.input, self.read_from)? {
+                if end == self.input.len() {
+                    self.input.clear();
+                    self.read_from = 0;
+                } else {
+                    self.read_from = end;
+                }
+                return Ok(value);
+            }
+            if self.input.capacity() - self.input.len() < 4096 {
+                self.input.reserve(16 * 1024);
+            }
+            let stream = self.stream.as_mut().expect("connected before reading");
+            if stream.read_buf(&mut self.input).await? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "Redis closed the connection",
+                )
+                .into());
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Plain {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.call(cmd))
+    }
+
+    /// Never used on this connection (the job path sends single commands); refused.
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async {
+            Err(RedisError::from((
+                ErrorKind::Client,
+                "a plain connection sends no pipelines",
+            )))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.target.db
+    }
+}
+
+fn bad(what: &'static str) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        "unreadable reply from Redis",
+        what.to_string(),
+    ))
+}
+
+/// The line that starts at `at` (without its CRLF) and where the next one starts, or None
+/// while its end has not arrived.
+fn line(b: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let mut i = at;
+    loop {
+        let cr = i + b.get(i..)?.iter().position(|&c| c == b'\r')?;
+        match b.get(cr + 1) {
+            Some(b'\n') => return Some((&b[at..cr], cr + 2)),
+            Some(_) => i = cr + 1,
+            None => return None,
+        }
+    }
+}
+
+fn integer(s: &[u8]) -> RedisResult<i64> {
+    std::str::from_utf8(s)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("a length or an integer that is not a number"))
+}
+
+/// The RESP2 value that starts at `b[at..]` and where it ends, or None while it has not all
+/// arrived.
+fn parse(b: &[u8], at: usize) -> RedisResult<Option<(Value, usize)>> {
+    let Some((head, next)) = line(b, at) else {
+        return Ok(None);
+    };
+    let Some((&kind, rest)) = head.split_first() else {
+        return Err(bad("an empty line"));
+    };
+    let value = match kind {
+        b'$' => {
+            let Ok(n) = usize::try_from(integer(rest)?) else {
+                return Ok(Some((Value::Nil, next)));
+            };
+            let end = next + n;
+            if b.len() < end + 2 {
+                return Ok(None);
+            }
+            if &b[end..end + 2] != b"\r\n" {
+                return Err(bad("a bulk string without its CRLF"));
+            }
+            return Ok(Some((Value::BulkString(b[next..end].to_vec()), end + 2)));
+        }
+        b':' => Value::Int(integer(rest)?),
+        b'+' => Value::SimpleString(String::from_utf8_lossy(rest).into_owned()),
+        // The crate's own parser makes the error value (its code and kind) from the line.
+        b'-' => redis::parse_redis_value(&b[at..next])?,
+        b'*' => {
+            let Ok(n) = usize::try_from(integer(rest)?) else {
+                return Ok(Some((Value::Nil, next)));
+            };
+            let mut items = Vec::with_capacity(n.min(1024));
+            let mut pos = next;
+            for _ in 0..n {
+                let Some((item, end)) = parse(b, pos)? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                pos = end;
+            }
+            return Ok(Some((Value::Array(items), pos)));
+        }
+        _ => return Err(bad("a reply of an unknown type")),
+    };
+    Ok(Some((value, next)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(b: &[u8]) -> Value {
+        let (v, end) = parse(b, 0).unwrap().expect("complete");
+        assert_eq!(end, b.len());
+        v
+    }
+
+    #[test]
+    fn parses_every_resp2_reply_the_job_path_gets() {
+        let b = b"*5\r\n$2\r\nok\r\n:-12\r\n$-1\r\n*2\r\n+OK\r\n$0\r\n\r\n*0\r\n";
+        assert_eq!(
+            whole(b),
+            Value::Array(vec![
+                Value::BulkString(b"ok".to_vec()),
+                Value::Int(-12),
+                Value::Nil,
+                Value::Array(vec![
+                    Value::SimpleString("OK".into()),
+                    Value::BulkString(Vec::new()),
+                ]),
+                Value::Array(Vec::new()),
+            ])
+        );
+        // A bulk string may hold CR, LF and CRLF: its length, not a line end, bounds it.
+        assert_eq!(
+            whole(b"$6\r\na\r\nb\rc\r\n"),
+            Value::BulkString(b"a\r\nb\rc".to_vec())
+        );
+        assert_eq!(whole(b"*-1\r\n"), Value::Nil);
+    }
+
+    #[test]
+    fn an_error_reply_keeps_its_code() {
+        let v = whole(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+        let e = v.extract_error().unwrap_err();
+        assert_eq!(e.code(), Some("WRONGTYPE"));
+        let v = whole(b"-READONLY You can't write against a read only replica.\r\n");
+        assert_eq!(
+            super::super::classify(&v.extract_error().unwrap_err()),
+            super::super::Failure::Outage
+        );
+    }
+
+    #[test]
+    fn a_reply_cut_anywhere_is_incomplete_not_wrong() {
+        let b: &[u8] = b"*3\r\n$5\r\nhello\r\n:7\r\n*1\r\n$2\r\nhi\r\n";
+        for cut in 0..b.len() {
+            assert!(parse(&b[..cut], 0).unwrap().is_none(), "cut at {cut}");
+        }
+        assert!(parse(b, 0).unwrap().is_some());
+        // Two replies in one read: the first ends where the second starts.
+        let two = b"+OK\r\n:1\r\n";
+        let (first, end) = parse(two, 0).unwrap().unwrap();
+        assert_eq!(first, Value::SimpleString("OK".into()));
+        assert_eq!(parse(two, end).unwrap().unwrap().0, Value::Int(1));
+    }
+
+    #[test]
+    fn garbage_is_a_parse_error() {
+        assert!(parse(b"?what\r\n", 0).is_err());
+        assert!(parse(b"$3\r\nabcXY", 0).is_err());
+        assert!(parse(b":12x\r\n", 0).is_err());
+    }
+
+    #[test]
+    fn only_plain_tcp_urls_get_one() {
+        let p = Plain::for_url("redis://:secret@127.0.0.1:6390/3").expect("a TCP URL");
+        assert_eq!((p.target.port, p.target.db), (6390, 3));
+        assert_eq!(p.target.password.as_deref(), Some("secret"));
+        assert!(Plain::for_url("rediss://127.0.0.1:6390/0").is_none());
+        assert!(Plain::for_url("redis+unix:///tmp/redis.sock").is_none());
+        assert!(Plain::for_url("redis+sentinel://127.0.0.1:26379/mymaster/0").is_none());
+    }
+}
