@@ -225,3 +225,25 @@ fn the_job_paths_own_connection_uses_the_urls_user_and_database_and_reconnects()
     assert_eq!(failed, 0, "{}", daemon.log());
     daemon.terminate(Duration::from_secs(20));
 }
+
+/// A call of the job path's own connection that is dropped before its reply came (a timeout
+/// around it, a select that took another branch) must not leave that reply to be read as the
+/// next call's: the next call starts on a new connection.
+#[tokio::test]
+async fn a_plain_call_dropped_half_way_never_hands_its_reply_to_the_next_call() {
+    let redis = RedisServer::start();
+    let mut plain = locketd::conn::Plain::for_url(&redis.url()).expect("a TCP URL");
+    let pong = plain.call(&redis::cmd("PING")).await.unwrap();
+    assert_eq!(pong, redis::Value::SimpleString("PONG".into()));
+    // BLPOP on an empty list answers nil after 1 s; give up on it after 100 ms.
+    let mut blpop = redis::cmd("BLPOP");
+    blpop.arg("nothing-here").arg(1);
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), plain.call(&blpop)).await;
+    assert!(gave_up.is_err(), "BLPOP answered early: {gave_up:?}");
+    // Wait past the BLPOP's answer: on the old connection it is now waiting to be read.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let mut echo = redis::cmd("ECHO");
+    echo.arg("mine");
+    let reply = plain.call(&echo).await.unwrap();
+    assert_eq!(reply, redis::Value::BulkString(b"mine".to_vec()));
+}
