@@ -225,7 +225,8 @@ fn init_logging(cfg: &Config) -> FlushLogs {
             out: writer.writer(),
             escape: !json,
         })
-        .log_internal_errors(false);
+        .log_internal_errors(false)
+        .with_timer(locketd::logsink::LogClock);
     match cfg.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
