@@ -249,8 +249,10 @@ fn parse(b: &[u8], at: usize) -> RedisResult<Option<(Value, usize)>> {
             let Ok(n) = usize::try_from(integer(rest)?) else {
                 return Ok(Some((Value::Nil, next)));
             };
-            let end = next + n;
-            if b.len() < end + 2 {
+            let end = next
+                .checked_add(n)
+                .ok_or_else(|| bad("a bulk string longer than memory"))?;
+            if b.len() < end.saturating_add(2) {
                 return Ok(None);
             }
             if &b[end..end + 2] != b"\r\n" {
