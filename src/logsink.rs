@@ -196,27 +196,10 @@ const YEAR_10000: u64 = 253_402_300_800;
 
 /// `YYYY-MM-DDTHH:MM:SS.uuuuuuZ` of `secs` (before year 10000) and `micros`.
 fn write_stamp(secs: u64, micros: u32, w: &mut impl std::fmt::Write) -> std::fmt::Result {
-    thread_local! {
-        static SECOND: std::cell::RefCell<(u64, String)> =
-            const { std::cell::RefCell::new((u64::MAX, String::new())) };
-    }
-    SECOND.with_borrow_mut(|(at, text)| {
-        if *at != secs {
-            let c = crate::resque::time::civil_from_epoch(secs as i64);
-            text.clear();
-            use std::fmt::Write as _;
-            write!(
-                text,
-                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.",
-                c.year, c.month, c.day, c.hour, c.minute, c.second
-            )?;
-            *at = secs;
-        }
-        w.write_str(text)
-    })?;
-    let mut digits = *b"000000Z";
+    crate::resque::time::with_iso_second(secs as i64, |text| w.write_str(text))?;
+    let mut digits = *b".000000Z";
     let mut m = micros.min(999_999);
-    for d in digits[..6].iter_mut().rev() {
+    for d in digits[1..7].iter_mut().rev() {
         *d = b'0' + (m % 10) as u8;
         m /= 10;
     }

@@ -23,8 +23,8 @@ use tokio::net::TcpStream;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Where and how to connect: the URL's host, port, credentials and database.
-#[derive(Clone, Debug)]
+/// Where and how to connect: the URL's host, port, credentials and database (no `Debug`:
+/// it holds the password).
 struct Target {
     host: String,
     port: u16,
@@ -115,9 +115,14 @@ impl Plain {
         if self.stream.is_none() {
             self.connect().await?;
         }
+        self.send(cmd).await
+    }
+
+    /// Writes `cmd` on the open connection and reads its reply.
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         self.out.clear();
         cmd.write_packed_command(&mut self.out);
-        let stream = self.stream.as_mut().expect("connected above");
+        let stream = self.stream.as_mut().expect("connected before sending");
         stream.write_all(&self.out).await?;
         self.read_reply().await
     }
@@ -146,11 +151,7 @@ impl Plain {
             setup.push(redis::cmd("SELECT").arg(self.target.db).clone());
         }
         for cmd in setup {
-            self.out.clear();
-            cmd.write_packed_command(&mut self.out);
-            let stream = self.stream.as_mut().expect("connected above");
-            stream.write_all(&self.out).await?;
-            self.read_reply().await?.extract_error()?;
+            self.send(&cmd).await?.extract_error()?;
         }
         Ok(())
     }

@@ -114,20 +114,26 @@ pub fn failed_at(t: SystemTime) -> String {
     stamp(epoch_secs(t), '/', ' ', " UTC")
 }
 
-/// `run_at` inside `worker:<id>`: `2026-11-21T12:18:29Z`. Written for every job, so the text
-/// of the last second asked for is kept (per thread) and handed out again within it.
+/// `run_at` inside `worker:<id>`: `2026-11-21T12:18:29Z`.
 pub fn run_at(t: SystemTime) -> String {
+    with_iso_second(epoch_secs(t), |text| {
+        let mut out = String::with_capacity(text.len() + 1);
+        out.push_str(text);
+        out.push('Z');
+        out
+    })
+}
+
+/// Hands `f` the UTC `2026-11-21T12:18:29` of `secs`. [`run_at`] and the log's timestamps
+/// (src/logsink.rs) ask for it on every job, so the text of the last second asked for is kept
+/// per thread and handed out again within that second.
+pub fn with_iso_second<R>(secs: i64, f: impl FnOnce(&str) -> R) -> R {
     thread_local! {
         static LAST: std::cell::RefCell<Option<(i64, String)>> = const { std::cell::RefCell::new(None) };
     }
-    let secs = epoch_secs(t);
     LAST.with_borrow_mut(|last| match last {
-        Some((s, text)) if *s == secs => text.clone(),
-        _ => {
-            let text = stamp(secs, '-', 'T', "Z");
-            *last = Some((secs, text.clone()));
-            text
-        }
+        Some((s, text)) if *s == secs => f(text),
+        _ => f(&last.insert((secs, stamp(secs, '-', 'T', ""))).1),
     })
 }
 
