@@ -4,6 +4,8 @@
 //!   its own temporary directory, killed on drop.
 //! * [`Daemon`]: the real `locketd` binary in its own process group; the
 //!   whole group is killed on drop.
+//! * [`ReplyProxy`]: a proxy between the daemon and a `redis-server` that tampers with the
+//!   reply to a matching command.
 //! * [`wait_until`] / [`wait_until_async`]: bounded polling.
 //! * [`write_script`]: executable shell scripts for command handlers.
 //! * [`node_resque_dir`] / [`run_node`] / [`run_node_json`]: node-resque
@@ -14,11 +16,13 @@ mod daemon;
 mod node;
 pub mod panic_echo;
 mod redis_server;
+mod reply_proxy;
 mod sentinel;
 
 pub use daemon::{Daemon, DaemonBuilder};
 pub use node::{node_dir, node_resque_dir, run_node, run_node_json};
 pub use redis_server::RedisServer;
+pub use reply_proxy::{is_fcall_of, ReplyProxy, Tamper};
 pub use sentinel::{SentinelSetup, SERVICE as SENTINEL_SERVICE};
 
 use std::fs;
