@@ -357,9 +357,15 @@ pub enum Failure {
     Outage,
     /// A reply that sending the same call again cannot change: a key of another type
     /// (`WRONGTYPE`, or a script's own `LOCKET_STORE` check), `ERR` and Lua errors, an ACL that
-    /// denies the call (`NOPERM`), a reply of an unexpected shape. Reported once, never resent
-    /// in a loop.
+    /// denies the call (`NOPERM`). Reported once, never resent in a loop.
     Refusal,
+    /// Redis may have run the call, but its reply could not be read: not RESP, a type the
+    /// caller does not expect (a RESP3 reply, a script's reply of another shape), bytes no
+    /// call asked for, a reply nested too deep. The connection it came on is dropped (plain.rs;
+    /// the redis crate drops its own on a parse error). Nothing says the call wrote nothing, so
+    /// it is handled as a call whose connection dropped before its reply came: sent again
+    /// where an outage's call is, marked as a resend where the step has such a mark.
+    Unknown,
 }
 
 /// Classifies `e` by the redis crate's error kind, and for the server's error codes the crate
@@ -395,7 +401,10 @@ pub fn classify(e: &redis::RedisError) -> Failure {
             }
             _ => Failure::Refusal,
         },
-        K::UnexpectedReturnType | K::Parse | K::RESP3NotSupported => Failure::Refusal,
+        // Redis sent a reply this client cannot read: the call may have run (issue 37).
+        K::UnexpectedReturnType | K::Parse => Failure::Unknown,
+        // Refused by this client before anything was sent.
+        K::RESP3NotSupported => Failure::Refusal,
         // The connection and its setup (I/O, authentication after a restart, a sentinel or a
         // cluster node not found): Redis away, not this call refused.
         _ => Failure::Outage,
@@ -474,7 +483,38 @@ mod tests {
         ] {
             assert_eq!(classify(&reply(line)), Failure::Refusal, "{line}");
         }
+    }
+
+    // Issue 37 finding 3: a reply that cannot be read says nothing about what the call did.
+    // It is neither a refusal (which would assume nothing was written) nor retried blind: it
+    // takes the path of a call whose connection dropped.
+    #[test]
+    fn an_unreadable_reply_leaves_the_outcome_unknown() {
         let shape = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "shape"));
-        assert!(is_refusal(&shape));
+        assert_eq!(classify(&shape), Failure::Unknown);
+        assert!(!is_refusal(&shape));
+        let garbage = redis::parse_redis_value(b"?garbage\r\n").unwrap_err();
+        assert_eq!(classify(&garbage), Failure::Unknown);
+        // A RESP3 reply the caller cannot convert (the crate's conversion errors are Parse).
+        let map = redis::parse_redis_value(b"%1\r\n+a\r\n:1\r\n").unwrap();
+        let e = redis::RedisError::from(redis::from_redis_value::<Vec<String>>(map).unwrap_err());
+        assert_eq!(classify(&e), Failure::Unknown, "{e:?}");
+    }
+
+    // Issue 37 finding 5: the manager's parser (the redis crate's) has a depth bound of its
+    // own; a reply nested a million deep is a parse error there too, not a stack overflow.
+    #[test]
+    fn the_redis_crates_parser_bounds_the_nesting_too() {
+        let mut deep = b"*1\r\n".repeat(1_000_000);
+        deep.extend_from_slice(b":1\r\n");
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let e = redis::parse_redis_value(&deep).unwrap_err();
+                assert_eq!(classify(&e), Failure::Unknown);
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
     }
 }

@@ -11,6 +11,12 @@
 //! or is dropped half-way leaves the connection to be replaced at the next call, so that no
 //! reply is ever read as another command's; the failed call's error is an I/O error or a
 //! timeout, which [`super::classify`] calls an outage, as the manager's are.
+//!
+//! Only one call is ever on the wire, so a byte that no call asked for (a second reply, bytes
+//! after a reply, bytes that arrive while no call waits) is a protocol error: the connection
+//! is dropped. So is a reply that cannot be read (not RESP2, nested deeper than
+//! [`MAX_DEPTH`]). The call then fails with a parse error, which [`super::classify`] calls
+//! [`super::Failure::Unknown`]: Redis may have run it.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ConnectionAddr, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
@@ -18,6 +24,11 @@ use std::io;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// How deep a reply's arrays may nest: the job path's replies nest a few deep; the redis
+/// crate's own parser (the manager's) stops at 100 as well. Deeper is a parse error, not a
+/// recursion that overflows the worker's stack.
+const MAX_DEPTH: usize = 100;
 
 /// The manager's bounds (src/conn/mod.rs, `connect_from`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,9 +52,8 @@ pub struct Plain {
     /// call then starts on a new connection.
     busy: bool,
     out: Vec<u8>,
-    /// Bytes read and not yet parsed start at `read_from`.
+    /// Bytes of the reply read so far.
     input: Vec<u8>,
-    read_from: usize,
 }
 
 impl std::fmt::Debug for Plain {
@@ -80,7 +90,6 @@ impl Plain {
             busy: false,
             out: Vec::with_capacity(4096),
             input: Vec::with_capacity(16 * 1024),
-            read_from: 0,
         })
     }
 
@@ -107,15 +116,44 @@ impl Plain {
     fn drop_stream(&mut self) {
         self.stream = None;
         self.input.clear();
-        self.read_from = 0;
         self.busy = false;
     }
 
     async fn round_trip(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.stream.is_some() && self.unrequested() {
+            self.drop_stream();
+            self.busy = true;
+        }
         if self.stream.is_none() {
             self.connect().await?;
         }
         self.send(cmd).await
+    }
+
+    /// Whether the idle connection has bytes no call asked for, or was closed by the server:
+    /// then it is replaced before the next call goes out (that call has not been sent, so its
+    /// outcome is not in doubt). Only what the runtime has seen arrive is looked at (no
+    /// system call while nothing has).
+    fn unrequested(&self) -> bool {
+        let Some(stream) = self.stream.as_ref() else {
+            return false;
+        };
+        let mut byte = [0u8; 1];
+        match stream.try_read(&mut byte) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            Ok(0) => {
+                tracing::debug!(target: super::LOG_TARGET, "the job path's connection was closed by Redis while idle; reconnecting");
+                true
+            }
+            Ok(_) => {
+                tracing::warn!(target: super::LOG_TARGET, "Redis sent bytes no call asked for on the job path's connection; reconnecting");
+                true
+            }
+            Err(e) => {
+                tracing::debug!(target: super::LOG_TARGET, error = %e, "the job path's connection failed while idle; reconnecting");
+                true
+            }
+        }
     }
 
     /// Writes `cmd` on the open connection and reads its reply.
@@ -138,7 +176,6 @@ impl Plain {
         stream.set_nodelay(true)?;
         self.stream = Some(stream);
         self.input.clear();
-        self.read_from = 0;
         let mut setup = Vec::new();
         if let Some(password) = self.target.password.clone() {
             let mut auth = redis::cmd("AUTH");
@@ -158,13 +195,13 @@ impl Plain {
 
     async fn read_reply(&mut self) -> RedisResult<Value> {
         loop {
-            if let Some((value, end)) = parse(&self.input, self.read_from)? {
-                if end == self.input.len() {
-                    self.input.clear();
-                    self.read_from = 0;
-                } else {
-                    self.read_from = end;
+            if let Some((value, end)) = parse(&self.input, 0, 0)? {
+                if end != self.input.len() {
+                    // One call on the wire, one reply: more is not ours to read, and reading
+                    // it as the next call's reply would put every call one reply behind.
+                    return Err(bad("bytes after the reply that no call asked for"));
                 }
+                self.input.clear();
                 return Ok(value);
             }
             if self.input.capacity() - self.input.len() < 4096 {
@@ -237,8 +274,8 @@ fn integer(s: &[u8]) -> RedisResult<i64> {
 }
 
 /// The RESP2 value that starts at `b[at..]` and where it ends, or None while it has not all
-/// arrived.
-fn parse(b: &[u8], at: usize) -> RedisResult<Option<(Value, usize)>> {
+/// arrived. `depth`: how many arrays it is inside (at most [`MAX_DEPTH`]).
+fn parse(b: &[u8], at: usize, depth: usize) -> RedisResult<Option<(Value, usize)>> {
     let Some((head, next)) = line(b, at) else {
         return Ok(None);
     };
@@ -269,10 +306,13 @@ fn parse(b: &[u8], at: usize) -> RedisResult<Option<(Value, usize)>> {
             let Ok(n) = usize::try_from(integer(rest)?) else {
                 return Ok(Some((Value::Nil, next)));
             };
+            if n > 0 && depth >= MAX_DEPTH {
+                return Err(bad("arrays nested deeper than any reply of the job path"));
+            }
             let mut items = Vec::with_capacity(n.min(1024));
             let mut pos = next;
             for _ in 0..n {
-                let Some((item, end)) = parse(b, pos)? else {
+                let Some((item, end)) = parse(b, pos, depth + 1)? else {
                     return Ok(None);
                 };
                 items.push(item);
@@ -290,7 +330,7 @@ mod tests {
     use super::*;
 
     fn whole(b: &[u8]) -> Value {
-        let (v, end) = parse(b, 0).unwrap().expect("complete");
+        let (v, end) = parse(b, 0, 0).unwrap().expect("complete");
         assert_eq!(end, b.len());
         v
     }
@@ -335,21 +375,77 @@ mod tests {
     fn a_reply_cut_anywhere_is_incomplete_not_wrong() {
         let b: &[u8] = b"*3\r\n$5\r\nhello\r\n:7\r\n*1\r\n$2\r\nhi\r\n";
         for cut in 0..b.len() {
-            assert!(parse(&b[..cut], 0).unwrap().is_none(), "cut at {cut}");
+            assert!(parse(&b[..cut], 0, 0).unwrap().is_none(), "cut at {cut}");
         }
-        assert!(parse(b, 0).unwrap().is_some());
+        assert!(parse(b, 0, 0).unwrap().is_some());
         // Two replies in one read: the first ends where the second starts.
         let two = b"+OK\r\n:1\r\n";
-        let (first, end) = parse(two, 0).unwrap().unwrap();
+        let (first, end) = parse(two, 0, 0).unwrap().unwrap();
         assert_eq!(first, Value::SimpleString("OK".into()));
-        assert_eq!(parse(two, end).unwrap().unwrap().0, Value::Int(1));
+        assert_eq!(parse(two, end, 0).unwrap().unwrap().0, Value::Int(1));
     }
 
     #[test]
     fn garbage_is_a_parse_error() {
-        assert!(parse(b"?what\r\n", 0).is_err());
-        assert!(parse(b"$3\r\nabcXY", 0).is_err());
-        assert!(parse(b":12x\r\n", 0).is_err());
+        assert!(parse(b"?what\r\n", 0, 0).is_err());
+        assert!(parse(b"$3\r\nabcXY", 0, 0).is_err());
+        assert!(parse(b":12x\r\n", 0, 0).is_err());
+    }
+
+    // A reply nested deeper than any of the job path's is a parse error (the outcome of its
+    // call unknown), not a recursion that overflows the worker's stack and aborts it.
+    #[test]
+    fn a_deeply_nested_reply_is_a_parse_error_not_a_stack_overflow() {
+        let nested = |n: usize| {
+            let mut b = b"*1\r\n".repeat(n);
+            b.extend_from_slice(b":1\r\n");
+            b
+        };
+        let mut v = whole(&nested(MAX_DEPTH));
+        for _ in 0..MAX_DEPTH {
+            let Value::Array(mut items) = v else {
+                panic!("not an array: {v:?}")
+            };
+            v = items.pop().expect("one item");
+        }
+        assert_eq!(v, Value::Int(1));
+        let e = parse(&nested(MAX_DEPTH + 1), 0, 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Parse);
+        assert_eq!(super::super::classify(&e), super::super::Failure::Unknown);
+        // What a hostile peer sends: a million levels, whole or still arriving, on a thread
+        // whose stack is small.
+        let deep = nested(1_000_000);
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                assert!(parse(&deep, 0, 0).is_err());
+                assert!(parse(&deep[..deep.len() / 2], 0, 0).is_err());
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+    }
+
+    // A RESP3 reply (a proxy that speaks RESP3 to us) is unreadable here: a parse error, whose
+    // call's outcome is unknown.
+    #[test]
+    fn a_resp3_reply_is_unreadable() {
+        for b in [
+            &b"%1\r\n+a\r\n:1\r\n"[..],
+            b"_\r\n",
+            b"#t\r\n",
+            b",1.5\r\n",
+            b"~1\r\n:1\r\n",
+            b"*2\r\n:1\r\n_\r\n",
+        ] {
+            let e = parse(b, 0, 0).unwrap_err();
+            assert_eq!(
+                super::super::classify(&e),
+                super::super::Failure::Unknown,
+                "{}",
+                String::from_utf8_lossy(b)
+            );
+        }
     }
 
     #[test]

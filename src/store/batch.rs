@@ -316,14 +316,10 @@ async fn send(conn: &mut Manager, calls: Vec<Call>, tally: &Tally, mode: &Mode) 
             }
         }
         Err(e) => {
-            let kind = e.kind();
-            let detail = e.to_string();
+            // Each call gets the batch's error itself: its kind and its code (OOM, BUSY,
+            // NOAUTH, ... have no kind of their own) are what classify reads.
             for c in calls {
-                let _ = c.reply.send(Err(RedisError::from((
-                    kind,
-                    "batched script call failed",
-                    detail.clone(),
-                ))));
+                let _ = c.reply.send(Err(e.clone()));
             }
         }
     }

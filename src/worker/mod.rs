@@ -462,7 +462,11 @@ impl Worker {
         self.metrics.redis_error();
         if !self.redis_down {
             self.redis_down = true;
-            error!(error = %e, step = what, "redis unavailable; retrying with backoff");
+            if crate::conn::classify(e) == crate::conn::Failure::Unknown {
+                error!(error = %e, step = what, "unreadable reply from redis: the call may have run; retrying with backoff as after a dropped connection");
+            } else {
+                error!(error = %e, step = what, "redis unavailable; retrying with backoff");
+            }
         } else {
             debug!(error = %e, step = what, "redis still unavailable");
         }

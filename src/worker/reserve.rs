@@ -221,6 +221,11 @@ impl Worker {
                     None => Next::Again,
                 }
             }
+            // An outage, or a reply that could not be read (Failure::Unknown): the call may
+            // have landed, FINISH and RESERVE both. The FINISH is sent again marked as a
+            // resend (rid-checked, so it cannot end the slot's new reservation), and a
+            // reservation it made is found by the next RESERVE (Reserved::Busy) and returned
+            // to its queue.
             Err(e) => {
                 p.tried = true;
                 self.pending = Some(p);

@@ -50,7 +50,11 @@ where
             }
             Err(e) => {
                 if !logged {
-                    error!(target: LOG_TARGET, step = what, error = %e, "redis error; retrying with backoff");
+                    if crate::conn::classify(&e) == crate::conn::Failure::Unknown {
+                        error!(target: LOG_TARGET, step = what, error = %e, "unreadable reply from redis: the step may have run; sending it again as a resend, with backoff");
+                    } else {
+                        error!(target: LOG_TARGET, step = what, error = %e, "redis error; retrying with backoff");
+                    }
                     logged = true;
                 }
                 if Instant::now() + delay > deadline || control.kill.is_cancelled() {

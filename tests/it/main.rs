@@ -28,6 +28,7 @@ mod policies;
 mod rates;
 mod redis_url;
 mod refusals;
+mod replies;
 mod s6_sweep;
 mod scheduler;
 mod sentinel;

@@ -47,13 +47,12 @@ enum Tracking {
 }
 
 async fn track(url: &str, set: &str, pause: &str, tx: &mpsc::UnboundedSender<Ev>) -> Tracking {
-    // A server that refuses RESP3 or tracking, not one loading or failing over (E-3).
-    let classify = |e: redis::RedisError| {
-        if crate::conn::is_refusal(&e) {
-            Tracking::Refused(e)
-        } else {
-            Tracking::Lost(e)
-        }
+    // A server that refuses RESP3 or tracking, not one loading or failing over (E-3). One
+    // whose reply cannot be read is not trusted with pushes either: polling needs none, and
+    // cannot loop on a reply that stays unreadable.
+    let classify = |e: redis::RedisError| match crate::conn::classify(&e) {
+        crate::conn::Failure::Refusal | crate::conn::Failure::Unknown => Tracking::Refused(e),
+        crate::conn::Failure::Outage => Tracking::Lost(e),
     };
     let client = match crate::conn::primary_client(url, true).await {
         Ok(c) => c,
