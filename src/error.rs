@@ -23,8 +23,8 @@ pub enum Error {
     #[error("cannot enqueue: {0}")]
     Enqueue(String),
     /// Redis could not be reached at start within the allowed time, or refused us at once (a
-    /// wrong password or TLS setting, which retrying cannot fix).
-    #[error("redis at {url}{} {}", from_why(.from.as_deref()), unreachable_why(*.refused, *.secs))]
+    /// wrong or missing password or a TLS setting, which retrying cannot fix).
+    #[error("redis at {url}{} {}", from_why(.from.as_deref()), unreachable_why(*.refused, *.secs, .source))]
     Unreachable {
         /// The URL (password removed).
         url: String,
@@ -77,9 +77,15 @@ fn from_why(from: Option<&str>) -> String {
     from.map(|f| format!(" ({f})")).unwrap_or_default()
 }
 
-fn unreachable_why(refused: bool, secs: u64) -> String {
-    if refused {
-        "refused the connection (not retried: a wrong password or TLS setting stays wrong)"
+fn unreachable_why(refused: bool, secs: u64, source: &redis::RedisError) -> String {
+    if refused && source.code() == Some("NOAUTH") {
+        "refused the connection: it requires a password and none was given (put it in the \
+         URL, redis://:PASSWORD@host:port/db, or redis://USER:PASSWORD@... for an ACL user; \
+         not retried: a missing password stays missing)"
+            .to_string()
+    } else if refused {
+        "refused the connection (not retried: a wrong or missing password, an ACL that denies \
+         it, or a TLS setting stays wrong)"
             .to_string()
     } else {
         format!("did not answer within {secs}s")

@@ -283,12 +283,20 @@ fn nobody_there(e: &redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_io_error() || e.is_timeout()
 }
 
-/// A connection error that retrying cannot fix: a wrong password, a bad TLS setting.
+/// A connection error that retrying cannot fix: a wrong or missing password, an ACL that
+/// denies the first PING, a bad TLS setting.
 fn refused_at_once(e: &redis::RedisError) -> bool {
-    matches!(
-        e.kind(),
-        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
-    )
+    auth_refused(e)
+        || e.kind() == redis::ErrorKind::InvalidClientConfig
+        || e.code() == Some("NOPERM")
+}
+
+/// Redis did not accept this client's credentials: a wrong password (the redis crate's
+/// `AuthenticationFailed`, or `WRONGPASS`), or none given to a server that requires one
+/// (`NOAUTH`, on the first call of a connection that sent no AUTH).
+pub fn auth_refused(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
 }
 
 /// S-7: refuse a Redis that may evict keys, unless allowed. A server that forbids CONFIG is
@@ -395,18 +403,22 @@ pub fn classify(e: &redis::RedisError) -> Failure {
             }
         }
         K::Server(_) => Failure::Refusal,
+        // Credentials refused on a reconnect (a Redis restarted with another password, or
+        // with one where it had none), a wrong password and a missing one alike, on the
+        // manager and on the job path's own connection: an outage, waited out until an
+        // operator mends one side. At the start they end the daemon at once instead
+        // ([`connect_from`]).
+        _ if auth_refused(e) => Failure::Outage,
         K::Extension => match e.code() {
-            Some("OOM" | "BUSY" | "NOREPLICAS" | "MISCONF" | "UNBLOCKED" | "NOAUTH") => {
-                Failure::Outage
-            }
+            Some("OOM" | "BUSY" | "NOREPLICAS" | "MISCONF" | "UNBLOCKED") => Failure::Outage,
             _ => Failure::Refusal,
         },
         // Redis sent a reply this client cannot read: the call may have run (issue 37).
         K::UnexpectedReturnType | K::Parse => Failure::Unknown,
         // Refused by this client before anything was sent.
         K::RESP3NotSupported => Failure::Refusal,
-        // The connection and its setup (I/O, authentication after a restart, a sentinel or a
-        // cluster node not found): Redis away, not this call refused.
+        // The connection and its setup (I/O, a sentinel or a cluster node not found): Redis
+        // away, not this call refused.
         _ => Failure::Outage,
     }
 }
@@ -516,5 +528,32 @@ mod tests {
             .unwrap()
             .join()
             .expect("no stack overflow");
+    }
+
+    // Issue 37 finding 9: credentials refused are a configuration error at the start (exit 78,
+    // not 30 s of retries), a missing password as a wrong one; on a reconnect both are waited
+    // out as an outage, on either connection (plain.rs reports a refused AUTH as the crate
+    // does).
+    #[test]
+    fn a_missing_password_is_refused_as_a_wrong_one() {
+        for line in [
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOPERM this user has no permissions to run the 'ping' command",
+        ] {
+            assert!(refused_at_once(&reply(line)), "{line}");
+        }
+        let wrong = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "auth"));
+        assert!(refused_at_once(&wrong));
+        for e in [
+            wrong,
+            reply("NOAUTH Authentication required."),
+            reply("WRONGPASS invalid username-password pair or user is disabled."),
+        ] {
+            assert_eq!(classify(&e), Failure::Outage, "{e}");
+        }
+        assert!(!refused_at_once(&reply(
+            "LOADING Redis is loading the dataset in memory"
+        )));
     }
 }

@@ -188,7 +188,21 @@ impl Plain {
             setup.push(redis::cmd("SELECT").arg(self.target.db).clone());
         }
         for cmd in setup {
-            self.send(&cmd).await?.extract_error()?;
+            let auth = cmd.args_iter().next() == Some(redis::Arg::Simple(b"AUTH".as_slice()));
+            match self.send(&cmd).await?.extract_error() {
+                // As the redis crate reports a refused AUTH (the manager's): the same kind,
+                // so that both connections' calls are classified alike (classify).
+                Err(e) if auth => {
+                    return Err(RedisError::from((
+                        ErrorKind::AuthenticationFailed,
+                        "Password authentication failed",
+                        e.to_string(),
+                    )))
+                }
+                other => {
+                    other?;
+                }
+            }
         }
         Ok(())
     }

@@ -247,3 +247,35 @@ async fn a_plain_call_dropped_half_way_never_hands_its_reply_to_the_next_call() 
     let reply = plain.call(&echo).await.unwrap();
     assert_eq!(reply, redis::Value::BulkString(b"mine".to_vec()));
 }
+
+/// A Redis that requires a password, given none: a configuration error like a wrong password
+/// (exit 78 with the reason, not retried), not "Redis is down" (retried for
+/// `redis_connect_timeout`, then exit 69, which a service manager restarts in a loop). The
+/// same for `status`.
+#[test]
+fn a_missing_password_is_a_config_error_not_an_outage() {
+    let redis = RedisServer::start();
+    let _authenticated = redis.require_password("s3cret");
+    // Long enough that retrying it could not pass the bound below.
+    let config = format!("redis_connect_timeout = \"600s\"\n{CONFIG}");
+    let mut daemon = Daemon::builder(&redis).config(&config).start();
+    let status = daemon
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("still retrying a missing password:\n{}", daemon.log()));
+    let log = daemon.log();
+    assert_eq!(status.code(), Some(78), "{log}");
+    assert!(
+        log.contains("requires a password and none was given"),
+        "{log}"
+    );
+    assert!(log.contains("NOAUTH"), "{log}");
+    assert!(!log.contains("retrying"), "{log}");
+    let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .args(["--redis", &redis.url(), "--queues", "q", "status"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run locketd status");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("requires a password"), "{stderr}");
+}
