@@ -20,7 +20,7 @@ mod parked;
 mod pause;
 mod read;
 mod schedule;
-pub use cancel::{cancel_job, CancelArgs, Cancelled};
+pub use cancel::{await_cancel, cancel_job, CancelArgs, Cancelled, Outcome, Request};
 pub use limits::{clock as clock_ms, read_limits, LimitsArgs};
 pub use parked::{ParkedArgs, UnparkArgs};
 pub use pause::PauseArgs;
@@ -93,8 +93,9 @@ pub enum AdminCommand {
     Pause(PauseArgs),
     /// Resume paused queues: idle workers start their jobs at once.
     Resume(PauseArgs),
-    /// Stop a running job: its handler gets the polite stop, then the hard stop after
-    /// kill_grace; recorded as failed with Locket::Cancelled, or put back with --requeue.
+    /// Cancel a job: a running one's handler gets the polite stop, then the hard stop
+    /// after kill_grace; a reserved, waiting, parked or delayed one never starts. Recorded as
+    /// failed with Locket::Cancelled, or put back with --requeue; waits for the outcome.
     Cancel(CancelArgs),
 }
 
@@ -287,7 +288,7 @@ pub fn run(cmd: &AdminCommand, config: &Config) -> anyhow::Result<ExitCode> {
             AdminCommand::Limits(l) => a.limits(l, config).await,
             AdminCommand::Pause(p) => a.pause(p, true).await,
             AdminCommand::Resume(p) => a.pause(p, false).await,
-            AdminCommand::Cancel(c) => a.cancel(c).await,
+            AdminCommand::Cancel(c) => a.cancel(c, config).await,
         }
     })
 }

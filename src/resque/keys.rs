@@ -120,6 +120,11 @@ impl Keys {
     pub fn cancel(&self, process: &str) -> String {
         self.locket_with("cancel:", process)
     }
+    /// `<ns>:locket:cancel_start:<rid>`: an operator's cancel of reservation `rid` before it
+    /// starts, taken by its ACQUIRE (or RETURN) instead of starting it.
+    pub fn cancel_start(&self, rid: &str) -> String {
+        self.locket_with("cancel_start:", rid)
+    }
     /// `<ns>:locket:cap:<q>`: the queue's fleet-wide concurrency cap, as the daemons'
     /// configs set it.
     pub fn cap(&self, q: &str) -> String {

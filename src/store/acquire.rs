@@ -49,6 +49,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
 ) -> RedisResult<Acquired> {
     Ok(match acquire_with(conn, slot, req, None).await? {
         AcquireOutcome::Started { deadline_ms, .. } => Acquired::Started { deadline_ms },
+        AcquireOutcome::Cancelled(_) => Acquired::Cancelled,
         AcquireOutcome::Missing => Acquired::Missing,
         AcquireOutcome::Dead => Acquired::Dead,
         AcquireOutcome::Conflict { action, conflicts } => {
@@ -210,6 +211,9 @@ pub enum AcquireOutcome {
         /// Every conflicting resource.
         conflicts: Vec<Conflict>,
     },
+    /// An operator cancelled the reservation before it started: nothing started, the
+    /// job stays reserved for the worker to record. The request (JSON `{by, requeue}`).
+    Cancelled(String),
     /// The reservation is no longer this slot's.
     Missing,
     /// The slot's process lease is gone: nothing changed, the job stays reserved.
@@ -349,7 +353,7 @@ fn extras(slot: &SlotRef<'_>, req: &AcquireRequest<'_>, o: &AcquireOptions<'_>) 
 }
 
 /// ACQUIRE's reply: `ok` with the deadline and fences, `conflict` with where the job went and
-/// each conflicting resource, `missing`, or `dead`.
+/// each conflicting resource, `cancelled` with the operator's request, `missing`, or `dead`.
 fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
     match reply.first().map(text).as_deref() {
         Some("ok") if reply.len() >= 2 => Ok(AcquireOutcome::Started {
@@ -382,6 +386,7 @@ fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
                 .collect();
             Ok(AcquireOutcome::Conflict { action, conflicts })
         }
+        Some("cancelled") if reply.len() == 2 => Ok(AcquireOutcome::Cancelled(text(&reply[1]))),
         Some("missing") => Ok(AcquireOutcome::Missing),
         Some("dead") => Ok(AcquireOutcome::Dead),
         _ => unexpected("acquire", &Value::Array(reply)),

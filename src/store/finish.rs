@@ -5,7 +5,7 @@ use super::{Finish, SlotRef};
 use crate::locks::LockSpec;
 use crate::resque::failure::FailureBackend;
 use redis::aio::ConnectionLike;
-use redis::RedisResult;
+use redis::{RedisResult, Value};
 
 /// Inputs of FINISH.
 #[derive(Debug, Clone)]
@@ -142,14 +142,14 @@ pub(super) fn finish_parts(
 }
 
 /// Returns a reservation that never started to the head of its queue. False when the
-/// record was not this reservation's.
+/// record was not this reservation's, or an operator's cancel was taken instead ([`move_back`]).
 pub async fn return_to_queue<C: ConnectionLike + Send>(
     conn: &mut C,
     slot: &SlotRef<'_>,
     rid: &str,
     queue: &str,
 ) -> RedisResult<bool> {
-    move_back(conn, slot, rid, queue, None).await
+    Ok(move_back(conn, slot, rid, queue, None).await? == MovedBack::Moved)
 }
 
 /// DEFER (H-8): a reservation whose handler cannot take it yet goes to the tail of its queue
@@ -162,17 +162,29 @@ pub async fn defer_to_queue<C: ConnectionLike + Send>(
     queue: &str,
     counter_ttl: std::time::Duration,
 ) -> RedisResult<bool> {
-    move_back(conn, slot, rid, queue, Some(counter_ttl)).await
+    Ok(move_back(conn, slot, rid, queue, Some(counter_ttl)).await? == MovedBack::Moved)
+}
+
+/// What RETURN (or DEFER) did with a reservation that never started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MovedBack {
+    /// Back in its queue.
+    Moved,
+    /// The record was not this reservation's: nothing done.
+    Missing,
+    /// An operator had cancelled it: the request (JSON `{by, requeue}`) was taken, and
+    /// the job stays in its record for the worker to record as cancelled.
+    Cancelled(String),
 }
 
 /// RETURN, or DEFER with the counter's TTL (`return.lua`).
-async fn move_back<C: ConnectionLike + Send>(
+pub async fn move_back<C: ConnectionLike + Send>(
     conn: &mut C,
     slot: &SlotRef<'_>,
     rid: &str,
     queue: &str,
     defer: Option<std::time::Duration>,
-) -> RedisResult<bool> {
+) -> RedisResult<MovedBack> {
     let keys = slot.keys;
     let mut inv = scripts().return_job.prepare_invoke();
     inv.key(keys.inflight(slot.slot_key))
@@ -185,8 +197,14 @@ async fn move_back<C: ConnectionLike + Send>(
         inv.key(keys.counter(queue))
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1));
     }
-    let reply: String = inv.invoke_async(conn).await?;
-    Ok(reply == "ok")
+    let reply: Value = inv.invoke_async(conn).await?;
+    Ok(match reply {
+        Value::Array(v) if v.len() == 2 && super::text(&v[0]) == "cancelled" => {
+            MovedBack::Cancelled(super::text(&v[1]))
+        }
+        v if super::text(&v) == "ok" => MovedBack::Moved,
+        _ => MovedBack::Missing,
+    })
 }
 
 /// PARK (E-3): marks the slot's inflight record, if it is still reservation `rid`'s, as parked

@@ -97,6 +97,8 @@ pub enum Acquired {
         /// The limit this job asked for.
         limit: u64,
     },
+    /// An operator cancelled the reservation before it started: nothing was started.
+    Cancelled,
     /// The reservation is no longer this slot's.
     Missing,
     /// The slot's process lease is gone: nothing was started.

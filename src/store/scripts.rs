@@ -200,6 +200,8 @@ pub struct Scripts {
     pub pause: Script,
     /// Ask the process running a job to stop it.
     pub cancel: Script,
+    /// Cancel a parked or delayed job.
+    pub cancel_parked: Script,
     /// The job-path scripts that write their O-3 counts themselves.
     pub direct: JobScripts,
     /// The same, handing their O-3 counts back with the reply: what a worker's connection
@@ -264,6 +266,7 @@ pub fn scripts() -> &'static Scripts {
         unpark: Script::new(script!("unpark.lua")),
         pause: Script::new(script!("pause.lua")),
         cancel: Script::new(script!("cancel.lua")),
+        cancel_parked: Script::new(script!("cancel_parked.lua")),
         direct: JobScripts::new(false),
         tallied: JobScripts::new(true),
         library: JobLibrary::new(),
@@ -274,7 +277,7 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 26] {
+pub fn sources() -> [(&'static str, &'static str); 27] {
     [
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
@@ -297,6 +300,7 @@ pub fn sources() -> [(&'static str, &'static str); 26] {
         ("unpark.lua", script!("unpark.lua")),
         ("pause.lua", script!("pause.lua")),
         ("cancel.lua", script!("cancel.lua")),
+        ("cancel_parked.lua", script!("cancel_parked.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
         ("deliver.lua", script!("deliver.lua")),

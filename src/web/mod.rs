@@ -296,19 +296,44 @@ async fn act<C: ConnectionLike + Send>(
             };
             let requeue = body["requeue"] == true;
             let by = format!("the web page, from {peer}");
-            match crate::admin::cancel_job(conn, &keys, &target, requeue, &by).await {
-                Ok(crate::admin::Cancelled::Requested { rid, worker, .. }) => {
-                    warn!(target: LOG_TARGET, peer = %peer, rid = %rid, worker = %worker, requeue,
+            // a job a worker holds gets a request (the answer says so, and in which
+            // state: not started, or running); a parked or delayed job is cancelled at once.
+            match crate::admin::cancel_job(
+                conn,
+                &keys,
+                &target,
+                requeue,
+                &by,
+                config.failure_backend,
+            )
+            .await
+            {
+                Ok(crate::admin::Cancelled::Requested(r)) => {
+                    warn!(target: LOG_TARGET, peer = %peer, rid = %r.rid, worker = %r.worker, state = %r.state, requeue,
+                          "web: cancel requested by an operator");
+                    Response::json(
+                        "202 Accepted",
+                        &json!({"rid": r.rid, "worker": r.worker, "state": r.state,
+                                "requested": true, "cancelled": false}),
+                    )
+                }
+                Ok(crate::admin::Cancelled::Done { rid, was }) => {
+                    warn!(target: LOG_TARGET, peer = %peer, rid = %rid, was = %was, requeue,
                           "web: job cancelled by an operator");
                     Response::json(
                         "200 OK",
-                        &json!({"rid": rid, "worker": worker, "cancelled": true}),
+                        &json!({"rid": rid, "state": was, "requested": true, "cancelled": true}),
                     )
                 }
                 Ok(crate::admin::Cancelled::NotRunning) => Response::error(
                     "404 Not Found",
-                    format!("no running job {target:?}: it finished already; nothing done"),
+                    format!(
+                        "no job {target:?} is reserved, running, parked or delayed; nothing done"
+                    ),
                 ),
+                Err(e) if crate::conn::is_refusal(&e) => {
+                    Response::error("409 Conflict", format!("redis: {e}"))
+                }
                 Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
             }
         }

@@ -82,3 +82,69 @@ pub(super) async fn forget(conn: &mut Manager, keys: &Keys, process: &str, rid: 
         debug!(error = %e, "forgetting a cancel request failed (it expires by itself)");
     }
 }
+
+impl super::Worker {
+    /// an operator cancelled this reservation before it started, and the step that would
+    /// have started it (ACQUIRE) or put it back (RETURN, DEFER) took the request instead: no
+    /// handler ran. The job is recorded as failed with `Locket::Cancelled` (or, with
+    /// `--requeue`, put back at the tail of its queue) by FINISH, as any unstarted job is.
+    /// `job`: its payload and class when the caller has them (else read from the record).
+    pub(super) async fn cancel_unstarted(
+        &mut self,
+        rid: &str,
+        queue: &str,
+        job: Option<(&str, &str)>,
+        started: std::time::Instant,
+        request: &str,
+    ) -> Option<super::StopReason> {
+        let req: Request = serde_json::from_str(request).unwrap_or(Request {
+            by: String::new(),
+            requeue: false,
+        });
+        let (payload, class) = match job {
+            Some((p, c)) => (p.to_string(), c.to_string()),
+            None => {
+                let payload: Option<String> = redis::cmd("HGET")
+                    .arg(self.keys.inflight(&self.id.slot_key))
+                    .arg("payload")
+                    .query_async(&mut self.conn.manager().clone())
+                    .await
+                    .unwrap_or(None);
+                let payload = payload.unwrap_or_default();
+                let class = serde_json::from_str::<serde_json::Value>(&payload)
+                    .ok()
+                    .and_then(|v| v["class"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| "?".into());
+                (payload, class)
+            }
+        };
+        tracing::warn!(target: "locketd::worker", rid = %rid, queue = %queue, class = %class, by = %req.by, requeue = req.requeue, "job cancelled by an operator before it started");
+        if req.requeue {
+            let holds = crate::store::FinishHolds {
+                class: &class,
+                digest: "",
+                release: &[],
+                resent: false,
+            };
+            return self
+                .finish_outcome(
+                    rid,
+                    queue,
+                    "",
+                    &[],
+                    crate::store::Finish::Requeue,
+                    &class,
+                    started,
+                    "requeued",
+                    &holds,
+                )
+                .await;
+        }
+        let f = crate::resque::failure::JobFailure::new(
+            "Locket::Cancelled",
+            format!("cancelled by an operator before it started: {}", req.by),
+        );
+        self.fail_unstarted(rid, queue, &payload, &class, f, started)
+            .await
+    }
+}

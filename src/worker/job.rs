@@ -403,6 +403,11 @@ impl Worker {
                 dead.cancel();
                 Acquire::Ended(Some(StopReason::PresumedDead))
             }
+            Some(AcquireOutcome::Cancelled(request)) => {
+                let job = Some((p.job.raw.as_str(), class.as_str()));
+                let stop = self.cancel_unstarted(&p.rid, queue, job, p.started, &request);
+                Acquire::Ended(stop.await)
+            }
             Some(AcquireOutcome::Missing) => {
                 error!(target: LOG_TARGET, queue = %queue, class = %class, "reservation was recovered elsewhere before it started");
                 Acquire::Ended(None)
@@ -641,6 +646,11 @@ pub(super) struct Planned {
 impl Planned {
     fn plan(&self) -> &ClassPlan {
         self.plans.get(&self.job.class)
+    }
+
+    /// When it was reserved.
+    pub(super) fn started(&self) -> Instant {
+        self.started
     }
 }
 

@@ -36,10 +36,17 @@ impl Worker {
         self.metrics.lock_conflict("deferred");
         let slot = self.slot();
         let ttl = self.config.locket.counter_ttl.get();
-        if let Err(e) =
-            store::defer_to_queue(&mut self.conn.clone(), &slot, &p.rid, &p.queue, ttl).await
-        {
-            error!(target: LOG_TARGET, step = "defer", queue = %p.queue, error = %e, "could not put a job whose handler is not ready back in its queue; it stays in its inflight record for recovery");
+        match store::move_back(&mut self.conn.clone(), &slot, &p.rid, &p.queue, Some(ttl)).await {
+            // cancelled by an operator before it started: recorded as such instead.
+            Ok(store::MovedBack::Cancelled(request)) => {
+                let job = Some((p.job.raw.as_str(), p.job.class.as_str()));
+                let stop = self.cancel_unstarted(&p.rid, &p.queue, job, p.started(), &request);
+                return Some(stop.await);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                error!(target: LOG_TARGET, step = "defer", queue = %p.queue, error = %e, "could not put a job whose handler is not ready back in its queue; it stays in its inflight record for recovery");
+            }
         }
         Some(None)
     }

@@ -342,10 +342,20 @@ impl Worker {
     /// RETURN: a reservation that never started goes back to the head of its queue. If
     /// Redis refuses or is away, the job stays in its inflight record (S-6: RETURN changed
     /// nothing), where `status` shows it and recovery finds it; that is logged, once per job.
+    /// A job an operator cancelled before it started is recorded as cancelled instead.
     pub(super) async fn return_job(&mut self, rid: &str, queue: &str) {
         let slot = self.slot();
-        if let Err(e) = store::return_to_queue(&mut self.conn.clone(), &slot, rid, queue).await {
-            error!(target: LOG_TARGET, step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
+        match store::move_back(&mut self.conn.clone(), &slot, rid, queue, None).await {
+            Ok(store::MovedBack::Cancelled(request)) => {
+                let started = std::time::Instant::now();
+                let _ = self
+                    .cancel_unstarted(rid, queue, None, started, &request)
+                    .await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                error!(target: LOG_TARGET, step = "return", queue = %queue, slot = %self.id.slot_key, error = %e, "could not return an unstarted job to its queue; it stays in its inflight record for recovery");
+            }
         }
     }
 }

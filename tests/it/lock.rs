@@ -2693,7 +2693,7 @@ async fn hammer(limit: u32) {
                             let pause = rand::rng().random_range(1..4);
                             tokio::time::sleep(Duration::from_millis(pause)).await;
                         }
-                        other @ (Acquired::Missing | Acquired::Dead) => {
+                        other @ (Acquired::Missing | Acquired::Dead | Acquired::Cancelled) => {
                             violations
                                 .lock()
                                 .unwrap()

@@ -8,6 +8,7 @@ mod adapters;
 mod admin;
 mod bench;
 mod builtin;
+mod cancel;
 mod compat;
 mod counts;
 mod daemon;

@@ -291,7 +291,12 @@ fn a21_a_running_command_job_is_cancelled_from_another_process() {
     let handler = pid_of_job(0);
     let asked = Instant::now();
     let out = stdout_ok(&locketd(&redis, &["cancel", &rid]));
-    assert!(out.contains("cancel sent"), "{out}");
+    // The command waits for the outcome and says what happened.
+    assert!(out.contains("cancelled: its handler was stopped"), "{out}");
+    assert!(
+        out.contains("recorded as failed with Locket::Cancelled"),
+        "{out}"
+    );
     wait_until(SHORT, "the handler is gone", || !pid_alive(handler));
     let took = asked.elapsed();
     eprintln!("cancel to handler gone: {took:?}");
@@ -328,7 +333,11 @@ fn a21_a_running_command_job_is_cancelled_from_another_process() {
         .find(|w| r.exists(&format!("{NS}:worker:{w}")))
         .expect("a busy worker");
     stdout_ok(&locketd(&redis, &["pause", "q"]));
-    stdout_ok(&locketd(&redis, &["cancel", &worker, "--requeue"]));
+    let out = stdout_ok(&locketd(&redis, &["cancel", &worker, "--requeue"]));
+    assert!(
+        out.contains("the job went back to the tail of its queue"),
+        "{out}"
+    );
     wait_until(SHORT, "the job is back in its queue", || {
         r.llen(&format!("{NS}:queue:q")) == 1
     });

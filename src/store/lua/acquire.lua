@@ -50,7 +50,8 @@
 -- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
 -- ARGV[13+2i]  lock id i       for i = 1..n
 -- ARGV[14+2i]  limit i
--- Holds and the delayed set are named from the locket prefix (S-1: no Cluster).
+-- Holds, the delayed set and the reservation's cancel request (`cancel_start:<rid>`, read in
+-- the step's MGET) are named from the locket prefix (S-1: no Cluster).
 --
 -- Returns one of
 --   {"ok", deadline_ms, fence_1, ..., fence_n}   (fences only with fencing; also when this
@@ -64,6 +65,8 @@
 --        one group of five per conflicting resource, kind "lock", "dep" (limit 0) or
 --        "rate" (holders: the limit when its window is full, else 0; earliest: the time its
 --        next start is allowed)
+--   {"cancelled", request}   an operator cancelled this reservation before it started (A-21):
+--        its `cancel_start:<rid>` request (JSON) was taken and deleted; nothing else changed
 --   {"missing"}   the reservation is no longer this slot's (R-6); nothing changed
 --   {"dead"}      the slot's process lease is gone (R-2); nothing changed
 -- Raises a LOCKET_STORE error, having changed nothing, when a conflict's fallback would push
@@ -108,6 +111,14 @@ if ARGV[14] == '1' or not lease_trusted(prefix, inflight) then
   if not alive then
     return {'dead'}
   end
+end
+-- A-21: an operator cancelled this reservation before it started: it does not start. The
+-- request is taken (its key deleted, this step's only write) and handed to the worker, which
+-- records the job as cancelled (or puts it back with `--requeue`) by FINISH; nothing of the
+-- job ran, no lock was taken.
+local cancelled = take_cancel_start(prefix, ARGV[1])
+if cancelled then
+  return {'cancelled', cancelled}
 end
 
 local queue = ARGV[9]

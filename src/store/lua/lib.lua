@@ -111,6 +111,25 @@ local function lease_trusted(prefix, inflight)
   return k ~= nil and sget(k) ~= false
 end
 
+-- A-21: `<prefix>cancel_start:<rid>`, an operator's cancel of reservation `rid` before it
+-- starts (cancel.lua writes it; ACQUIRE and RETURN take it instead of starting or returning
+-- the job). A string, read in the step's MGET: a job path without cancels pays no command.
+local function cancel_start_key(prefix, rid)
+  return prefix .. 'cancel_start:' .. rid
+end
+
+-- A-21: the cancel request for reservation `rid` that has not started, or false. Taking it
+-- deletes the key, so that exactly one step acts on it.
+local function take_cancel_start(prefix, rid)
+  local k = cancel_start_key(prefix, rid)
+  local v = sget(k)
+  if v then
+    redis.call('DEL', k)
+    known[k] = false
+  end
+  return v
+end
+
 local function lease_held(prefix, inflight)
   local k = lease_key(prefix, inflight)
   if k == nil then return true end
@@ -635,6 +654,7 @@ end
 local function acquire_reads(K, A)
   local out = {}
   out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
+  out[#out + 1] = cancel_start_key(locket_prefix(A[8]), A[1])
   out[#out + 1] = K[4]
   out[#out + 1] = locket_prefix(A[8]) .. 'cap:' .. A[9]
   for i = 1, (#A - 14) / 2 do
