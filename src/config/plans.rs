@@ -248,6 +248,7 @@ impl Plans {
             let setting = format!("classes.{name:?}");
             classes.insert(name.clone(), compile_class(config, &setting, Some(class))?);
         }
+        check_shared_rate_keys(&classes)?;
         Ok(Plans { classes, default })
     }
 
@@ -259,6 +260,51 @@ impl Plans {
             .or_else(|| self.classes.get("*"))
             .unwrap_or(&self.default)
     }
+}
+
+/// RL-1 across classes: a rate key's log keeps the starts of the period (and at most the
+/// limit) of the class that writes it, so two classes that give one key template different
+/// periods would let the shorter one's start drop the starts the longer one still counts (and
+/// end the log after the shorter period), and limits on both sides of 256 keep the key's
+/// starts in two logs that do not see each other (src/store/lua/rate.lua). Both are refused,
+/// naming the two classes. (Templates are compared as written: two different templates that
+/// render one key for some jobs are not seen here; the README says so.)
+fn check_shared_rate_keys(classes: &HashMap<String, ClassPlan>) -> Result<(), ConfigError> {
+    let mut names: Vec<&String> = classes.keys().collect();
+    names.sort();
+    let mut seen: HashMap<&str, (&str, &super::rates::RatePlan)> = HashMap::new();
+    for name in names {
+        for r in &classes[name].rates {
+            let key = r.key.source();
+            let Some((other, first)) = seen.get(key) else {
+                seen.insert(key, (name, r));
+                continue;
+            };
+            if *other == name.as_str() {
+                continue;
+            }
+            let big = crate::store::RATE_STRING_MAX;
+            let problem = if first.period != r.period {
+                format!(
+                    "rate key {key:?} has period {:?} here and {:?} in class {other:?}: a start \
+                     of the shorter period drops the starts the longer one still counts, so its \
+                     limit could be exceeded; give one key one period (or use two keys)",
+                    r.period, first.period
+                )
+            } else if (first.limit > big) != (r.limit > big) {
+                format!(
+                    "rate key {key:?} has limit {} here and {} in class {other:?}: limits up to \
+                     {big} and above it keep their starts in two logs that do not see each \
+                     other; give both limits on the same side of {big}",
+                    r.limit, first.limit
+                )
+            } else {
+                continue;
+            };
+            return Err(invalid(&format!("classes.{name:?}"), problem));
+        }
+    }
+    Ok(())
 }
 
 fn compile_class(

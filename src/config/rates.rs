@@ -158,6 +158,36 @@ mod tests {
         assert!(err.contains('x'), "{err}");
     }
 
+    // RL-1 across classes: one key template with two periods would let the shorter one's
+    // starts trim the longer one's log (rate.lua), and limits on both sides of 256 use two
+    // logs; both are refused by name. One key with two limits (same side) and one period is
+    // fine: each class's check sees every start in its window.
+    #[test]
+    fn one_rate_key_with_two_periods_or_two_logs_is_rejected() {
+        let two = |a: &str, b: &str| {
+            plans(&format!(
+                "[classes.A]\nrate = {{ key = \"api:{{args[0]}}\", {a} }}\n\
+                 [classes.B]\nrates = [{{ key = \"other\", limit = 1, period = \"1s\" }}, \
+                 {{ key = \"api:{{args[0]}}\", {b} }}]\n"
+            ))
+        };
+        let err = two("limit = 10, period = \"1h\"", "limit = 10, period = \"1s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("classes.\"B\"") && err.contains("class \"A\"") && err.contains("period"),
+            "{err}"
+        );
+        let err = two(
+            "limit = 100, period = \"1m\"",
+            "limit = 300, period = \"1m\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("two logs"), "{err}");
+        two("limit = 100, period = \"1m\"", "limit = 5, period = \"1m\"").unwrap();
+    }
+
     #[test]
     fn rates_compile_in_order() {
         let p = plans(

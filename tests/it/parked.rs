@@ -188,6 +188,83 @@ async fn pk3_a_limit_n_release_keeps_the_unit_for_the_woken_job_until_it_lapses(
     assert_eq!(holders, 2, "never more than the limit");
 }
 
+// L-1b at the script level: two jobs parked with limit 2 are woken with a unit each; a daemon
+// whose limit for the class is now 1 reserves them. The first one the lock refuses (the other
+// unit is there) parks again at the head and gives its unit back; the second then finds only
+// its own unit, takes the lock over as a limit-1 lock, and its release hands the lock to the
+// first. Before, each unit counted against the other job: both parked again with their units
+// kept, and nothing ran until they lapsed (and then again, at each wake).
+#[tokio::test]
+async fn l1b_jobs_woken_with_units_of_a_larger_limit_take_the_lock_with_limit_one() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    let k = keys();
+    let wide = [spec("team:9", 2)];
+    let narrow = [spec("team:9", 1)];
+    let mut holders = Vec::new();
+    for name in ["a", "b"] {
+        let mut h = reserved(&mut c, &format!("p{name}"), "hold", "Hot", json!([9, name])).await;
+        assert!(matches!(
+            h.acquire(&mut c, &wide, &opts(Policy::Park)).await,
+            AcquireOutcome::Started { .. }
+        ));
+        holders.push(h);
+    }
+    for name in ["w1", "w2"] {
+        let mut w = reserved(&mut c, &format!("p{name}"), "q", "Hot", json!([9, name])).await;
+        match w.acquire(&mut c, &wide, &opts(Policy::Park)).await {
+            AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+            other => panic!("{other:?}"),
+        }
+    }
+    for h in holders {
+        assert!(h.finish(&mut c, &wide, Finish::Success, &[]).await);
+    }
+    assert_eq!(
+        kept_units(&mut c, "team:9").await.len(),
+        2,
+        "a unit kept for each"
+    );
+    // The new daemon (limit 1) reserves the first woken job: the other's unit is there.
+    let mut first = reserve_next(&mut c, "n1", "q").await;
+    match first.acquire(&mut c, &narrow, &opts(Policy::Park)).await {
+        AcquireOutcome::Conflict { action, .. } => assert_eq!(action, Settled::Parked),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(llen(&mut c, &parked_key("lock:team:9")).await, 1);
+    assert_eq!(
+        kept_units(&mut c, "team:9").await.len(),
+        1,
+        "its unit went back"
+    );
+    // The second finds only its own unit: it takes the lock, as a limit-1 lock.
+    let mut second = reserve_next(&mut c, "n2", "q").await;
+    assert_ne!(second.payload, first.payload);
+    assert!(matches!(
+        second.acquire(&mut c, &narrow, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    let t: String = cmd(&mut c, &["TYPE", &k.lock("team:9")]).await;
+    assert_eq!(t, "string");
+    assert!(!exists(&mut c, &k.lockinfo("team:9")).await);
+    let indexed: Option<f64> = cmd(&mut c, &["ZSCORE", &k.locket("locks"), "team:9"]).await;
+    assert!(indexed.is_none(), "a limit-1 lock is not in the index");
+    // Its release hands the lock to the first, which runs with limit 1 too.
+    assert!(second.finish(&mut c, &narrow, Finish::Success, &[]).await);
+    assert_eq!(
+        lrange(&mut c, &k.queue("q")).await,
+        vec![first.payload.clone()]
+    );
+    let mut again = reserve_next(&mut c, "n1", "q").await;
+    assert!(matches!(
+        again.acquire(&mut c, &narrow, &opts(Policy::Park)).await,
+        AcquireOutcome::Started { .. }
+    ));
+    assert!(again.finish(&mut c, &narrow, Finish::Success, &[]).await);
+    assert!(!exists(&mut c, &k.lock("team:9")).await, "free at last");
+    assert!(!exists(&mut c, &parked_key("lock:team:9")).await);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the daemon
 // ---------------------------------------------------------------------------------------------
@@ -639,4 +716,274 @@ async fn pk9_unpark_all_moves_every_parked_job_back_to_its_queue_once() {
     let out = cli(&r, work.path(), &["unpark", "--all"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("moved 0"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixed limits on one lock id (L-1b): a limit-1 job and jobs of a larger limit share the lock
+// ---------------------------------------------------------------------------------------------
+
+/// A handler whose log lines carry `tag`: `start <tag> <args>` and `end <tag> <args>`. A job
+/// whose second arg starts with `h` (a holder) runs until `release` exists (at most 30 s); any
+/// other sleeps 0.05 s.
+fn tagged_held_until(dir: &Path, name: &str, log: &Path, release: &Path, tag: &str) -> PathBuf {
+    write_script(
+        dir,
+        name,
+        &format!(
+            "cat >/dev/null\necho \"start {tag} $LOCKETD_ARGS\" >> {log}\n\
+             case \"$LOCKETD_ARGS\" in *'\"h'*) i=0; while [ ! -f {release} ] && [ $i -lt 300 ]; \
+             do sleep 0.1; i=$((i+1)); done;; *) sleep 0.05;; esac\n\
+             echo \"end {tag} $LOCKETD_ARGS\" >> {log}\n",
+            log = log.display(),
+            release = release.display()
+        ),
+    )
+}
+
+/// The runs of a tagged log: (start?, tag, args).
+fn tagged_runs(log: &Path) -> Vec<(bool, String, String)> {
+    read_lossy(log)
+        .lines()
+        .filter_map(|l| {
+            let (kind, rest) = l.split_once(' ')?;
+            let (tag, args) = rest.split_once(' ')?;
+            Some((kind == "start", tag.to_string(), args.to_string()))
+        })
+        .collect()
+}
+
+/// NEVER-1 with mixed limits: at most `most` jobs of the key ran at once, and a job of tag
+/// `alone` (run with limit 1) never overlapped another.
+fn assert_overlaps(log: &Path, alone: &str, most: usize) {
+    let mut running: Vec<(String, String)> = Vec::new();
+    for (start, tag, args) in tagged_runs(log) {
+        if start {
+            assert!(
+                tag != alone || running.is_empty(),
+                "{tag} {args} (limit 1) started while {running:?} ran"
+            );
+            assert!(
+                !running.iter().any(|(t, _)| t == alone),
+                "{tag} {args} started while a limit-1 job ran: {running:?}"
+            );
+            running.push((tag, args));
+            assert!(
+                running.len() <= most,
+                "more than {most} at once: {running:?}"
+            );
+        } else {
+            let at = running
+                .iter()
+                .position(|(t, a)| *t == tag && *a == args)
+                .unwrap_or_else(|| panic!("end of {tag} {args} without its start"));
+            running.remove(at);
+        }
+    }
+}
+
+/// The second arg of each job (not a holder) in the order they started, and checks that each
+/// of `want` started exactly once.
+fn tagged_start_order(log: &Path, want: usize) -> Vec<i64> {
+    let order: Vec<i64> = tagged_runs(log)
+        .into_iter()
+        .filter(|(start, _, _)| *start)
+        .filter_map(|(_, _, args)| {
+            let v: serde_json::Value = serde_json::from_str(&args).unwrap();
+            v[1].as_i64()
+        })
+        .collect();
+    let mut once = order.clone();
+    once.sort();
+    assert_eq!(
+        once,
+        (0..want as i64).collect::<Vec<_>>(),
+        "each job once: {order:?}"
+    );
+    order
+}
+
+/// PK-3 with mixed limits: each job started within two places of where it parked.
+fn assert_near_parking_order(order: &[i64], parking_order: &[i64]) {
+    for (at, job) in order.iter().enumerate() {
+        let parked_at = parking_order.iter().position(|p| p == job).unwrap();
+        assert!(
+            at.abs_diff(parked_at) <= 2,
+            "job {job} parked {parked_at}th, started {at}th: {order:?} (parked {parking_order:?})"
+        );
+    }
+}
+
+/// Nothing is left parked, and the lock is gone once its last holder released it.
+fn assert_nothing_parked(r: &mut R, id: &str) {
+    wait_until(LONG, "the lock released", || {
+        !r.exists(&format!("{NS}:locket:lock:{id}"))
+    });
+    assert!(!r.exists(&format!("{NS}:locket:parked:lock:{id}")));
+    let n: i64 = r.cmd(&["ZCARD", &format!("{NS}:locket:parked")]);
+    assert_eq!(n, 0, "the parked index is empty");
+    let per_q: Vec<String> = r.cmd(&["HVALS", &format!("{NS}:locket:parked_queues")]);
+    assert!(per_q.iter().all(|n| n == "0"), "{per_q:?}");
+    let kept: Vec<String> = r.cmd(&["ZRANGE", &format!("{NS}:locket:locks"), "0", "-1"]);
+    assert!(kept.is_empty(), "{kept:?}");
+}
+
+// L-1b, PK-3: a rolling deploy that lowers a class's limit from 2 to 1. The old daemon (limit
+// 2) runs two holders; thirty jobs of the key park behind them, parked by both daemons (with
+// limits 2 and 1); both then serve the backlog, and the old one stops halfway (QUIT, as a
+// deploy stops it). Every job runs once, near its
+// parking order, never more than two at once, and a job run with limit 1 runs alone; nothing
+// stays parked. Before, a limit-1 job handed a unit of the ZSET parked again at each wake (its
+// own unit counted as a holder) and every later job of the key parked behind it for good.
+#[test]
+fn l1b_a_rolling_deploy_that_lowers_a_limit_from_two_to_one_runs_every_job_once() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let release = work.path().join("release");
+    let ha = tagged_held_until(work.path(), "a.sh", &log, &release, "A");
+    let hb = tagged_held_until(work.path(), "b.sh", &log, &release, "B");
+    // Three workers: two run the holders, the third parks jobs with limit 2 beside the new
+    // daemon's, which park with limit 1.
+    let mut old = Daemon::start(
+        &redis,
+        &hot_config(&ha, "low", "\nlimit = 2"),
+        &["--workers", "3"],
+    );
+    r.push("low", r#"{"class":"Hot","args":[1,"h1"]}"#);
+    r.push("low", r#"{"class":"Hot","args":[1,"h2"]}"#);
+    wait_until(LONG, "the two holders run", || tagged_runs(&log).len() == 2);
+    let parked = format!("{NS}:locket:parked:lock:user:1");
+    for i in 0..15 {
+        r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    wait_until(LONG, "the old daemon parked 15", || r.llen(&parked) == 15);
+    let mut new = Daemon::start(&redis, &hot_config(&hb, "low", ""), &["--workers", "2"]);
+    wait_until(LONG, "the new daemon runs", || r.workers().len() == 5);
+    for i in 15..30 {
+        r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    wait_until(LONG, "the backlog parked", || r.llen(&parked) == 30);
+    let parking_order = parking_order(&mut r, &parked);
+    let limits: Vec<String> = r.cmd(&["LRANGE", &parked, "0", "-1"]);
+    let limits: Vec<i64> = limits
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<serde_json::Value>(e).unwrap()["limit"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert!(limits[..15].iter().all(|l| *l == 2), "{limits:?}");
+    std::fs::write(&release, "").unwrap();
+    wait_until(LONG, "ten jobs ran", || ended(&log) >= 12);
+    // The deploy stops the old daemon as Resque's QUIT does: its running job ends first.
+    old.signal(libc::SIGQUIT);
+    let stopped = old.wait_exit(LONG).expect("the old daemon stops");
+    assert_eq!(stopped.code(), Some(0));
+    wait_until(LONG, "every job ran", || ended(&log) == 32);
+    assert_overlaps(&log, "B", 2);
+    let order = tagged_start_order(&log, 30);
+    assert_near_parking_order(&order, &parking_order);
+    assert_nothing_parked(&mut r, "user:1");
+    assert_eq!(new.terminate(LONG).code(), Some(0));
+    assert!(r.failures().is_empty(), "{:?}", r.failures());
+    assert_eq!(stat(&mut r, "requeued"), 0);
+}
+
+// L-1b, PK-3: two classes share a lock id, `Wide` with limit 2 and `Narrow` with limit 1 (the
+// default). Thirty jobs of both park behind two Wide holders; every one runs once, near its
+// parking order, never more than two at once, and each Narrow job runs alone; nothing stays
+// parked.
+#[test]
+fn l1b_two_classes_that_share_a_lock_id_with_limits_two_and_one_run_every_job_once() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let release = work.path().join("release");
+    let hw = tagged_held_until(work.path(), "w.sh", &log, &release, "W");
+    let hn = tagged_held_until(work.path(), "n.sh", &log, &release, "N");
+    let config = |queues: &str| {
+        cfg(queues)
+            .locket("lock_ttl", "\"10s\"")
+            .locket("process_ttl", "\"20s\"")
+            .class("Wide", &hw, "lock = \"shared:{args[0]}\"\nlimit = 2")
+            .class("Narrow", &hn, "lock = \"shared:{args[0]}\"")
+            .render()
+    };
+    let mut holder = Daemon::start(&redis, &config("hold"), &["--workers", "2"]);
+    r.push("hold", r#"{"class":"Wide","args":[1,"h1"]}"#);
+    r.push("hold", r#"{"class":"Wide","args":[1,"h2"]}"#);
+    wait_until(LONG, "the two holders run", || tagged_runs(&log).len() == 2);
+    for i in 0..30 {
+        let class = if i % 3 == 0 { "Wide" } else { "Narrow" };
+        r.push("low", &format!(r#"{{"class":"{class}","args":[1,{i}]}}"#));
+    }
+    let mut d = Daemon::start(&redis, &config("low"), &["--workers", "3"]);
+    let parked = format!("{NS}:locket:parked:lock:shared:1");
+    wait_until(LONG, "the backlog parked", || r.llen(&parked) == 30);
+    let parking_order = parking_order(&mut r, &parked);
+    std::fs::write(&release, "").unwrap();
+    wait_until(LONG, "every job ran", || ended(&log) == 32);
+    assert_overlaps(&log, "N", 2);
+    let order = tagged_start_order(&log, 30);
+    assert_near_parking_order(&order, &parking_order);
+    assert_nothing_parked(&mut r, "shared:1");
+    assert_eq!(d.terminate(LONG).code(), Some(0));
+    assert_eq!(holder.terminate(LONG).code(), Some(0));
+    assert!(r.failures().is_empty(), "{:?}", r.failures());
+    assert_eq!(stat(&mut r, "requeued"), 0);
+}
+
+// L-1b, PK-2, O-2: a limit-2 holder that does not end keeps five limit-1 jobs parked; `locks
+// release --force` frees the lock and they run, one at a time, in parking order, and nothing
+// stays parked. Before, the force release kept a unit of the ZSET for the first of them, which
+// then parked again at every wake: the lock stayed stuck.
+#[test]
+fn l1b_a_force_release_of_a_larger_lock_runs_the_limit_one_jobs_parked_on_it() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let log = work.path().join("runs.log");
+    let release = work.path().join("release");
+    let ha = tagged_held_until(work.path(), "a.sh", &log, &release, "A");
+    let hb = tagged_held_until(work.path(), "b.sh", &log, &release, "B");
+    let mut old = Daemon::start(&redis, &hot_config(&ha, "hold", "\nlimit = 2"), &[]);
+    r.push("hold", r#"{"class":"Hot","args":[1,"h1"]}"#);
+    wait_until(LONG, "the holder runs", || tagged_runs(&log).len() == 1);
+    for i in 0..5 {
+        r.push("low", &format!(r#"{{"class":"Hot","args":[1,{i}]}}"#));
+    }
+    let mut new = Daemon::start(&redis, &hot_config(&hb, "low", ""), &["--workers", "2"]);
+    let parked = format!("{NS}:locket:parked:lock:user:1");
+    wait_until(LONG, "five jobs parked", || r.llen(&parked) == 5);
+    let parking_order = parking_order(&mut r, &parked);
+    let out = cli(
+        &redis,
+        work.path(),
+        &["locks", "release", "user:1", "--force"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    wait_until(LONG, "the five jobs ran", || {
+        tagged_runs(&log)
+            .iter()
+            .filter(|(start, tag, _)| !*start && tag == "B")
+            .count()
+            == 5
+    });
+    let order: Vec<i64> = tagged_runs(&log)
+        .into_iter()
+        .filter(|(start, tag, _)| *start && tag == "B")
+        .map(|(_, _, args)| {
+            serde_json::from_str::<serde_json::Value>(&args).unwrap()[1]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(order, parking_order, "one at a time, in parking order");
+    std::fs::write(&release, "").unwrap();
+    assert_nothing_parked(&mut r, "user:1");
+    assert_eq!(new.terminate(LONG).code(), Some(0));
+    assert_eq!(old.terminate(LONG).code(), Some(0));
 }

@@ -237,38 +237,60 @@ local function lock1_conflict(lk, id, limit)
   return {'lock', id, holders, limit, int(now_ms() + math.max(left, 0))}
 end
 
+-- PK-3, L-1b: whether a limit-1 lock's value is a handoff to this job's payload
+-- (lib_park.lua lock1_hand: "~<digest>" in place of the token).
+local function handed_to_me(hv)
+  return hv and string.sub(hv, 23, 23) == '~' and
+    string.sub(hv, 24, 24 + #digest) == digest .. '"'
+end
+
 -- Purge and count every lock of a larger limit first: all or nothing (L-4). Report every
 -- conflicting one.
 local conflicts = {}
 local dep_conflict = false
 local was_empty = {}
+-- PK-3: per lock i, a unit kept for this payload in the lock's ZSET (lockn_handoff) ...
 local kept_for_me = {}
+-- ... or the lock handed to it as a limit-1 lock (its STRING value): either is this job's to
+-- take over whatever its own limit (L-1b), and neither counts against it.
+local handed = {}
 for i = 1, n do
   local lk, id, limit = lock_at(i)
   if limit > 1 then
     local ik, bk = prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
     local now = now_ms()
-    if sget(lk) then
-      -- held by a limit-1 holder
-      conflicts[#conflicts + 1] = lock1_conflict(lk, id, limit)
-    else
-      local purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
+    local hv = sget(lk)
+    local empty = true
+    if not hv then
+      local purged
+      purged, empty = purge_expired(lk, ik, bk, now, counter_prefix)
       if purged > 0 then
         fix_lock(lk, ik, KEYS[6], id)
         count(prefix, now, 'expired', '', purged)
       end
+      -- The purge's wake may have handed the lock to a parked limit-1 job (L-1b).
+      hv = sget(lk)
+    end
+    if handed_to_me(hv) then
+      -- L-1b: taken over as the first member of this lock's ZSET on success
+      handed[i] = hv
+      was_empty[i] = true
+    elseif hv then
+      -- held by a limit-1 holder, or handed to another job
+      conflicts[#conflicts + 1] = lock1_conflict(lk, id, limit)
+    else
       local holders = 0
       if not empty then holders = redis.call('ZCARD', lk) end
       was_empty[i] = (holders == 0)
-      -- PK-3: a unit kept for this payload by a release (lib_park.lua lockn_handoff) is this
-      -- job's to take over: it does not count against it.
       if holders > 0 and redis.call('ZSCORE', lk, '~' .. digest) then
         kept_for_me[i] = true
         holders = holders - 1
       end
       if holders >= limit then
+        -- kept: the lock is full by this job's limit even without its own unit (L-1b)
         local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
-        conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0'}
+        conflicts[#conflicts + 1] = {'lock', id, holders, limit, first[2] or '0',
+          kept = kept_for_me[i]}
       end
     end
   end
@@ -320,34 +342,70 @@ local function job_payload()
   return payload_read
 end
 
+-- L-1b: a limit-1 job that meets a larger lock's ZSET needs it to itself. Its expired
+-- members go first; a unit kept there for this payload (lockn_handoff) does not count.
+-- Returns "free" (the purge emptied it: take it as usual), "mine" (only this payload's unit
+-- is left: the lock is taken over on success), "string" (the purge's wake handed it on as a
+-- limit-1 lock: read its value again), or the conflict (`kept`: this payload has a unit in it).
+local function lock1_on_zset(lk, id)
+  local ik, bk = prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
+  local now = now_ms()
+  local purged = purge_expired(lk, ik, bk, now, counter_prefix)
+  if purged > 0 then
+    fix_lock(lk, ik, KEYS[6], id)
+    count(prefix, now, 'expired', '', purged)
+  end
+  if known[lk] then return 'string' end
+  local members = redis.pcall('ZCARD', lk)
+  -- a key of another type counts as full
+  if type(members) ~= 'number' then return lock1_conflict(lk, id, 1) end
+  if members == 0 then return 'free' end
+  local own = redis.call('ZSCORE', lk, '~' .. digest) ~= false
+  if own and members == 1 then return 'mine' end
+  local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
+  return {'lock', id, members - (own and 1 or 0), 1, first[2] or '0', kept = own}
+end
+
 -- Limit-1 locks: SET NX PX takes each free one (their values were read with the lease, in
 -- one MGET); if one is held, the ones just taken are deleted again in this step, so nobody saw
 -- them (L-4). A lock handed to this job's digest by a release (PK-3, lib.lua lock1_handoff)
--- is taken over; if another lock is held, the handoff is put back.
+-- is taken over; if another lock is held, the handoff is put back. A larger lock's ZSET
+-- whose only member is a unit kept for this payload is taken over on success (L-1b).
 local taken = {}
 local handoffs = {}
 local fences = {}
+local zset_mine = {}
 -- Lock conflicts are reported before dependency ones, in lock order.
 local nlock = 0
 for _, c in ipairs(conflicts) do
   if c[1] == 'lock' then nlock = nlock + 1 end
 end
+local function lock_conflict(i, c)
+  if c.kept then kept_for_me[i] = true end
+  nlock = nlock + 1
+  table.insert(conflicts, nlock, c)
+end
 for i = 1, n do
   local lk, id, limit = lock_at(i)
   if limit <= 1 then
     if #conflicts > 0 then
+      -- Nothing is taken: each conflict is reported, and a unit kept for this payload is none.
+      -- RL-2: a job refused by a rate takes no lock, not even one handed to it (PK-3): its
+      -- unit is given on below.
       local hv = sget(lk)
-      if hv and #rate_conflicts > 0 and string.sub(hv, 23, 23) == '~' and
-          string.sub(hv, 24, 24 + #digest) == digest .. '"' then
-        -- RL-2: a job refused by a rate takes no lock, not even one handed to it (PK-3): the
-        -- unit goes on to the next job parked on the lock, or is freed.
-        if not (lock1_parked(hv) and lock1_handoff(prefix, lk, id)) then
-          redis.call('DEL', lk)
-          known[lk] = false
-        end
-      elseif redis.call('EXISTS', lk) == 1 then
-        nlock = nlock + 1
-        table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
+      local z = nil
+      if not hv and redis.call('EXISTS', lk) == 1 then
+        z = lock1_on_zset(lk, id)
+        if z == 'string' then hv = sget(lk) end
+      end
+      if handed_to_me(hv) then
+        if #rate_conflicts > 0 then handed[i] = hv end
+      elseif hv then
+        lock_conflict(i, lock1_conflict(lk, id, 1))
+      elseif type(z) == 'table' then
+        lock_conflict(i, z)
+      elseif z == 'mine' and #rate_conflicts > 0 then
+        kept_for_me[i] = true
       end
     else
       local id_json = id_json_of(i, id)
@@ -359,30 +417,34 @@ for i = 1, n do
       end
       local v = lock1_value(id_json, source_json(i, id_json), fence_field)
       local hv = sget(lk)
-      if not hv and redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
+      local z = nil
+      if not hv then
+        if redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then
+          z = 'taken'
+        else
+          z = lock1_on_zset(lk, id)
+          if z == 'free' and redis.call('SET', lk, v, 'NX', 'PX', int(ttl)) then z = 'taken' end
+          if z == 'string' then hv = sget(lk) end
+        end
+      end
+      if z == 'taken' then
         known[lk] = v
         taken[#taken + 1] = lk
         fences[i] = fence
+      elseif z == 'mine' then
+        zset_mine[i] = v
+        fences[i] = fence
+      elseif handed_to_me(hv) then
+        -- PK-3: the unit was handed to this payload; the parked flag goes on with it.
+        local nv = '{"blocked":' .. (lock1_parked(hv) and '2' or '0') .. string.sub(v, 13)
+        redis.call('SET', lk, nv, 'PX', int(ttl))
+        known[lk] = nv
+        taken[#taken + 1] = lk
+        handoffs[lk] = hv
+        fences[i] = fence
       else
-        hv = hv or sget(lk)
-        local took = false
-        if hv and string.sub(hv, 23, 23) == '~' then
-          if string.sub(hv, 24, 24 + #digest) == digest .. '"' then
-            -- PK-3: the unit was handed to this payload; the parked flag goes on with it.
-            local nv = '{"blocked":' .. (lock1_parked(hv) and '2' or '0') .. string.sub(v, 13)
-            redis.call('SET', lk, nv, 'PX', int(ttl))
-            known[lk] = nv
-            taken[#taken + 1] = lk
-            handoffs[lk] = hv
-            fences[i] = fence
-            took = true
-          end
-        end
-        if not took then
-          if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
-          nlock = nlock + 1
-          table.insert(conflicts, nlock, lock1_conflict(lk, id, 1))
-        end
+        if fence then redis.call('HINCRBY', prefix .. 'fence', id, -1) end
+        lock_conflict(i, type(z) == 'table' and z or lock1_conflict(lk, id, 1))
       end
     end
   end
@@ -423,13 +485,19 @@ if #conflicts > 0 then
       entry['period'] = tonumber(c1[7][3])
       entry['spread'] = (c1[7][4] == 1 or c1[7][4] == true) and 1 or 0
     end
-    park_len = redis.pcall('RPUSH', park_key, cjson.encode(entry))
+    -- L-1b: a woken job that finds the lock full by its own limit even without the unit kept
+    -- for it (it parked with a larger one) parks again at the head, first in line as it was,
+    -- and gives its unit back (lib_park.lua unkeep_for_head): the next unit freed is its.
+    local at_head = c1.kept and #rate_conflicts == 0
+    park_len = redis.pcall(at_head and 'LPUSH' or 'RPUSH', park_key, cjson.encode(entry))
     if type(park_len) ~= 'number' then
       fallback = 'requeue'
     elseif park_len > tonumber(opt['max_parked'] or 100000) then
-      redis.call('RPOP', park_key)
+      redis.call(at_head and 'LPOP' or 'RPOP', park_key)
       fallback = opt['park_full'] or 'requeue'
       count(prefix, now, 'park_full', class)
+    elseif at_head then
+      unkeep_for_head(prefix, c1[2], digest)
     end
   end
   -- S-6: the keys this fallback may push to are checked before its first write.
@@ -443,9 +511,10 @@ if #conflicts > 0 then
     must_be('acquire', opt['failed_list'], 'list')
     if (opt['multi_name'] or '') ~= '' then must_be('acquire', opt['failed_queues'], 'set') end
   end
-  -- RL-2, PK-3: a job refused by a rate takes no lock, not even a unit of a larger lock kept
-  -- for it: the unit goes on to the next job parked on that lock, or is freed. (After the
-  -- fallback's checks, so that a refusal above has changed nothing.)
+  -- RL-2, PK-3: a job refused by a rate takes no lock, not even a unit kept for it (a member
+  -- of a larger lock's ZSET, or a limit-1 lock's handoff): the unit goes on to the next job
+  -- parked on that lock, or is freed. (After the fallback's checks, so that a refusal above
+  -- has changed nothing.)
   if #rate_conflicts > 0 then
     for i in pairs(kept_for_me) do
       local lk, id = lock_at(i)
@@ -454,6 +523,13 @@ if #conflicts > 0 then
       redis.call('HDEL', ik, '~' .. digest)
       fix_lock(lk, ik, KEYS[6], id)
       parked_wake_freed(lk, counter_prefix, 1)
+    end
+    for i, hv in pairs(handed) do
+      local lk, id = lock_at(i)
+      if not (lock1_parked(hv) and lock1_handoff(prefix, lk, id)) then
+        redis.call('DEL', lk)
+        known[lk] = false
+      end
     end
   end
   local action, due, attempt = 'none', 0, 0
@@ -577,6 +653,19 @@ if #rates > 0 then
   rate_record(prefix, rates, rate_logs, now_ms(), 'acquire', undo_taken, ARGV[1])
 end
 
+-- L-1b: a limit-1 job takes over a larger lock's ZSET whose only member is the unit kept for
+-- it: the ZSET, its lockinfo and index entry go, and the lock becomes this job's STRING (`v`,
+-- its value), flagged for the queues it blocked (A-14) and the jobs parked on it (PK-2).
+local function lock1_from_zset(lk, id, v)
+  local ik, bk = prefix .. 'lockinfo:' .. id, prefix .. 'blocked:lock:' .. id
+  redis.call('DEL', lk, ik)
+  redis.call('ZREM', KEYS[6], id)
+  local flag = redis.call('EXISTS', bk) + 2 * redis.call('EXISTS', prefix .. 'parked:lock:' .. id)
+  local nv = '{"blocked":' .. int(flag) .. string.sub(v, 13)
+  redis.call('SET', lk, nv, 'PX', int(ttl))
+  known[lk] = nv
+end
+
 -- Success: the locks of a larger limit get their holder, lockinfo, expiries and index entry.
 local deadline = wnow + ttl
 local ids = {}
@@ -585,7 +674,9 @@ for i = 1, n do
   local lk, id, limit = lock_at(i)
   local id_json = id_json_of(i, id)
   ids[#ids + 1] = id_json
-  if limit > 1 then
+  if zset_mine[i] then
+    lock1_from_zset(lk, id, zset_mine[i])
+  elseif limit > 1 then
     local ik = prefix .. 'lockinfo:' .. id
     local now = now_ms()
     deadline = now + ttl
@@ -595,6 +686,11 @@ for i = 1, n do
     if kept_for_me[i] then
       redis.call('ZREM', lk, '~' .. digest)
       redis.call('HDEL', ik, '~' .. digest)
+    end
+    if handed[i] then
+      -- L-1b: the limit-1 handoff to this payload becomes this job's unit of the ZSET.
+      redis.call('DEL', lk)
+      known[lk] = false
     end
     redis.call('ZADD', lk, int(deadline), ARGV[2])
     if opt['fencing'] then
@@ -607,6 +703,10 @@ for i = 1, n do
       fix_sole_holder(lk, ik, KEYS[6], id, deadline)
     else
       fix_lock(lk, ik, KEYS[6], id)
+    end
+    -- L-1b, PK-2: jobs parked behind the handoff wake for the units this job's limit leaves.
+    if handed[i] and lock1_parked(handed[i]) then
+      parked_wake_freed(lk, counter_prefix, limit - 1)
     end
   end
 end

@@ -36,6 +36,9 @@ elseif op == 'lock_force' then
   end
   local members = redis.call('ZRANGE', lk, 0, -1)
   for _, t in ipairs(members) do
+    -- L-1b: a release that left only a unit kept for a parked limit-1 job handed it the lock
+    -- (its STRING now, lib_park.lua): the ZSET and its other units are gone.
+    if known[lk] then break end
     release_token(lk, ik, bk, KEYS[1], id, t, counter_prefix)
   end
   reset_blocked(bk, counter_prefix)

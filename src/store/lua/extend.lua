@@ -33,7 +33,9 @@ for i = 1, #ARGV - 3 do
     if held then redis.call('PEXPIRE', lk, ARGV[2]) end
   else
     expired = expired + purge_expired(lk, ik, bk, now, ARGV[3])
-    held = redis.call('ZSCORE', lk, token) ~= false
+    -- L-1b: the purge's wake may have made the lock a parked limit-1 job's handoff (a STRING,
+    -- lib_park.lua): no member of the ZSET was left then, this token's neither.
+    held = not known[lk] and redis.call('ZSCORE', lk, token) ~= false
     if held then
       redis.call('ZADD', lk, 'XX', deadline, token)
       local raw = redis.call('HGET', ik, token)

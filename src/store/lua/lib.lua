@@ -176,7 +176,9 @@ local function purge_expired(lock_key, info_key, blocked_key, now, counter_prefi
   if redis.call('EXISTS', lock_key, blocked_key) == 0 then
     return 0, true
   end
-  local first = redis.call('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
+  -- L-1b: a limit-1 holder's STRING (a handoff made the lock one) has no member to purge.
+  local first = redis.pcall('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
+  if first.err then return 0, false end
   if #first == 0 then
     -- A key that lapsed on its own (L-6) lost its holders by expiry too: A-14 still applies.
     reset_blocked(blocked_key, counter_prefix)
@@ -196,8 +198,14 @@ end
 
 -- L-6/L-7: after any change, expire the lock keys 1 s after the latest deadline and score the
 -- `locks` index with the earliest one; an empty lock disappears from both.
+-- A lock that a handoff made a limit-1 holder's STRING (L-1b) leaves the index, which lists
+-- the larger locks only.
 local function fix_lock(lock_key, info_key, locks_index, lock_id)
-  local first = redis.call('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
+  local first = redis.pcall('ZRANGE', lock_key, 0, 0, 'WITHSCORES')
+  if first.err then
+    redis.call('ZREM', locks_index, lock_id)
+    return
+  end
   if #first == 0 then
     redis.call('DEL', lock_key, info_key)
     redis.call('ZREM', locks_index, lock_id)
@@ -255,7 +263,8 @@ end
 -- queue in blocked:lock:<id> while this holder held it, so that the release knows from the
 -- value it read whether A-14 has anything to reset. A lock of a larger limit is a ZSET with
 -- `lockinfo` and the `locks` index (fix_lock above). A key of the other kind counts as full
--- (a class whose limit changed while its old holders run never gets more holders).
+-- (a class whose limit changed while its old holders run never gets more holders), except for
+-- the job a unit of it was handed to (L-1b, acquire.lua).
 local LOCK1_HEAD = '{"blocked":0,"token":"'
 local function lock1_holds(v, token)
   return v and string.sub(v, 23, 22 + #token) == token and

@@ -75,55 +75,148 @@ parked_wake = function(prefix, res, max)
   return moved, left, bad
 end
 
+-- The payload digest a parked entry's unit is kept for (an entry parked by an older version
+-- has none: the SHA1 of its payload).
+local function entry_digest(d)
+  return type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
+end
+
 -- PK-2, PK-3 for a limit-1 lock whose unit is free (its holder left, or its lease lapsed):
 -- wakes the first job parked on it and hands the unit to it: the lock's value becomes a
 -- handoff, `~` and that job's payload digest in place of a token, for the job's lock_ttl.
 -- Only an ACQUIRE of that digest (that job, or one with the same class and args) takes it
--- over (acquire.lua); every other job meets the lock
+-- over (acquire.lua), whatever its limit (L-1b: a job of a larger limit makes the lock its
+-- ZSET); every other job meets the lock
 -- full and parks behind the others, so the jobs of one key run in parking order. The handoff
 -- keeps the parked flag while jobs stay parked, and passes it on to the job that takes it.
--- Returns true when a job was woken (the key was written), false when none could be (the key
--- is left as it was).
-lock1_handoff = function(prefix, lk, id)
-  local moved, left = parked_wake(prefix, 'lock:' .. id, 1)
-  if #moved == 0 then return false end
+-- Returns what parked_wake returns (the key is written only when a job was woken).
+local function lock1_hand(prefix, lk, id)
+  local moved, left, bad = parked_wake(prefix, 'lock:' .. id, 1)
+  if #moved == 0 then return moved, left, bad end
   local d = moved[1]
-  local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
-  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. who ..
+  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. entry_digest(d) ..
     '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
   redis.call('SET', lk, v, 'PX', int(tonumber(d['ttl']) or 35000))
   known[lk] = v
+  return moved, left, bad
+end
+-- lock1_hand, answering whether a job was woken.
+lock1_handoff = function(prefix, lk, id)
+  local moved = lock1_hand(prefix, lk, id)
+  return #moved > 0
+end
+
+-- One unit of the ZSET `lk` kept for the parked entry `d` (lockn_handoff): the member
+-- `~<digest>`, scored with the entry's lock_ttl deadline, and its lockinfo field. `parked`:
+-- its job stays parked at the head of the list (a place-holder, L-1b). Never raises (PK-6).
+local function keep_unit(lk, ik, d, now, parked)
+  local who = entry_digest(d)
+  local r = redis.pcall('ZADD', lk, int(now + (tonumber(d['ttl']) or 35000)), '~' .. who)
+  if type(r) ~= 'number' then return false end
+  redis.pcall('HSET', ik, '~' .. who, '{"handoff":true,"queue":' .. cjson.encode(d['queue']) ..
+    ',"digest":"' .. who .. '","limit":' .. int(tonumber(d['limit']) or 0) ..
+    (parked and ',"parked":true' or '') .. ',"acquired_at":' .. int(now) .. '}')
   return true
 end
 
--- PK-2, PK-3, PK-5 for a lock of a larger limit (a ZSET) with `n` free units: wakes up to `n`
--- jobs parked on it and keeps a unit for each, as lock1_handoff does for a limit-1 lock: the
+-- PK-2, PK-3, PK-5 for a lock of a larger limit (a ZSET) with `n` free units: wakes jobs
+-- parked on it and keeps a unit for each, as lock1_handoff does for a limit-1 lock: the
 -- member `~<digest of the woken payload>` scored with the woken job's lock_ttl deadline counts
 -- as a holder (its lockinfo field says it is a handoff). Only an ACQUIRE of that digest takes
 -- it over (acquire.lua); every other job meets the lock full and parks behind the others. A
 -- handoff that its job does not take lapses as a holder's lease does, and the purge that
 -- drops it wakes the next job. Two woken jobs of one digest share one member (the second
--- then takes a free unit, or parks again). Never raises (PK-6); returns what parked_wake
--- returns.
+-- then takes a free unit, or parks again).
+-- L-1b, mixed limits: units go in parking order, and a job gets one only when its own limit
+-- admits it beside the lock's members and beside the jobs given one before it in this step
+-- (so each woken job can start). The first job that cannot is not passed over: it keeps the
+-- unit as a place-holder (a `~` member while it stays parked at the head; one it has already
+-- gets its deadline again), so that later jobs meet the lock full and it drains to it. A job
+-- of limit 1 gets the lock only once nothing else holds it: the ZSET is deleted and the lock
+-- becomes its limit-1 handoff (lock1_hand), which every other job meets full. With `n` = 0
+-- only jobs whose units are kept already wake (the janitor's look).
+-- Never raises (PK-6); returns what parked_wake returns.
 lockn_handoff = function(p, id, n)
-  local moved, left, bad = parked_wake(p, 'lock:' .. id, n)
-  if #moved == 0 then return moved, left, bad end
+  local res = 'lock:' .. id
   local lk, ik = p .. 'lock:' .. id, p .. 'lockinfo:' .. id
+  local raw = redis.pcall('LRANGE', p .. 'parked:' .. res, 0, n + 9)
+  if type(raw) ~= 'table' or raw.err then return {}, 1, true end
+  local members = redis.pcall('ZCARD', lk)
+  if type(members) ~= 'number' then
+    -- A key of another type (a limit-1 holder's STRING) keeps no unit: its release wakes.
+    lock1_mark_parked(lk)
+    return {}, #raw, false
+  end
   local now = now_ms()
-  local kept = false
-  for _, d in ipairs(moved) do
-    local who = type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
-    local r = redis.pcall('ZADD', lk, int(now + (tonumber(d['ttl']) or 35000)), '~' .. who)
-    if type(r) == 'number' then
-      kept = true
-      redis.pcall('HSET', ik, '~' .. who, '{"handoff":true,"queue":' ..
-        cjson.encode(d['queue']) .. ',"digest":"' .. who .. '","limit":' ..
-        int(tonumber(d['limit']) or 0) .. ',"acquired_at":' .. int(now) .. '}')
+  local wake, bound, given = 0, nil, {}
+  local alone, hold, refresh, broken = false, nil, nil, false
+  for i = 1, #raw do
+    local ok, d = pcall(cjson.decode, raw[i])
+    if not ok or type(d) ~= 'table' or type(d['payload']) ~= 'string' then
+      -- parked_wake stops before it too, and reports it
+      broken = true
+      break
+    end
+    local who = entry_digest(d)
+    local limit = math.max(tonumber(d['limit']) or 1, 1)
+    local own = not given[who] and redis.call('ZSCORE', lk, '~' .. who) ~= false
+    local others = members - (own and 1 or 0)
+    local cap = math.min(limit, bound or limit)
+    if others + 1 > cap or (n == 0 and not own) then
+      if own then refresh = d elseif wake == 0 and n > 0 then hold = d end
+      break
+    end
+    if limit == 1 then
+      -- others is 0 here, and this is the first entry: the lock is its own.
+      alone = true
+      break
+    end
+    wake = wake + 1
+    bound = cap
+    given[who] = true
+    if not own then
+      members = members + 1
+      n = n - 1
     end
   end
-  -- A key of another type (a limit-1 holder's) keeps no unit: the woken jobs compete.
+  if alone then
+    redis.call('DEL', lk, ik)
+    redis.call('ZREM', p .. 'locks', id)
+    known[lk] = false
+    return lock1_hand(p, lk, id)
+  end
+  local moved, left, bad = {}, #raw, broken
+  if wake > 0 then moved, left, bad = parked_wake(p, res, wake) end
+  local kept = false
+  for _, d in ipairs(moved) do
+    if keep_unit(lk, ik, d, now, false) then kept = true end
+  end
+  local keep = hold or refresh
+  if keep and keep_unit(lk, ik, keep, now, true) then kept = true end
   if kept then fix_lock(lk, ik, p .. 'locks', id) end
   return moved, left, bad
+end
+
+-- L-1b: a woken job that the lock refuses although a unit of it was kept for it (its limit
+-- is lower than the one it parked with) has just parked again at the head of the list
+-- (acquire.lua). Its unit goes, and so does the place-holder of the job that was first
+-- (lockn_handoff keeps one for the head only), and nobody is woken: the lock's next release
+-- or lapse hands the unit to the head. Units kept for jobs that cannot start would otherwise
+-- wait on each other until they lapse. Never raises.
+local function unkeep_for_head(p, id, who)
+  local lk, ik = p .. 'lock:' .. id, p .. 'lockinfo:' .. id
+  local drop = {'~' .. who}
+  local was_first = redis.pcall('LINDEX', p .. 'parked:lock:' .. id, 1)
+  if type(was_first) == 'string' then
+    local ok, d = pcall(cjson.decode, was_first)
+    if ok and type(d) == 'table' and type(d['payload']) == 'string' then
+      drop[2] = '~' .. entry_digest(d)
+    end
+  end
+  if type(redis.pcall('ZREM', lk, unpack(drop))) == 'number' then
+    redis.pcall('HDEL', ik, unpack(drop))
+    fix_lock(lk, ik, p .. 'locks', id)
+  end
 end
 
 -- PK-2, PK-5 for a lock of a larger limit (a ZSET) that lost `freed` holders: as many parked

@@ -76,20 +76,27 @@ for _, res in ipairs(members) do
             by_purge = before - redis.call('LLEN', pk)
             woken = woken + by_purge
           end
+          -- L-1b: the purge's wake made the lock a parked limit-1 job's handoff (lib_park.lua).
+          if known[lk] then t = 'string' end
+        end
+        if t == 'zset' then
           holders = redis.call('ZCARD', lk)
           local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
           if #first > 0 then next_at = math.max(tonumber(first[2]), now + every) end
         end
-        if limit <= 1 and t == 'none' then
+        if t == 'string' then
+          next_at = now + every
+        elseif limit <= 1 and t == 'none' then
           if lock1_handoff(prefix, lk, id) then
             woken = woken + 1
             next_at = now + every
           else
             stuck = true
           end
-        elseif limit > holders then
-          -- The purge's own wakes kept their units (lockn_handoff): they count in holders.
-          local moved, _, bad = lockn_handoff(prefix, id, limit - holders)
+        else
+          -- The purge's own wakes kept their units (lockn_handoff): they count in holders. With
+          -- no unit free, a job whose unit is kept already may still start now (L-1b).
+          local moved, _, bad = lockn_handoff(prefix, id, math.max(limit - holders, 0))
           woken = woken + #moved
           stuck = bad and #moved == 0
         end
