@@ -178,6 +178,16 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
+/// The credentials of an `Authorization: Bearer <token>` header. The scheme's name is
+/// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer`), and one or more
+/// spaces follow it.
+fn bearer(header: &str) -> Option<&str> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 /// Actions are off without `http_admin_token` (403), need `Authorization: Bearer <token>`
 /// (401 without it, 403 with a wrong one; both logged at warn).
 fn authorize(req: &Request<'_>, config: &Config) -> Result<(), Response> {
@@ -188,10 +198,7 @@ fn authorize(req: &Request<'_>, config: &Config) -> Result<(), Response> {
         ));
     };
     let peer = req.peer.map(|p| p.to_string()).unwrap_or_default();
-    let Some(given) = req
-        .authorization
-        .and_then(|a| a.trim().strip_prefix("Bearer "))
-    else {
+    let Some(given) = req.authorization.and_then(bearer) else {
         warn!(target: LOG_TARGET, peer = %peer, path = req.path, "web: action refused: no token");
         return Err(Response::error(
             "401 Unauthorized",
@@ -362,6 +369,17 @@ fn failed_error(e: &failed::FailedError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::same;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        use super::bearer;
+        for h in ["Bearer abc", "bearer abc", "BEARER  abc", " bEaReR abc "] {
+            assert_eq!(bearer(h), Some("abc"), "{h:?}");
+        }
+        for h in ["Basic abc", "Bearerabc", "abc", ""] {
+            assert_eq!(bearer(h), None, "{h:?}");
+        }
+    }
 
     #[test]
     fn tokens_compare_whole() {

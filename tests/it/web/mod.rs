@@ -990,3 +990,33 @@ fn a_listener_on_all_addresses_answers_for_the_address_reached() {
     assert_eq!(code, 421, "{body}");
     assert!(!body.contains("namespace"), "{body}");
 }
+
+/// The `Authorization` scheme's name is case-insensitive (RFC 9110): `bearer <token>` and
+/// `BEARER <token>` are `Bearer <token>`; another scheme is still no token (401).
+#[test]
+fn the_bearer_scheme_is_taken_in_any_case() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let (_d, addr) = daemon(&redis, &format!("http_admin_token = \"{TOKEN}\""));
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        r.cmd::<()>(&["SET", "resque:locket:counter:busy", "2"]);
+        let auth = format!("{scheme} {TOKEN}");
+        let (code, _, body) = http(
+            &addr,
+            "POST",
+            "/api/counters/reset",
+            &[("Authorization", &auth)],
+            r#"{"queue":"busy"}"#,
+        );
+        assert_eq!(code, 200, "{scheme}: {body}");
+        assert!(!r.exists("resque:locket:counter:busy"), "{scheme}");
+    }
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/counters/reset",
+        &[("Authorization", &format!("Basic {TOKEN}"))],
+        r#"{"queue":"busy"}"#,
+    );
+    assert_eq!(code, 401, "{body}");
+}
