@@ -231,9 +231,19 @@ async fn act<C: ConnectionLike + Send>(
                 return Response::error("400 Bad Request", "lock_id missing");
             };
             let force = body["force"] == true;
-            let token = s("token").unwrap_or_default();
+            let mut token = s("token").unwrap_or_default();
             if !force && token.is_empty() {
                 return Response::error("400 Bad Request", "token missing (or force: true)");
+            }
+            // The page shows a token's first 8 characters (O-1): a unique prefix names one.
+            if !force {
+                token = match crate::admin::holder_token(conn, &keys, &lock_id, &token).await {
+                    Ok(Ok(full)) => full,
+                    Ok(Err(ambiguous)) => return Response::error("409 Conflict", ambiguous),
+                    Err(e) => {
+                        return Response::error("503 Service Unavailable", format!("redis: {e}"))
+                    }
+                };
             }
             let what = if force {
                 AdminRelease::LockForce(&lock_id)
@@ -242,8 +252,9 @@ async fn act<C: ConnectionLike + Send>(
             };
             match store::admin_release(conn, &keys, &what).await {
                 Ok(n) => {
-                    warn!(target: LOG_TARGET, peer = %peer, lock_id = %lock_id, token = %token,
-                          force, released = n, "web: lock holder released by an operator");
+                    warn!(target: LOG_TARGET, peer = %peer, lock_id = %lock_id,
+                          token = %crate::admin::token_prefix(&token), force, released = n,
+                          "web: lock holder released by an operator");
                     Response::json("200 OK", &json!({"lock_id": lock_id, "released": n}))
                 }
                 Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),

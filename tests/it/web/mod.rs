@@ -322,7 +322,8 @@ fn the_api_and_the_page_show_a_known_state() {
             &h["limit"]
         ),
         (
-            &json!("tok-aaaa1111"),
+            // O-1: the first 8 characters of the token.
+            &json!("tok-aaaa"),
             &json!("Acct::Sync"),
             &json!("busy"),
             &json!("web-host:4242:busy"),
@@ -850,7 +851,7 @@ fn a_foreign_host_gets_421_and_no_data() {
     let secrets = ["tok-aaaa", "SendEmail", "Acct::Sync", "boom", "acct:7"];
     let (code, _, locks) = http(&addr, "GET", "/api/locks", &[], "");
     assert_eq!(code, 200, "{locks}");
-    assert!(locks.contains("tok-aaaa1111"), "the seed is there: {locks}");
+    assert!(locks.contains("\"tok-aaaa\""), "the seed is there: {locks}");
 
     for host in [
         "evil.example".to_string(),
@@ -908,7 +909,7 @@ fn a_foreign_host_gets_421_and_no_data() {
     ] {
         let (code, _, body) = http(&addr, "GET", "/api/locks", &[("Host", &host)], "");
         assert_eq!(code, 200, "{host}: {body}");
-        assert!(body.contains("tok-aaaa1111"), "{host}: {body}");
+        assert!(body.contains("\"tok-aaaa\""), "{host}: {body}");
         let (code, _, _) = http(&addr, "GET", "/metrics", &[("Host", &host)], "");
         assert_eq!(code, 200, "{host}");
     }
@@ -1019,4 +1020,128 @@ fn the_bearer_scheme_is_taken_in_any_case() {
         r#"{"queue":"busy"}"#,
     );
     assert_eq!(code, 401, "{body}");
+}
+
+/// O-1: a lock token is shown only as its first 8 characters: by `/api/locks`, `/api/page`,
+/// `/api/status`, the page, `locks` and `status` (tables and `--json`), and in the log of a
+/// release. The release takes the prefix shown (the page's and `locks release --token`, of a
+/// limit-1 lock too); a prefix that names two holders is refused and releases nothing.
+#[test]
+fn lock_tokens_are_shown_as_prefixes_and_a_prefix_releases_its_holder() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = crate::daemon::workdir();
+    let h = crate::support::write_script(dir.path(), "hold.sh", "exec sleep 60");
+    let config = cfg("q")
+        .top(&format!("http_admin_token = \"{TOKEN}\""))
+        .class("Hold::Two", &h, "lock = \"acct:{args[0]}\"\nlimit = 2")
+        .class("Hold::One", &h, "lock = \"solo:{args[0]}\"")
+        .render();
+    let d = Daemon::builder(&redis)
+        .config(&config)
+        .args(["--http", "127.0.0.1:0", "--workers", "3"])
+        .start();
+    let addr = crate::service::metrics_addr(&d);
+    for job in [
+        r#"{"class":"Hold::Two","args":[9,"a"]}"#,
+        r#"{"class":"Hold::Two","args":[9,"b"]}"#,
+        r#"{"class":"Hold::One","args":[1]}"#,
+    ] {
+        r.push("q", job);
+    }
+    let (zset, solo) = ("resque:locket:lock:acct:9", "resque:locket:lock:solo:1");
+    crate::support::wait_until(SHORT, "three holders", || {
+        r.lock_holders(zset).len() == 2 && r.exists(solo)
+    });
+    let mut two: Vec<String> = r.cmd(&["ZRANGE", zset, "0", "-1"]);
+    two.sort();
+    let one: String = r.cmd(&["GET", solo]);
+    let one: Value = serde_json::from_str(&one).unwrap();
+    let one = one["token"].as_str().unwrap().to_string();
+    let tokens = [two[0].clone(), two[1].clone(), one.clone()];
+    for t in &tokens {
+        assert_eq!(t.len(), 32, "{t}");
+    }
+    let leaks = |what: &str, text: &str| {
+        for t in &tokens {
+            assert!(
+                !text.contains(t.as_str()),
+                "{what} shows the full token {t}:\n{text}"
+            );
+        }
+    };
+
+    // The API, the page and status.
+    let locks = get_json(&addr, "/api/locks");
+    let mut shown: Vec<String> = locks["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["holders"].as_array().unwrap().clone())
+        .map(|h| h["token"].as_str().unwrap().to_string())
+        .collect();
+    shown.sort();
+    let mut want: Vec<String> = tokens.iter().map(|t| t[..8].to_string()).collect();
+    want.sort();
+    assert_eq!(shown, want, "{locks}");
+    for path in ["/api/locks", "/api/page", "/api/status", "/"] {
+        let (code, _, body) = http(&addr, "GET", path, &[], "");
+        assert_eq!(code, 200, "{path}: {body}");
+        leaks(path, &body);
+    }
+    let cli = |args: &[&str]| -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--redis", &redis.url()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        &["locks"][..],
+        &["locks", "--json"],
+        &["status"],
+        &["status", "--json"],
+    ] {
+        let out = cli(args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        leaks(&format!("{args:?}"), &String::from_utf8_lossy(&out.stdout));
+    }
+
+    // A prefix that names two holders releases nothing, on the page and in the CLI.
+    let twin = format!("{}{}", &two[1][..8], "0".repeat(24));
+    r.cmd::<()>(&["ZADD", zset, "99999999999999", &twin]);
+    let auth = format!("Bearer {TOKEN}");
+    let release = |lock: &str, token: &str| {
+        http(
+            &addr,
+            "POST",
+            "/api/locks/release",
+            &[("Authorization", &auth)],
+            &json!({"lock_id": lock, "token": token}).to_string(),
+        )
+    };
+    let (code, _, body) = release("acct:9", &two[1][..8]);
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("more than one"), "{body}");
+    let out = cli(&["locks", "release", "acct:9", "--token", &two[1][..8]]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("more than one"),
+        "{out:?}"
+    );
+    assert_eq!(r.lock_holders(zset).len(), 3);
+    r.cmd::<()>(&["ZREM", zset, &twin]);
+
+    // The prefix shown releases its holder: on the page, and in the CLI for a limit-1 lock.
+    let (code, _, body) = release("acct:9", &two[0][..8]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["released"], 1);
+    assert_eq!(r.lock_holders(zset), vec![two[1].clone()]);
+    d.wait_for_log("web: lock holder released by an operator", SHORT);
+    let out = cli(&["locks", "release", "solo:1", "--token", &one[..8]]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!r.exists(solo) || !r.cmd::<String>(&["GET", solo]).contains(&one));
+    leaks("the CLI's release", &String::from_utf8_lossy(&out.stderr));
+    leaks("the CLI's release", &String::from_utf8_lossy(&out.stdout));
+    leaks("the daemon's log", &d.log());
 }
