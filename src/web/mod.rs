@@ -157,8 +157,14 @@ pub async fn handle<C: ConnectionLike + Send>(
     }
 }
 
+/// 503 for Redis not answering, with its reason (a key of another type does not get here:
+/// its section names it, see [`data::page`]).
 fn unavailable(e: &crate::Error) -> Response {
-    Response::error("503 Service Unavailable", format!("redis: {e}"))
+    let why = match e {
+        crate::Error::Redis(r) => crate::ops::unreadable::error_text(r),
+        other => other.to_string(),
+    };
+    Response::error("503 Service Unavailable", format!("redis: {why}"))
 }
 
 /// The action endpoints.

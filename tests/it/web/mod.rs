@@ -1145,3 +1145,181 @@ fn lock_tokens_are_shown_as_prefixes_and_a_prefix_releases_its_holder() {
     leaks("the CLI's release", &String::from_utf8_lossy(&out.stdout));
     leaks("the daemon's log", &d.log());
 }
+
+/// One key another tool gave another type (or a queue name that is not UTF-8) empties only
+/// the part that reads it, which names the key: `/`, `/api/page`, `/api/status` and `locketd
+/// status` still answer, every other section shows what it showed before, and `/metrics`
+/// stays up. Before, any one of these answered `503 {"error":"redis: redis"}` for the whole
+/// page and failed `status`.
+#[test]
+fn one_odd_key_empties_only_its_own_section_and_names_it() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (_d, addr) = daemon(&redis, "");
+    let totals = |page: &Value| -> Vec<(String, Value)> {
+        page["sections"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, v)| {
+                let t = if name == "delayed" {
+                    json!([v["total"], v["scheduler"]["total"]])
+                } else {
+                    v["total"].clone()
+                };
+                (name.clone(), t)
+            })
+            .collect()
+    };
+    let before = get_json(&addr, "/api/page");
+    for name in [
+        "locks",
+        "holds",
+        "delayed",
+        "failures",
+        "schedules",
+        "rates",
+    ] {
+        assert!(
+            before["sections"][name]["total"].as_u64() > Some(0),
+            "{name}: {}",
+            before["sections"][name]
+        );
+    }
+    let odd_name = b"q\xff\xfe";
+    // (the key, how it is made odd, the section that reads it, whether `status` reads it)
+    let cases: [(&str, &[&str], &str, bool); 5] = [
+        (
+            "resque:failed",
+            &["HSET", "resque:failed", "a", "b"],
+            "failures",
+            true,
+        ),
+        (
+            "resque:locket:locks",
+            &["SET", "resque:locket:locks", "x"],
+            "locks",
+            true,
+        ),
+        (
+            "resque:delayed_queue_schedule",
+            &["RPUSH", "resque:delayed_queue_schedule", "x"],
+            "delayed",
+            true,
+        ),
+        (
+            "resque:locket:deps",
+            &["SADD", "resque:locket:deps", "x"],
+            "holds",
+            false,
+        ),
+        ("resque:queues", &[], "queues", true),
+    ];
+    for (key, odd, section, in_status) in cases {
+        let saved: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(&mut r.0).unwrap();
+        if odd.is_empty() {
+            let _: () = redis::cmd("SADD")
+                .arg(key)
+                .arg(&odd_name[..])
+                .query(&mut r.0)
+                .unwrap();
+        } else {
+            r.cmd::<()>(&["DEL", key]);
+            r.cmd::<()>(odd);
+        }
+
+        let (code, _, html) = http(&addr, "GET", "/", &[], "");
+        assert_eq!(code, 200, "{key}: {html}");
+        assert!(
+            html.contains(&format!(
+                "<p class=\"unreadable\" id=\"{section}-unreadable\">could not read {key}: "
+            )),
+            "{key}: the {section} section does not name it:\n{html}"
+        );
+        let page = get_json(&addr, "/api/page");
+        let named = |v: &Value| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .any(|u| u["key"] == key && u["error"].as_str().is_some_and(|e| !e.is_empty()))
+        };
+        assert!(
+            named(&page["sections"][section]["unreadable"]),
+            "{key}: {}",
+            page["sections"][section]
+        );
+        for ((name, was), (_, now)) in totals(&before).into_iter().zip(totals(&page)) {
+            if name == section {
+                continue;
+            }
+            assert_eq!(
+                now,
+                was,
+                "{key}: section {name} changed: {}",
+                page["sections"][name.as_str()]
+            );
+            assert!(
+                page["sections"][name.as_str()]["unreadable"].is_null(),
+                "{key}: section {name}: {}",
+                page["sections"][name.as_str()]
+            );
+        }
+        if section == "queues" {
+            let names: Vec<&str> = page["sections"]["queues"]["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|q| q["name"].as_str())
+                .collect();
+            assert!(
+                names.contains(&"busy") && names.contains(&"mixed"),
+                "{names:?}"
+            );
+        }
+
+        let status = get_json(&addr, "/api/status");
+        let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--redis", &redis.url(), "status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{key}: status failed: {out:?}");
+        if in_status {
+            assert!(named(&status["unreadable"]), "{key}: {status}");
+            assert!(
+                text.contains(&format!("UNREADABLE ({section}) {key}: ")),
+                "{key}:\n{text}"
+            );
+            assert!(
+                named(&page["summary"]["unreadable"]),
+                "{key}: {}",
+                page["summary"]
+            );
+        }
+        assert!(text.contains("QUEUE"), "{key}:\n{text}");
+        let (code, _, metrics) = http(&addr, "GET", "/metrics", &[], "");
+        assert_eq!(code, 200, "{key}");
+        assert!(metrics.contains("locketd_workers"), "{key}");
+
+        if odd.is_empty() {
+            let _: () = redis::cmd("SREM")
+                .arg(key)
+                .arg(&odd_name[..])
+                .query(&mut r.0)
+                .unwrap();
+        } else {
+            r.cmd::<()>(&["DEL", key]);
+            if let Some(bytes) = saved {
+                let _: () = redis::cmd("RESTORE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(bytes)
+                    .query(&mut r.0)
+                    .unwrap();
+            }
+        }
+    }
+    let after = get_json(&addr, "/api/page");
+    assert_eq!(totals(&after), totals(&before));
+}
