@@ -384,16 +384,13 @@ impl Admin {
             force,
         }) = &a.action
         {
-            // The table shows 8 characters of a token: a unique prefix names it.
+            // Tokens are shown as their first 8 characters (O-1): a unique prefix names one.
             let token = match token.as_deref() {
                 Some(t) if !*force => {
-                    let all: Vec<String> = redis::cmd("ZRANGE")
-                        .arg(self.keys.lock(lock_id))
-                        .arg(0)
-                        .arg(-1)
-                        .query_async(&mut self.conn)
-                        .await?;
-                    complete_prefix(t, all, "token")?
+                    match holder_token(&mut self.conn, &self.keys, lock_id, t).await? {
+                        Ok(full) => full,
+                        Err(ambiguous) => bail!("{ambiguous}"),
+                    }
                 }
                 other => other.unwrap_or("").to_string(),
             };
@@ -407,7 +404,8 @@ impl Admin {
                 tracing::warn!(lock_id = %lock_id, holders = n, "lock force-released by an operator");
                 eprintln!("locketd: warning: force-released {n} holder(s) of lock {lock_id}");
             } else {
-                tracing::warn!(lock_id = %lock_id, released = n, "lock holder released by an operator");
+                tracing::warn!(lock_id = %lock_id, token = %token_prefix(&token), released = n,
+                               "lock holder released by an operator");
             }
             if a.json {
                 print_json(&json!({"lock_id": lock_id, "released": n}));
@@ -436,7 +434,7 @@ impl Admin {
                     human_ms(h["age_ms"].as_i64().unwrap_or(0)),
                     human_ms(h["left_ms"].as_i64().unwrap_or(0)),
                     h["fence"].as_u64().map_or("-".into(), |f| f.to_string()),
-                    s("token").chars().take(8).collect(),
+                    s("token"),
                 ]);
             }
         }
@@ -670,10 +668,41 @@ impl Admin {
     }
 }
 
+/// How many characters of a lock token are ever shown (O-1): by `locks`, its `--json`, the
+/// web page and its API, and the logs. The whole token is the holder's lease: whoever has it
+/// can release or extend the lock as its holder.
+pub const TOKEN_SHOWN: usize = 8;
+
+/// The first [`TOKEN_SHOWN`] characters of a lock token: the only part of it that is shown.
+pub fn token_prefix(token: &str) -> &str {
+    token
+        .char_indices()
+        .nth(TOKEN_SHOWN)
+        .map_or(token, |(end, _)| &token[..end])
+}
+
+/// The full token of the holder of `lock_id` that `given` names (a whole token, or a prefix
+/// of exactly one holder's, such as the 8 characters shown): `given` itself when it names
+/// none (the release then finds nothing), and `Err` with a message when it names more than
+/// one.
+pub async fn holder_token<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    lock_id: &str,
+    given: &str,
+) -> redis::RedisResult<Result<String, String>> {
+    let all = store::holders(conn, keys, lock_id)
+        .await?
+        .into_iter()
+        .map(|h| h.token)
+        .collect();
+    Ok(complete(given, all, "token"))
+}
+
 /// The one value of `all` that `given` starts with (the tables show prefixes of tokens and
 /// digests), `given` itself when it is one of them or matches none (the release then finds
-/// nothing), or an error when the prefix is ambiguous.
-fn complete_prefix(given: &str, all: Vec<String>, what: &str) -> anyhow::Result<String> {
+/// nothing), or a message when the prefix is ambiguous.
+fn complete(given: &str, all: Vec<String>, what: &str) -> Result<String, String> {
     if given.is_empty() || all.iter().any(|v| v == given) {
         return Ok(given.to_string());
     }
@@ -681,15 +710,27 @@ fn complete_prefix(given: &str, all: Vec<String>, what: &str) -> anyhow::Result<
     match (matches.next(), matches.next()) {
         (Some(one), None) => Ok(one),
         (None, _) => Ok(given.to_string()),
-        (Some(_), Some(_)) => {
-            anyhow::bail!("{what} prefix {given:?} matches more than one; give more of it")
-        }
+        (Some(_), Some(_)) => Err(format!(
+            "{what} prefix {given:?} matches more than one; nothing released: give more of it"
+        )),
     }
+}
+
+/// [`complete`] for the CLI.
+fn complete_prefix(given: &str, all: Vec<String>, what: &str) -> anyhow::Result<String> {
+    complete(given, all, what).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::complete_prefix;
+    use super::{complete_prefix, token_prefix};
+
+    #[test]
+    fn a_token_is_shown_as_its_first_8_characters() {
+        assert_eq!(token_prefix("0123456789abcdef0123456789abcdef"), "01234567");
+        assert_eq!(token_prefix("abc"), "abc");
+        assert_eq!(token_prefix("ééééééééé"), "éééééééé");
+    }
 
     #[test]
     fn a_unique_prefix_names_its_value() {

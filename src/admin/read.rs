@@ -186,11 +186,12 @@ pub async fn read_locks<C: ConnectionLike + Send>(
 }
 
 /// One holder as `locketd locks --json` shows it, from its info JSON (`lockinfo`, or a
-/// limit-1 lock's own value).
+/// limit-1 lock's own value); its token as its first 8 characters (O-1), which
+/// `locks release --token` and the page's release take.
 fn holder_row(token: &str, info: &Value, now: i64, left_ms: i64) -> Value {
     let acquired = info["acquired_at"].as_i64().unwrap_or(now);
     json!({
-        "token": token,
+        "token": super::token_prefix(token),
         "process": info["process"],
         "resque_worker": info["resque_worker"],
         "class": info["class"],

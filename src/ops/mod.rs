@@ -3,6 +3,7 @@
 
 pub mod failed;
 pub mod status;
+pub mod unreadable;
 
 use crate::config::Config;
 use crate::conn::Manager;

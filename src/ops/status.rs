@@ -17,6 +17,7 @@
 //! low            0      12        -  2/3          ok
 //! ```
 
+use super::unreadable::{self, Unreadable};
 use crate::config::Config;
 use crate::error::Result;
 use crate::resque::keys::Keys;
@@ -57,6 +58,10 @@ pub struct Status {
     pub workers: Vec<WorkerStatus>,
     /// resque-scheduler's delayed queue: scheduled, due, oldest overdue, items kept back.
     pub delayed: crate::scheduler::ops::DelayedCounts,
+    /// Keys that could not be read (another type, names that are not UTF-8): the part that
+    /// reads each shows what it could, and this names the key.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// One queue.
@@ -134,16 +139,6 @@ pub struct JobStatus {
     pub running_secs: Option<u64>,
 }
 
-/// The first pipeline's reply: queues, workers, locket processes, paused, processed, failed.
-type Head = (
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-    bool,
-    Option<String>,
-    Option<String>,
-);
-
 fn int(v: Option<String>) -> u64 {
     v.and_then(|s| s.trim().parse::<i64>().ok())
         .map(|n| n.max(0) as u64)
@@ -151,22 +146,70 @@ fn int(v: Option<String>) -> u64 {
 }
 
 /// Reads the status. `config` supplies the namespace, the queue order and the failure backend.
+/// Fails only when Redis does not answer: a key of another type, or a name that is not UTF-8,
+/// leaves its part empty and is named in [`Status::unreadable`].
 pub async fn collect<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> Result<Status> {
     Ok(read(conn, config).await?)
+}
+
+/// `Err(e)` when `e` is Redis not answering; else notes the key `e` refused and gives `T`'s
+/// default.
+fn refused<T: Default>(
+    r: RedisResult<T>,
+    section: &str,
+    key: &str,
+    u: &mut Vec<Unreadable>,
+) -> RedisResult<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if unreadable::is_connection(&e) => Err(e),
+        Err(e) => {
+            u.push(Unreadable {
+                section: section.into(),
+                key: key.into(),
+                error: unreadable::error_text(&e),
+            });
+            Ok(T::default())
+        }
+    }
 }
 
 async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisResult<Status> {
     let k = Keys::new(&config.namespace);
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-    let (known, workers, processes, paused, processed, failed): Head = redis::pipe()
+    let mut u: Vec<Unreadable> = Vec::new();
+    // One pipeline: queues, workers, locket processes, paused, processed, failed. Each reply on
+    // its own: a key of another type empties its part only.
+    let head: Vec<redis::Value> = redis::pipe()
         .smembers(k.queues())
         .smembers(k.workers())
         .smembers(k.processes())
         .exists(k.pause_all())
         .get(k.stat_processed())
         .get(k.stat_failed())
+        .ignore_errors()
         .query_async(conn)
         .await?;
+    let mut head = head.into_iter();
+    let mut next = || head.next().unwrap_or(redis::Value::Nil);
+    let known = unreadable::names(next(), "queues", &k.queues(), &mut u);
+    let workers = unreadable::names(next(), "workers", &k.workers(), &mut u);
+    let processes = unreadable::names(next(), "workers", &k.processes(), &mut u);
+    let paused: bool = unreadable::reply(next()).unwrap_or(false);
+    let mut stat = |v: redis::Value, key: String| -> Option<String> {
+        unreadable::reply(v)
+            .map_err(|error| {
+                u.push(Unreadable {
+                    section: "totals".into(),
+                    key,
+                    error,
+                })
+            })
+            .ok()
+            .flatten()
+    };
+    let processed = stat(next(), k.stat_processed());
+    let failed = stat(next(), k.stat_failed());
 
     // Queues: configured order first, then the rest of `queues` by name.
     let mut names: Vec<(String, bool)> = Vec::new();
@@ -233,14 +276,37 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         w.handlers = handlers.remove(&w.id).unwrap_or_default();
     }
 
-    let failures_listed = super::failed::listed_total(conn, config, usize::MAX).await?;
-    let locks_held = crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await?;
-
-    let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
-        .await
-        .unwrap_or_default();
+    let (failures_listed, lists_refused) = refused(
+        super::failed::listed_counts(conn, config, usize::MAX).await,
+        "failures",
+        &k.failed_queues(),
+        &mut u,
+    )?;
+    for (key, error) in lists_refused {
+        u.push(Unreadable {
+            section: "failures".into(),
+            key,
+            error,
+        });
+    }
+    let locks_held = match crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await {
+        Err(e) if !unreadable::is_connection(&e) => {
+            u.push(unreadable::name_key(conn, "locks", &[(k.locks(), "zset")], &e).await);
+            0
+        }
+        other => other?,
+    };
+    let delayed = match crate::scheduler::ops::delayed_counts(conn, &k, now as i64).await {
+        Err(e) if !unreadable::is_connection(&e) => {
+            let expected = [(k.delayed_schedule(), "zset")];
+            u.push(unreadable::name_key(conn, "delayed", &expected, &e).await);
+            Default::default()
+        }
+        other => other?,
+    };
 
     Ok(Status {
+        unreadable: u,
         delayed,
         redis: crate::conn::redact(&config.redis),
         primary: None,
@@ -449,6 +515,9 @@ impl Status {
         );
         for (what, why) in d.kept.iter().take(10) {
             let _ = writeln!(out, "  kept back: {what}: {why}");
+        }
+        for u in &self.unreadable {
+            let _ = writeln!(out, "UNREADABLE ({}) {}", u.section, u.line());
         }
         out.push('\n');
         if self.queues.is_empty() {

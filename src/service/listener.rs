@@ -2,9 +2,10 @@
 //! over hyper's HTTP/1.1 server, with the limits that keep one client from taking it:
 //!
 //! - at most [`MAX_CONNECTIONS`] connections; when full, a new connection closes the oldest one
-//!   that has not sent its request yet (else the oldest one), so a client holding or reopening
-//!   idle sockets cannot keep `/metrics` from its scraper, and the master's file descriptors
-//!   stay bounded;
+//!   whose request is not all in yet (its head, or the body its head announced; else the
+//!   oldest one), so a client holding or reopening idle sockets, or heads whose bodies never
+//!   come, cannot keep `/metrics` from its scraper, and the master's file descriptors stay
+//!   bounded;
 //! - a request's head must arrive within [`HEAD_TIMEOUT`] of the connection (hyper's header
 //!   read timeout), its body within [`BODY_TIMEOUT`] of the head, at most [`MAX_HEAD`] and
 //!   [`MAX_BODY`] bytes; a connection lives at most [`CONNECTION_TIMEOUT`];
@@ -65,7 +66,10 @@ struct Pool {
 
 /// One open connection as the pool sees it.
 struct Held {
-    /// Set once its request head is in: it is being answered.
+    /// Set once its request is in, head and body: it is being answered. A connection whose
+    /// head is in but whose body is still awaited is not busy: a client that sends heads and
+    /// holds back their bodies must not make the scraper's fresh connection the only one the
+    /// pool can close.
     busy: Arc<AtomicBool>,
     /// Closes it.
     cut: CancellationToken,
@@ -73,7 +77,7 @@ struct Held {
 
 impl Pool {
     /// Takes in a new connection; when full, first closes the oldest one still waiting for its
-    /// request, else the oldest one.
+    /// request (head or body), else the oldest one.
     fn admit(&mut self) -> (u64, Arc<AtomicBool>, CancellationToken) {
         if self.open.len() >= MAX_CONNECTIONS {
             let victim = self
@@ -225,7 +229,6 @@ type Answer = Response<Full<Bytes>>;
 
 /// Answers one request: the `Host` and `Origin` checks, the body, then `/metrics` or the web.
 async fn answer(req: Request<Incoming>, ctx: &Ctx) -> Answer {
-    ctx.busy.store(true, Ordering::Relaxed);
     let src = ctx.source.read().unwrap_or_else(|p| p.into_inner()).clone();
     if let Err(refused) = check_host(&req, ctx, &src.config) {
         return *refused;
@@ -236,6 +239,8 @@ async fn answer(req: Request<Incoming>, ctx: &Ctx) -> Answer {
         Ok(b) => b,
         Err(refused) => return *refused,
     };
+    // Busy only now: while its body was awaited, the pool could close it like any idle one.
+    ctx.busy.store(true, Ordering::Relaxed);
     if path == "/metrics" {
         if parts.method != Method::GET && parts.method != Method::HEAD {
             return respond("405", "text/plain", "GET only\n".into(), false);

@@ -10,6 +10,7 @@ use super::minutes::Minutes;
 use crate::admin::{self, Listing};
 use crate::config::Config;
 use crate::ops::status::{self, Status};
+use crate::ops::unreadable::{self, Unreadable};
 use crate::resque::keys::Keys;
 use crate::resque::time;
 use redis::aio::ConnectionLike;
@@ -58,7 +59,10 @@ fn listing(l: Listing) -> Value {
     json!({"total": l.total, "rows": l.rows})
 }
 
-/// Reads every section; one `status` read serves queues and workers.
+/// Reads every section; one `status` read serves queues and workers. Fails only when Redis
+/// does not answer: a section that meets a key it cannot read (another type, a name that is
+/// not UTF-8) shows what it could and names the key in its `unreadable`, and the others are
+/// unaffected.
 pub async fn page<C: ConnectionLike + Send>(
     conn: &mut C,
     config: &Config,
@@ -66,20 +70,15 @@ pub async fn page<C: ConnectionLike + Send>(
 ) -> crate::error::Result<PageData> {
     let status = status::collect(conn, config).await?;
     let mut sections = BTreeMap::new();
-    let k = Keys::new(&config.namespace);
-    sections.insert("queues", queues(conn, &k, &status).await?);
-    sections.insert("workers", workers(&status));
-    let delayed = delayed(conn, &k).await?;
-    sections.insert("locks", locks(conn, &k, &delayed).await?);
-    sections.insert("delayed", delayed);
-    sections.insert(
-        "holds",
-        listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
-    );
-    sections.insert("rates", rates(conn, &k, config).await?);
-    sections.insert("schedules", schedules(conn, config).await?);
-    sections.insert("failures", failures(conn, config).await?);
-    sections.insert("chart", chart(conn, &k, minutes).await?);
+    let delayed = read_one(conn, config, minutes, "delayed", Some(&status), None).await?;
+    for name in SECTIONS {
+        let v = if *name == "delayed" {
+            delayed.clone()
+        } else {
+            read_one(conn, config, minutes, name, Some(&status), Some(&delayed)).await?
+        };
+        sections.insert(*name, v);
+    }
     Ok(PageData { status, sections })
 }
 
@@ -90,29 +89,155 @@ pub async fn section<C: ConnectionLike + Send>(
     minutes: &Minutes,
     name: &str,
 ) -> crate::error::Result<Option<Value>> {
-    let k = Keys::new(&config.namespace);
-    Ok(Some(match name {
-        "queues" => {
-            let s = status::collect(conn, config).await?;
-            queues(conn, &k, &s).await?
-        }
-        "workers" => workers(&status::collect(conn, config).await?),
-        "locks" => {
-            let d = delayed(conn, &k).await?;
-            locks(conn, &k, &d).await?
-        }
-        "holds" => listing(admin::read_holds(conn, &k, None, MAX_ROWS).await?),
-        "delayed" => delayed(conn, &k).await?,
-        "rates" => rates(conn, &k, config).await?,
-        "schedules" => schedules(conn, config).await?,
-        "failures" => failures(conn, config).await?,
-        "chart" => chart(conn, &k, minutes).await?,
-        _ => return Ok(None),
-    }))
+    if !SECTIONS.contains(&name) {
+        return Ok(None);
+    }
+    let status = match name {
+        "queues" | "workers" => Some(status::collect(conn, config).await?),
+        _ => None,
+    };
+    let delayed = match name {
+        "locks" => Some(read_one(conn, config, minutes, "delayed", None, None).await?),
+        _ => None,
+    };
+    Ok(Some(
+        read_one(
+            conn,
+            config,
+            minutes,
+            name,
+            status.as_ref(),
+            delayed.as_ref(),
+        )
+        .await?,
+    ))
 }
 
-/// Whether a section has anything to show (the page leaves out the others).
+/// Reads section `name` (`status` for queues and workers, the delayed section for locks).
+/// A key it cannot read leaves it empty with the key named in its `unreadable` (with the
+/// queues' or workers' keys `status` could not read); only Redis not answering is an error.
+async fn read_one<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+    minutes: &Minutes,
+    name: &str,
+    status: Option<&Status>,
+    delayed_v: Option<&Value>,
+) -> crate::error::Result<Value> {
+    let k = Keys::new(&config.namespace);
+    let none = Value::Null;
+    let read: crate::error::Result<Value> = match (name, status) {
+        ("queues", Some(st)) => queues(conn, &k, st).await.map_err(Into::into),
+        ("workers", Some(st)) => Ok(workers(st)),
+        ("locks", _) => locks(conn, &k, delayed_v.unwrap_or(&none))
+            .await
+            .map_err(Into::into),
+        ("holds", _) => admin::read_holds(conn, &k, None, MAX_ROWS)
+            .await
+            .map(listing)
+            .map_err(Into::into),
+        ("delayed", _) => delayed(conn, &k).await.map_err(Into::into),
+        ("rates", _) => rates(conn, &k, config).await.map_err(Into::into),
+        ("schedules", _) => schedules(conn, config).await,
+        ("failures", _) => failures(conn, config).await,
+        ("chart", _) => chart(conn, &k, minutes).await.map_err(Into::into),
+        _ => Ok(json!({"total": 0, "rows": []})),
+    };
+    let mut v = match read {
+        Ok(v) => v,
+        Err(crate::Error::Redis(e)) if unreadable::is_connection(&e) => return Err(e.into()),
+        Err(e) => {
+            let u = match &e {
+                crate::Error::Redis(e) => {
+                    let expected = expected_keys(conn, config, &k, name).await;
+                    unreadable::name_key(conn, name, &expected, e).await
+                }
+                other => Unreadable {
+                    section: name.into(),
+                    key: String::new(),
+                    error: other.to_string(),
+                },
+            };
+            let mut v = empty(name);
+            v["unreadable"] = json!([u]);
+            v
+        }
+    };
+    // Queues and workers are read by `status`: its keys of theirs. (Its locks, failures and
+    // delayed keys are the page's summary's: those sections read theirs themselves.)
+    let from_status: Vec<&Unreadable> = match (name, status) {
+        ("queues" | "workers", Some(st)) => {
+            st.unreadable.iter().filter(|u| u.section == name).collect()
+        }
+        _ => Vec::new(),
+    };
+    if !from_status.is_empty() {
+        let mut all = v["unreadable"].as_array().cloned().unwrap_or_default();
+        all.extend(from_status.into_iter().map(|u| json!(u)));
+        v["unreadable"] = Value::Array(all);
+    }
+    Ok(v)
+}
+
+/// A section with nothing read, in its shape.
+fn empty(name: &str) -> Value {
+    match name {
+        "delayed" => {
+            json!({"total": 0, "rows": [], "scheduler": {"total": 0, "timestamps": 0, "timestamps_read": 0, "rows": []}})
+        }
+        "failures" => json!({"total": 0, "rows": [], "by_class": []}),
+        "schedules" => json!({"total": 0, "rows": [], "master_lock": null}),
+        "chart" => json!({"total": 0, "series": {}, "note": ""}),
+        _ => json!({"total": 0, "rows": []}),
+    }
+}
+
+/// The keys a section reads through, each with the type locketd, Resque or resque-scheduler
+/// gives it: a section that fails names the one of another type.
+async fn expected_keys<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+    k: &Keys,
+    name: &str,
+) -> Vec<(String, &'static str)> {
+    let ns = k.ns();
+    match name {
+        "locks" => vec![(k.locks(), "zset")],
+        "holds" => vec![(k.deps(), "zset")],
+        "delayed" => vec![(k.delayed(), "zset"), (k.delayed_schedule(), "zset")],
+        "schedules" => vec![
+            (format!("{ns}:persistent_schedules"), "hash"),
+            (format!("{ns}:delayed:last_enqueued_at"), "hash"),
+            (config.scheduler.lock_key(&config.namespace), "string"),
+        ],
+        "failures" => {
+            let mut out = Vec::new();
+            if matches!(
+                config.failure_backend,
+                crate::resque::failure::FailureBackend::RedisMultiQueue
+            ) {
+                out.push((k.failed_queues(), "set"));
+            }
+            let lists = crate::ops::failed::lists(conn, config, None)
+                .await
+                .unwrap_or_default();
+            out.extend(lists.into_iter().take(MAX_ROWS).map(|l| (l.key, "list")));
+            out
+        }
+        "rates" => vec![(
+            format!("{} and {}", k.locket("ratelog:*"), k.locket("rate:*")),
+            "",
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a section has anything to show (the page leaves out the others): rows, or a key it
+/// could not read.
 pub fn has_data(name: &str, v: &Value) -> bool {
+    if v["unreadable"].as_array().is_some_and(|u| !u.is_empty()) {
+        return true;
+    }
     match name {
         "chart" | "queues" | "workers" => true,
         "delayed" => v["total"].as_u64() > Some(0) || v["scheduler"]["total"].as_u64() > Some(0),

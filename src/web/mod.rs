@@ -157,8 +157,14 @@ pub async fn handle<C: ConnectionLike + Send>(
     }
 }
 
+/// 503 for Redis not answering, with its reason (a key of another type does not get here:
+/// its section names it, see [`data::page`]).
 fn unavailable(e: &crate::Error) -> Response {
-    Response::error("503 Service Unavailable", format!("redis: {e}"))
+    let why = match e {
+        crate::Error::Redis(r) => crate::ops::unreadable::error_text(r),
+        other => other.to_string(),
+    };
+    Response::error("503 Service Unavailable", format!("redis: {why}"))
 }
 
 /// The action endpoints.
@@ -178,6 +184,16 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
+/// The credentials of an `Authorization: Bearer <token>` header. The scheme's name is
+/// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer`), and one or more
+/// spaces follow it.
+fn bearer(header: &str) -> Option<&str> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 /// Actions are off without `http_admin_token` (403), need `Authorization: Bearer <token>`
 /// (401 without it, 403 with a wrong one; both logged at warn).
 fn authorize(req: &Request<'_>, config: &Config) -> Result<(), Response> {
@@ -188,10 +204,7 @@ fn authorize(req: &Request<'_>, config: &Config) -> Result<(), Response> {
         ));
     };
     let peer = req.peer.map(|p| p.to_string()).unwrap_or_default();
-    let Some(given) = req
-        .authorization
-        .and_then(|a| a.trim().strip_prefix("Bearer "))
-    else {
+    let Some(given) = req.authorization.and_then(bearer) else {
         warn!(target: LOG_TARGET, peer = %peer, path = req.path, "web: action refused: no token");
         return Err(Response::error(
             "401 Unauthorized",
@@ -224,9 +237,19 @@ async fn act<C: ConnectionLike + Send>(
                 return Response::error("400 Bad Request", "lock_id missing");
             };
             let force = body["force"] == true;
-            let token = s("token").unwrap_or_default();
+            let mut token = s("token").unwrap_or_default();
             if !force && token.is_empty() {
                 return Response::error("400 Bad Request", "token missing (or force: true)");
+            }
+            // The page shows a token's first 8 characters (O-1): a unique prefix names one.
+            if !force {
+                token = match crate::admin::holder_token(conn, &keys, &lock_id, &token).await {
+                    Ok(Ok(full)) => full,
+                    Ok(Err(ambiguous)) => return Response::error("409 Conflict", ambiguous),
+                    Err(e) => {
+                        return Response::error("503 Service Unavailable", format!("redis: {e}"))
+                    }
+                };
             }
             let what = if force {
                 AdminRelease::LockForce(&lock_id)
@@ -235,8 +258,9 @@ async fn act<C: ConnectionLike + Send>(
             };
             match store::admin_release(conn, &keys, &what).await {
                 Ok(n) => {
-                    warn!(target: LOG_TARGET, peer = %peer, lock_id = %lock_id, token = %token,
-                          force, released = n, "web: lock holder released by an operator");
+                    warn!(target: LOG_TARGET, peer = %peer, lock_id = %lock_id,
+                          token = %crate::admin::token_prefix(&token), force, released = n,
+                          "web: lock holder released by an operator");
                     Response::json("200 OK", &json!({"lock_id": lock_id, "released": n}))
                 }
                 Err(e) => Response::error("503 Service Unavailable", format!("redis: {e}")),
@@ -387,6 +411,17 @@ fn failed_error(e: &failed::FailedError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::same;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        use super::bearer;
+        for h in ["Bearer abc", "bearer abc", "BEARER  abc", " bEaReR abc "] {
+            assert_eq!(bearer(h), Some("abc"), "{h:?}");
+        }
+        for h in ["Basic abc", "Bearerabc", "abc", ""] {
+            assert_eq!(bearer(h), None, "{h:?}");
+        }
+    }
 
     #[test]
     fn tokens_compare_whole() {

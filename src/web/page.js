@@ -131,6 +131,7 @@
   };
 
   function hasData(name, v) {
+    if (v.unreadable && v.unreadable.length) return true;
     if (name === "chart" || name === "queues" || name === "workers") return true;
     if (name === "delayed") return v.total > 0 || (v.scheduler && v.scheduler.total > 0);
     if (name === "schedules") return v.total > 0 || !!v.master_lock;
@@ -142,6 +143,14 @@
     var t = v.total > shown && shown >= MAX_ROWS ? shown + " of " + v.total : String(v.total);
     if (name === "delayed" && v.scheduler && v.scheduler.total > 0) t += " + " + v.scheduler.total + " resque-scheduler";
     return t;
+  }
+  // The keys a section (or the status line) could not read, as page.rs writes them.
+  function showUnreadable(id, list) {
+    var e = document.getElementById(id);
+    if (!e) return;
+    var lines = (list || []).map(function (u) { return s(u.key) + ": " + s(u.error); });
+    e.textContent = lines.length ? "could not read " + lines.join("; ") : "";
+    e.hidden = !lines.length;
   }
   function fillBody(tbody, rows) {
     var frag = document.createDocumentFragment();
@@ -164,7 +173,9 @@
   function drawChart(v) {
     var w = 900, h = 180, pad = 24;
     var max = 1;
-    SERIES.forEach(function (x) { (v.series[x[0]].points || []).forEach(function (p) { if (p > max) max = p; }); });
+    var series = v.series || {};
+    var points = function (ev) { return (series[ev] || {}).points || []; };
+    SERIES.forEach(function (x) { points(x[0]).forEach(function (p) { if (p > max) max = p; }); });
     var note = document.querySelector("#chart .note");
     if (note) note.textContent = s(v.note);
     var root = svg("svg", {id: "chart-svg", xmlns: "http://www.w3.org/2000/svg", viewBox: "0 0 " + w + " " + (h + 2 * pad + 16), role: "img", "aria-label": "jobs per minute"});
@@ -174,7 +185,7 @@
     var ta = svg("text", {x: pad, y: h + pad + 13, "class": "tick"}); ta.textContent = "60 min ago"; root.appendChild(ta);
     var tb = svg("text", {x: w - pad, y: h + pad + 13, "class": "tick", "text-anchor": "end"}); tb.textContent = "now"; root.appendChild(tb);
     SERIES.forEach(function (x, i) {
-      var p = (v.series[x[0]].points || []).map(function (y) { return y || 0; });
+      var p = points(x[0]).map(function (y) { return y || 0; });
       var n = Math.max(p.length, 2) - 1, total = 0;
       var coords = p.map(function (y, j) {
         total += y;
@@ -197,6 +208,7 @@
     var set = function (id, val) { var e = document.getElementById(id); if (e) e.textContent = String(val); };
     set("s-processed", st.processed); set("s-failed", st.failed); set("s-failures", st.failures_listed);
     set("s-locks", st.locks_held); set("s-workers", st.workers); set("s-busy", st.busy);
+    showUnreadable("s-unreadable", st.unreadable);
     Object.keys(page.sections).forEach(function (name) {
       var v = page.sections[name];
       var sec = document.getElementById(name);
@@ -204,6 +216,7 @@
       sec.hidden = !hasData(name, v);
       var count = sec.querySelector("h2 .count");
       if (count) count.textContent = countText(name, v);
+      showUnreadable(name + "-unreadable", v.unreadable);
       if (name === "chart") { drawChart(v); return; }
       if (name === "failures") byClass(v);
       if (name === "schedules") {

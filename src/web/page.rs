@@ -533,7 +533,34 @@ pub fn summary(st: &crate::ops::status::Status) -> Value {
         "locks_held": st.locks_held,
         "workers": st.workers.len(),
         "busy": st.workers.iter().filter(|w| w.job.is_some()).count(),
+        "unreadable": st.unreadable,
     })
+}
+
+/// The text naming the keys a section (or the status line) could not read, `""` for none.
+pub fn unreadable_text(list: &Value) -> String {
+    let lines: Vec<String> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| format!("{}: {}", s(&u["key"]), s(&u["error"])))
+        .collect();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("could not read {}", lines.join("; "))
+    }
+}
+
+/// `<p class="unreadable" id="{id}">` with `text`, hidden when there is none (the script
+/// fills it on refresh).
+fn unreadable_p(out: &mut String, id: &str, text: &str) {
+    let _ = write!(
+        out,
+        "<p class=\"unreadable\" id=\"{id}\"{}>{}</p>",
+        if text.is_empty() { " hidden" } else { "" },
+        html(text)
+    );
 }
 
 /// The whole page.
@@ -563,6 +590,12 @@ pub fn render(d: &PageData, config: &Config) -> String {
         st.workers.len(),
         if st.paused { " · <b>PAUSED</b>" } else { "" }
     );
+    let status_unreadable = serde_json::to_value(&st.unreadable).unwrap_or_default();
+    unreadable_p(
+        &mut out,
+        "s-unreadable",
+        &unreadable_text(&status_unreadable),
+    );
     if actions {
         out.push_str("<form id=\"token-form\" hidden><label>admin token <input id=\"token\" type=\"password\" autocomplete=\"off\"></label> <span id=\"action-result\" role=\"status\"></span></form>");
     }
@@ -575,6 +608,11 @@ pub fn render(d: &PageData, config: &Config) -> String {
             "<section id=\"{name}\"{}><h2>{title} <span class=\"count\">{}</span></h2>",
             if has_data(name, v) { "" } else { " hidden" },
             html(&count_text(name, v))
+        );
+        unreadable_p(
+            &mut out,
+            &format!("{name}-unreadable"),
+            &unreadable_text(&v["unreadable"]),
         );
         if *name == "chart" {
             out.push_str("<div id=\"chart-box\">");

@@ -762,3 +762,53 @@ fn slow_loris_clients_are_cut_off_by_the_header_deadline() {
         "{scrapes:?}"
     );
 }
+
+/// A client that sends POST heads announcing a 60,000-byte body and never sends the body cannot
+/// keep /metrics from its scraper: a connection still waiting on its body is not being
+/// answered, so a full listener closes it (the oldest first) before the scraper's fresh one.
+/// Before, a connection counted as busy from its head on, and once the listener was full of
+/// such heads the scraper's connection, not yet past its own head, was the only one the pool
+/// could close: the next connection of the client closed it, and the scrape got no reply.
+#[test]
+fn metrics_answer_while_heads_hold_back_their_bodies() {
+    let redis = RedisServer::start();
+    let config = cfg("q").top("metrics = \"127.0.0.1:0\"").render();
+    let d = Daemon::start(&redis, &config, &[]);
+    let addr = metrics_addr(&d);
+    let head = format!(
+        "POST /api/locks/release HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 60000\r\n\r\n"
+    );
+    let hold = |n: usize| -> Vec<TcpStream> {
+        (0..n)
+            .filter_map(|_| {
+                let mut s = TcpStream::connect(&addr).ok()?;
+                s.write_all(head.as_bytes()).ok()?;
+                Some(s)
+            })
+            .collect()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        // More heads than the listener holds (128), each waiting on its body for up to 3 s.
+        let mut held = hold(140);
+        // A moment for the listener to read those heads (this only sets the scene the old
+        // listener failed in; the outcome asserted does not depend on it).
+        std::thread::sleep(Duration::from_millis(500));
+        // The scraper connects; before its head is in, the client opens 10 more.
+        let mut scraper = TcpStream::connect(&addr).unwrap();
+        scraper.set_read_timeout(Some(SHORT)).unwrap();
+        held.extend(hold(10));
+        let _ = write!(scraper, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        let mut resp = Vec::new();
+        let _ = scraper.read_to_end(&mut resp);
+        let resp = String::from_utf8_lossy(&resp);
+        statuses.push(resp.lines().next().unwrap_or("nothing").to_string());
+        drop(held);
+    }
+    assert!(
+        statuses.iter().all(|s| s.starts_with("HTTP/1.1 200")),
+        "scrapes while heads held back their bodies: {statuses:?}"
+    );
+    // And a scrape with no one holding anything.
+    assert!(scrape_status(&addr).starts_with("HTTP/1.1 200"));
+}

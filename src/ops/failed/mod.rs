@@ -536,9 +536,18 @@ pub async fn listed_total<C: ConnectionLike + Send>(
     config: &Config,
     max_lists: usize,
 ) -> redis::RedisResult<u64> {
+    Ok(listed_counts(conn, config, max_lists).await?.0)
+}
+
+/// [`listed_total`], with the lists it could not count: `(total, [(key, Redis's reply)])`.
+pub async fn listed_counts<C: ConnectionLike + Send>(
+    conn: &mut C,
+    config: &Config,
+    max_lists: usize,
+) -> redis::RedisResult<(u64, Vec<(String, String)>)> {
     let all = lists(conn, config, None).await?;
     if all.is_empty() {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     let mut pipe = redis::pipe();
     for l in all.iter().take(max_lists) {
@@ -548,10 +557,15 @@ pub async fn listed_total<C: ConnectionLike + Send>(
     // empty rather than failing `status` and `/metrics`, which must show the parked slot it
     // causes (E-3).
     let lens: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-    Ok(lens
-        .into_iter()
-        .map(|v| redis::from_redis_value::<u64>(v).unwrap_or(0))
-        .sum())
+    let mut total = 0;
+    let mut refused = Vec::new();
+    for (l, v) in all.iter().zip(lens) {
+        match crate::ops::unreadable::reply::<u64>(v) {
+            Ok(n) => total += n,
+            Err(why) => refused.push((l.key.clone(), why)),
+        }
+    }
+    Ok((total, refused))
 }
 
 #[cfg(test)]

@@ -322,7 +322,8 @@ fn the_api_and_the_page_show_a_known_state() {
             &h["limit"]
         ),
         (
-            &json!("tok-aaaa1111"),
+            // O-1: the first 8 characters of the token.
+            &json!("tok-aaaa"),
             &json!("Acct::Sync"),
             &json!("busy"),
             &json!("web-host:4242:busy"),
@@ -850,7 +851,7 @@ fn a_foreign_host_gets_421_and_no_data() {
     let secrets = ["tok-aaaa", "SendEmail", "Acct::Sync", "boom", "acct:7"];
     let (code, _, locks) = http(&addr, "GET", "/api/locks", &[], "");
     assert_eq!(code, 200, "{locks}");
-    assert!(locks.contains("tok-aaaa1111"), "the seed is there: {locks}");
+    assert!(locks.contains("\"tok-aaaa\""), "the seed is there: {locks}");
 
     for host in [
         "evil.example".to_string(),
@@ -908,7 +909,7 @@ fn a_foreign_host_gets_421_and_no_data() {
     ] {
         let (code, _, body) = http(&addr, "GET", "/api/locks", &[("Host", &host)], "");
         assert_eq!(code, 200, "{host}: {body}");
-        assert!(body.contains("tok-aaaa1111"), "{host}: {body}");
+        assert!(body.contains("\"tok-aaaa\""), "{host}: {body}");
         let (code, _, _) = http(&addr, "GET", "/metrics", &[("Host", &host)], "");
         assert_eq!(code, 200, "{host}");
     }
@@ -989,4 +990,336 @@ fn a_listener_on_all_addresses_answers_for_the_address_reached() {
     );
     assert_eq!(code, 421, "{body}");
     assert!(!body.contains("namespace"), "{body}");
+}
+
+/// The `Authorization` scheme's name is case-insensitive (RFC 9110): `bearer <token>` and
+/// `BEARER <token>` are `Bearer <token>`; another scheme is still no token (401).
+#[test]
+fn the_bearer_scheme_is_taken_in_any_case() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let (_d, addr) = daemon(&redis, &format!("http_admin_token = \"{TOKEN}\""));
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        r.cmd::<()>(&["SET", "resque:locket:counter:busy", "2"]);
+        let auth = format!("{scheme} {TOKEN}");
+        let (code, _, body) = http(
+            &addr,
+            "POST",
+            "/api/counters/reset",
+            &[("Authorization", &auth)],
+            r#"{"queue":"busy"}"#,
+        );
+        assert_eq!(code, 200, "{scheme}: {body}");
+        assert!(!r.exists("resque:locket:counter:busy"), "{scheme}");
+    }
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/counters/reset",
+        &[("Authorization", &format!("Basic {TOKEN}"))],
+        r#"{"queue":"busy"}"#,
+    );
+    assert_eq!(code, 401, "{body}");
+}
+
+/// O-1: a lock token is shown only as its first 8 characters: by `/api/locks`, `/api/page`,
+/// `/api/status`, the page, `locks` and `status` (tables and `--json`), and in the log of a
+/// release. The release takes the prefix shown (the page's and `locks release --token`, of a
+/// limit-1 lock too); a prefix that names two holders is refused and releases nothing.
+#[test]
+fn lock_tokens_are_shown_as_prefixes_and_a_prefix_releases_its_holder() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = crate::daemon::workdir();
+    let h = crate::support::write_script(dir.path(), "hold.sh", "exec sleep 60");
+    let config = cfg("q")
+        .top(&format!("http_admin_token = \"{TOKEN}\""))
+        .class("Hold::Two", &h, "lock = \"acct:{args[0]}\"\nlimit = 2")
+        .class("Hold::One", &h, "lock = \"solo:{args[0]}\"")
+        .render();
+    let d = Daemon::builder(&redis)
+        .config(&config)
+        .args(["--http", "127.0.0.1:0", "--workers", "3"])
+        .start();
+    let addr = crate::service::metrics_addr(&d);
+    for job in [
+        r#"{"class":"Hold::Two","args":[9,"a"]}"#,
+        r#"{"class":"Hold::Two","args":[9,"b"]}"#,
+        r#"{"class":"Hold::One","args":[1]}"#,
+    ] {
+        r.push("q", job);
+    }
+    let (zset, solo) = ("resque:locket:lock:acct:9", "resque:locket:lock:solo:1");
+    crate::support::wait_until(SHORT, "three holders", || {
+        r.lock_holders(zset).len() == 2 && r.exists(solo)
+    });
+    let mut two: Vec<String> = r.cmd(&["ZRANGE", zset, "0", "-1"]);
+    two.sort();
+    let one: String = r.cmd(&["GET", solo]);
+    let one: Value = serde_json::from_str(&one).unwrap();
+    let one = one["token"].as_str().unwrap().to_string();
+    let tokens = [two[0].clone(), two[1].clone(), one.clone()];
+    for t in &tokens {
+        assert_eq!(t.len(), 32, "{t}");
+    }
+    let leaks = |what: &str, text: &str| {
+        for t in &tokens {
+            assert!(
+                !text.contains(t.as_str()),
+                "{what} shows the full token {t}:\n{text}"
+            );
+        }
+    };
+
+    // The API, the page and status.
+    let locks = get_json(&addr, "/api/locks");
+    let mut shown: Vec<String> = locks["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["holders"].as_array().unwrap().clone())
+        .map(|h| h["token"].as_str().unwrap().to_string())
+        .collect();
+    shown.sort();
+    let mut want: Vec<String> = tokens.iter().map(|t| t[..8].to_string()).collect();
+    want.sort();
+    assert_eq!(shown, want, "{locks}");
+    for path in ["/api/locks", "/api/page", "/api/status", "/"] {
+        let (code, _, body) = http(&addr, "GET", path, &[], "");
+        assert_eq!(code, 200, "{path}: {body}");
+        leaks(path, &body);
+    }
+    let cli = |args: &[&str]| -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--redis", &redis.url()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        &["locks"][..],
+        &["locks", "--json"],
+        &["status"],
+        &["status", "--json"],
+    ] {
+        let out = cli(args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        leaks(&format!("{args:?}"), &String::from_utf8_lossy(&out.stdout));
+    }
+
+    // A prefix that names two holders releases nothing, on the page and in the CLI.
+    let twin = format!("{}{}", &two[1][..8], "0".repeat(24));
+    r.cmd::<()>(&["ZADD", zset, "99999999999999", &twin]);
+    let auth = format!("Bearer {TOKEN}");
+    let release = |lock: &str, token: &str| {
+        http(
+            &addr,
+            "POST",
+            "/api/locks/release",
+            &[("Authorization", &auth)],
+            &json!({"lock_id": lock, "token": token}).to_string(),
+        )
+    };
+    let (code, _, body) = release("acct:9", &two[1][..8]);
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("more than one"), "{body}");
+    let out = cli(&["locks", "release", "acct:9", "--token", &two[1][..8]]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("more than one"),
+        "{out:?}"
+    );
+    assert_eq!(r.lock_holders(zset).len(), 3);
+    r.cmd::<()>(&["ZREM", zset, &twin]);
+
+    // The prefix shown releases its holder: on the page, and in the CLI for a limit-1 lock.
+    let (code, _, body) = release("acct:9", &two[0][..8]);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["released"], 1);
+    assert_eq!(r.lock_holders(zset), vec![two[1].clone()]);
+    d.wait_for_log("web: lock holder released by an operator", SHORT);
+    let out = cli(&["locks", "release", "solo:1", "--token", &one[..8]]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!r.exists(solo) || !r.cmd::<String>(&["GET", solo]).contains(&one));
+    leaks("the CLI's release", &String::from_utf8_lossy(&out.stderr));
+    leaks("the CLI's release", &String::from_utf8_lossy(&out.stdout));
+    leaks("the daemon's log", &d.log());
+}
+
+/// One key another tool gave another type (or a queue name that is not UTF-8) empties only
+/// the part that reads it, which names the key: `/`, `/api/page`, `/api/status` and `locketd
+/// status` still answer, every other section shows what it showed before, and `/metrics`
+/// stays up. Before, any one of these answered `503 {"error":"redis: redis"}` for the whole
+/// page and failed `status`.
+#[test]
+fn one_odd_key_empties_only_its_own_section_and_names_it() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    seed(&mut r, "Acct::Sync", "busy");
+    let (_d, addr) = daemon(&redis, "");
+    let totals = |page: &Value| -> Vec<(String, Value)> {
+        page["sections"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, v)| {
+                let t = if name == "delayed" {
+                    json!([v["total"], v["scheduler"]["total"]])
+                } else {
+                    v["total"].clone()
+                };
+                (name.clone(), t)
+            })
+            .collect()
+    };
+    let before = get_json(&addr, "/api/page");
+    for name in [
+        "locks",
+        "holds",
+        "delayed",
+        "failures",
+        "schedules",
+        "rates",
+    ] {
+        assert!(
+            before["sections"][name]["total"].as_u64() > Some(0),
+            "{name}: {}",
+            before["sections"][name]
+        );
+    }
+    let odd_name = b"q\xff\xfe";
+    // (the key, how it is made odd, the section that reads it, whether `status` reads it)
+    let cases: [(&str, &[&str], &str, bool); 5] = [
+        (
+            "resque:failed",
+            &["HSET", "resque:failed", "a", "b"],
+            "failures",
+            true,
+        ),
+        (
+            "resque:locket:locks",
+            &["SET", "resque:locket:locks", "x"],
+            "locks",
+            true,
+        ),
+        (
+            "resque:delayed_queue_schedule",
+            &["RPUSH", "resque:delayed_queue_schedule", "x"],
+            "delayed",
+            true,
+        ),
+        (
+            "resque:locket:deps",
+            &["SADD", "resque:locket:deps", "x"],
+            "holds",
+            false,
+        ),
+        ("resque:queues", &[], "queues", true),
+    ];
+    for (key, odd, section, in_status) in cases {
+        let saved: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(&mut r.0).unwrap();
+        if odd.is_empty() {
+            let _: () = redis::cmd("SADD")
+                .arg(key)
+                .arg(&odd_name[..])
+                .query(&mut r.0)
+                .unwrap();
+        } else {
+            r.cmd::<()>(&["DEL", key]);
+            r.cmd::<()>(odd);
+        }
+
+        let (code, _, html) = http(&addr, "GET", "/", &[], "");
+        assert_eq!(code, 200, "{key}: {html}");
+        assert!(
+            html.contains(&format!(
+                "<p class=\"unreadable\" id=\"{section}-unreadable\">could not read {key}: "
+            )),
+            "{key}: the {section} section does not name it:\n{html}"
+        );
+        let page = get_json(&addr, "/api/page");
+        let named = |v: &Value| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .any(|u| u["key"] == key && u["error"].as_str().is_some_and(|e| !e.is_empty()))
+        };
+        assert!(
+            named(&page["sections"][section]["unreadable"]),
+            "{key}: {}",
+            page["sections"][section]
+        );
+        for ((name, was), (_, now)) in totals(&before).into_iter().zip(totals(&page)) {
+            if name == section {
+                continue;
+            }
+            assert_eq!(
+                now,
+                was,
+                "{key}: section {name} changed: {}",
+                page["sections"][name.as_str()]
+            );
+            assert!(
+                page["sections"][name.as_str()]["unreadable"].is_null(),
+                "{key}: section {name}: {}",
+                page["sections"][name.as_str()]
+            );
+        }
+        if section == "queues" {
+            let names: Vec<&str> = page["sections"]["queues"]["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|q| q["name"].as_str())
+                .collect();
+            assert!(
+                names.contains(&"busy") && names.contains(&"mixed"),
+                "{names:?}"
+            );
+        }
+
+        let status = get_json(&addr, "/api/status");
+        let out = Command::new(env!("CARGO_BIN_EXE_locketd"))
+            .args(["--redis", &redis.url(), "status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{key}: status failed: {out:?}");
+        if in_status {
+            assert!(named(&status["unreadable"]), "{key}: {status}");
+            assert!(
+                text.contains(&format!("UNREADABLE ({section}) {key}: ")),
+                "{key}:\n{text}"
+            );
+            assert!(
+                named(&page["summary"]["unreadable"]),
+                "{key}: {}",
+                page["summary"]
+            );
+        }
+        assert!(text.contains("QUEUE"), "{key}:\n{text}");
+        let (code, _, metrics) = http(&addr, "GET", "/metrics", &[], "");
+        assert_eq!(code, 200, "{key}");
+        assert!(metrics.contains("locketd_workers"), "{key}");
+
+        if odd.is_empty() {
+            let _: () = redis::cmd("SREM")
+                .arg(key)
+                .arg(&odd_name[..])
+                .query(&mut r.0)
+                .unwrap();
+        } else {
+            r.cmd::<()>(&["DEL", key]);
+            if let Some(bytes) = saved {
+                let _: () = redis::cmd("RESTORE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(bytes)
+                    .query(&mut r.0)
+                    .unwrap();
+            }
+        }
+    }
+    let after = get_json(&addr, "/api/page");
+    assert_eq!(totals(&after), totals(&before));
 }
