@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use crate::daemon::{
-    assert_unregistered, cfg, exit_code, wait_registered, workdir, Reaper, NS, R, SHORT,
-};
+use crate::daemon::{assert_unregistered, cfg, exit_code, workdir, Reaper, NS, R, SHORT};
 use crate::support::{pid_alive, read_lossy, tail, wait_until, write_script, Daemon, RedisServer};
 
 fn cmdline(pid: i32) -> String {
