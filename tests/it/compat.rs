@@ -680,12 +680,15 @@ fn running_job_is_published_in_worker_record_with_payload_bytes_unchanged() {
     let run_at = &record[head.len()..head.len() + 20];
     let at = parse_run_at(run_at).unwrap_or_else(|| panic!("run_at format: {record}"));
     assert_near("run_at", at, now_secs(), 30);
+    // Resque's three keys, then node-resque's `worker` (host:pid): node-resque's
+    // allWorkingOn files the job under it; Ruby ignores it.
+    let host_pid = id.splitn(3, ':').take(2).collect::<Vec<_>>().join(":");
     assert_eq!(
         record,
-        format!(r#"{head}{run_at}","payload":{payload}}}"#),
+        format!(r#"{head}{run_at}","payload":{payload},"worker":"{host_pid}"}}"#),
         "worker:<id> must embed the payload bytes verbatim"
     );
-    assert_eq!(json_keys(&record), ["queue", "run_at", "payload"]);
+    assert_eq!(json_keys(&record), ["queue", "run_at", "payload", "worker"]);
 
     work.go(1);
     wait_until(WAIT, "the failure is recorded", || {
