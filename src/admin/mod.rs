@@ -20,6 +20,15 @@ mod parked;
 mod pause;
 mod read;
 mod schedule;
+
+/// The value parser of every operator command's queue name: an empty name would address
+/// `<ns>:queue:` or `<ns>:pause:queue:`, which no worker reads, so it is refused up front.
+pub fn queue_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("a queue name cannot be empty".into());
+    }
+    Ok(s.to_string())
+}
 pub use cancel::{cancel_job, CancelArgs, Cancelled};
 pub use limits::{clock as clock_ms, read_limits, LimitsArgs};
 pub use parked::{ParkedArgs, UnparkArgs};
@@ -123,7 +132,7 @@ pub enum ScheduleAction {
 #[derive(Args, Debug, Clone)]
 pub struct EnqueueArgs {
     /// Queue name.
-    #[arg(required_unless_present = "print_script")]
+    #[arg(required_unless_present = "print_script", value_parser = queue_name)]
     pub queue: Option<String>,
     /// Job class.
     #[arg(required_unless_present = "print_script")]
@@ -179,7 +188,7 @@ pub enum LocksAction {
 #[derive(Args, Debug, Clone)]
 pub struct CountersArgs {
     /// Delete this queue's counter.
-    #[arg(long, value_name = "QUEUE", conflicts_with = "reset_all")]
+    #[arg(long, value_name = "QUEUE", conflicts_with = "reset_all", value_parser = queue_name)]
     pub reset: Option<String>,
     /// Delete every queue's counter.
     #[arg(long)]
@@ -226,7 +235,7 @@ pub struct DelayedArgs {
     #[command(subcommand)]
     pub action: Option<DelayedAction>,
     /// Only jobs of this queue.
-    #[arg(long)]
+    #[arg(long, value_parser = queue_name)]
     pub queue: Option<String>,
     /// JSON output.
     #[arg(long)]
