@@ -90,6 +90,15 @@ pub fn pid_looks_like_resque_worker(pid: u32) -> bool {
     command_line(pid).is_some_and(|c| command_matches_resque_worker(&c))
 }
 
+/// True if the process `pid` is a locketd process: its command line or its `comm` names
+/// locketd (a master `locketd master: …`, a worker `resque-<v>-locketd: …`, an operator
+/// command `locketd status`).
+pub fn pid_is_locketd(pid: u32) -> bool {
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+    String::from_utf8_lossy(&comm).starts_with("locketd")
+        || command_line(pid).is_some_and(|c| c.contains("locketd"))
+}
+
 /// All pids of this host (one pass over `/proc`) for which [`pid_looks_like_resque_worker`]
 /// is true. Processes that exit during the scan are simply left out.
 pub fn resque_worker_pids() -> HashSet<u32> {

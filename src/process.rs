@@ -17,6 +17,16 @@ pub const INCARNATION_ENV: &str = "LOCKETD_INCARNATION";
 /// The descriptor of a worker's pickup link to its master (`worker/pickup.rs`): an idle
 /// worker asks there to be woken when a job is pushed to one of its queues.
 pub const PICKUP_FD_ENV: &str = "LOCKETD_PICKUP_FD";
+/// The signal a worker gets from the kernel when its master dies (`PR_SET_PDEATHSIG`). It is
+/// not TERM: the kernel sends it each time the worker is re-parented away from a dying thread
+/// of the master, so one death can deliver it several times (once per thread of the master
+/// that exits after the one that started the worker), and a TERM that came twice would be a
+/// second TERM, which kills the running job at once. The worker treats this signal as one
+/// event, a first TERM, however often it arrives; an operator's TERM keeps its meaning.
+pub fn parent_death_signal() -> i32 {
+    libc::SIGRTMIN() + 1
+}
+
 /// The name a log line gives a signal (`signal` field): `QUIT`, `TERM`, `USR2`, ... in the
 /// master's lines and the workers' alike.
 pub fn signal_name(sig: i32) -> &'static str {
@@ -30,6 +40,7 @@ pub fn signal_name(sig: i32) -> &'static str {
         libc::SIGHUP => "HUP",
         libc::SIGKILL => "KILL",
         libc::SIGCHLD => "CHLD",
+        s if s == parent_death_signal() => "parent death",
         _ => "other",
     }
 }

@@ -21,6 +21,7 @@ mod pause;
 mod read;
 mod schedule;
 pub use cancel::{await_cancel, cancel_job, CancelArgs, Cancelled, Outcome, Request};
+
 pub use limits::{clock as clock_ms, read_limits, LimitsArgs};
 pub use parked::{ParkedArgs, UnparkArgs};
 pub use pause::PauseArgs;
@@ -28,6 +29,15 @@ pub use read::{
     now_ms, read_counters, read_delayed, read_holds, read_locks, read_minutes, reset_counter,
     Listing,
 };
+
+/// The value parser of every operator command's queue name: an empty name would address
+/// `<ns>:queue:` or `<ns>:pause:queue:`, which no worker reads, so it is refused up front.
+pub fn queue_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("a queue name cannot be empty".into());
+    }
+    Ok(s.to_string())
+}
 
 /// The O-3 events, in the order `locketd stats` prints them.
 pub const EVENTS: &[&str] = &[
@@ -124,7 +134,7 @@ pub enum ScheduleAction {
 #[derive(Args, Debug, Clone)]
 pub struct EnqueueArgs {
     /// Queue name.
-    #[arg(required_unless_present = "print_script")]
+    #[arg(required_unless_present = "print_script", value_parser = queue_name)]
     pub queue: Option<String>,
     /// Job class.
     #[arg(required_unless_present = "print_script")]
@@ -180,7 +190,7 @@ pub enum LocksAction {
 #[derive(Args, Debug, Clone)]
 pub struct CountersArgs {
     /// Delete this queue's counter.
-    #[arg(long, value_name = "QUEUE", conflicts_with = "reset_all")]
+    #[arg(long, value_name = "QUEUE", conflicts_with = "reset_all", value_parser = queue_name)]
     pub reset: Option<String>,
     /// Delete every queue's counter.
     #[arg(long)]
@@ -227,7 +237,7 @@ pub struct DelayedArgs {
     #[command(subcommand)]
     pub action: Option<DelayedAction>,
     /// Only jobs of this queue.
-    #[arg(long)]
+    #[arg(long, value_parser = queue_name)]
     pub queue: Option<String>,
     /// JSON output.
     #[arg(long)]

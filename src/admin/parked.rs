@@ -18,7 +18,7 @@ pub struct ParkedArgs {
     #[arg(long, value_name = "NAME", conflicts_with = "queue")]
     pub hold: Option<String>,
     /// Only the jobs that go back to this queue.
-    #[arg(long, value_name = "QUEUE")]
+    #[arg(long, value_name = "QUEUE", value_parser = super::queue_name)]
     pub queue: Option<String>,
     /// At most this many jobs per lock or hold.
     #[arg(long, default_value_t = 100)]
@@ -39,7 +39,7 @@ pub struct UnparkArgs {
     #[arg(long, value_name = "NAME")]
     pub hold: Option<String>,
     /// The parked jobs of this queue, whatever they wait for.
-    #[arg(long, value_name = "QUEUE")]
+    #[arg(long, value_name = "QUEUE", value_parser = super::queue_name)]
     pub queue: Option<String>,
     /// Every parked job.
     #[arg(long)]

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 #[command(group(clap::ArgGroup::new("which").required(true).args(["queues", "all"])))]
 pub struct PauseArgs {
     /// The queues (names, not keys).
-    #[arg(value_name = "QUEUE")]
+    #[arg(value_name = "QUEUE", value_parser = super::queue_name)]
     pub queues: Vec<String>,
     /// Every queue: `<ns>:pause:all` (one queue's own key is kept by a resume --all).
     #[arg(long)]

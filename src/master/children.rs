@@ -35,14 +35,15 @@ impl Master {
         if link_fd.is_some() {
             cmd.env(crate::process::PICKUP_FD_ENV, "4");
         }
+        let parent_death = crate::process::parent_death_signal();
         // SAFETY: prctl, fcntl and dup2 only, between fork and exec; all async-signal-safe. If
-        // the master dies (even SIGKILL), each worker gets TERM and stops its job, releasing
-        // its locks, instead of running on unsupervised. Both descriptors are first copied
+        // the master dies (even SIGKILL), each worker gets `parent_death` and stops its job as
+        // on a first TERM, releasing its locks, instead of running on unsupervised. Both descriptors are first copied
         // above 4, so that placing one cannot overwrite the other; dup2 leaves fds 3 and 4
         // without FD_CLOEXEC.
         unsafe {
             cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                libc::prctl(libc::PR_SET_PDEATHSIG, parent_death);
                 for (fd, to) in [(child_fd, 3), (link_fd, 4)] {
                     let Some(fd) = fd else { continue };
                     let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 5);

@@ -106,21 +106,36 @@ struct Record<'a> {
 }
 
 /// Resque's "working on" record, `worker:<id>` (checklist 15):
-/// `{"queue":"<q>","run_at":"YYYY-MM-DDTHH:MM:SSZ","payload":{…}}`.
-pub fn working_on(payload: &str, queue: &str, at: SystemTime) -> String {
+/// `{"queue":"<q>","run_at":"YYYY-MM-DDTHH:MM:SSZ","payload":{…},"worker":"<host:pid>"}`.
+/// Resque writes the first three; `worker` is node-resque's own field, the worker's name as
+/// node-resque's `queue.workers()` splits it off the id (`host:pid`, or `host:pid+k` for a
+/// slot): its `allWorkingOn()` and `cleanOldWorkers()` file each job under it. Ruby Resque
+/// and resque-web read the record as a hash and ignore the extra key.
+pub fn working_on(payload: &str, queue: &str, at: SystemTime, worker_id: &str) -> String {
     #[derive(Serialize)]
     struct WorkingOn<'a> {
         queue: &'a str,
         run_at: String,
         payload: Option<&'a RawValue>,
+        worker: &'a str,
     }
     let json = raw_json(payload);
     serde_json::to_string(&WorkingOn {
         queue,
         run_at: time::run_at(at),
         payload: json.as_deref(),
+        worker: node_worker_name(worker_id),
     })
     .unwrap_or_default()
+}
+
+/// node-resque's name for a worker id: its first two `:`-separated parts (`host:pid`), as
+/// `queue.workers()` splits `host:pid:queues`.
+fn node_worker_name(worker_id: &str) -> &str {
+    match worker_id.match_indices(':').nth(1) {
+        Some((i, _)) => &worker_id[..i],
+        None => worker_id,
+    }
 }
 
 /// Text Ruby's `Process::Status#to_s` gives for a signalled child: `pid 9521 SIGKILL (signal 9)`.
@@ -206,13 +221,15 @@ mod tests {
     #[test]
     fn working_on_record_matches_resque() {
         let at = UNIX_EPOCH + Duration::from_secs(1795263509);
-        let w = working_on(r#"{"class":"S","args":[4]}"#, "slow", at);
+        let w = working_on(r#"{"class":"S","args":[4]}"#, "slow", at, "vm:7:slow,fast");
         assert_eq!(
             w,
             format!(
-                r#"{{"queue":"slow","run_at":"{}","payload":{{"class":"S","args":[4]}}}}"#,
+                r#"{{"queue":"slow","run_at":"{}","payload":{{"class":"S","args":[4]}},"worker":"vm:7"}}"#,
                 time::run_at(at)
             )
         );
+        let slot = working_on("{}", "q", at, "vm:7+2:q:with:colons");
+        assert!(slot.ends_with(r#""worker":"vm:7+2"}"#), "{slot}");
     }
 }

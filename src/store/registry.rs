@@ -294,7 +294,8 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         report.pruned.push(id);
     }
 
-    // 2. Host-local: same host, same queue set (or we listen on `*`), pid not a live worker.
+    // 2. Host-local: same host, same queue set (or we listen on `*`), pid not a live worker:
+    // dead, or a locketd process other than a registered worker.
     let members: Vec<String> = redis::cmd("SMEMBERS")
         .arg(keys.workers())
         .query_async(conn)
@@ -316,10 +317,14 @@ pub async fn prune_dead_workers<C: ConnectionLike + Send>(
         if !wildcard && theirs != mine {
             continue;
         }
+        // Resque's rule keeps a pid that shows a Resque worker's command line. Better than
+        // the rule, a live pid that is neither a locketd nor a Resque process is kept too: a
+        // pyres or node-resque worker (they write no heartbeat, so this check is the only
+        // one that could prune them, and their command lines never pass Resque's grep).
         let pids = live.get_or_insert_with(host::resque_worker_pids);
         if pid_of(parts[1])
             .parse::<u32>()
-            .is_ok_and(|p| pids.contains(&p))
+            .is_ok_and(|p| pids.contains(&p) || (host::pid_alive(p) && !host::pid_is_locketd(p)))
         {
             continue;
         }

@@ -333,7 +333,8 @@ impl Worker {
         let lt = &self.config.locket;
         // Resque's run_at is when the job starts: taken per attempt, so that a lock wait
         // before it is not shown as time spent working.
-        let working_on = failure::working_on(&p.job.raw, &p.queue, SystemTime::now());
+        let working_on =
+            failure::working_on(&p.job.raw, &p.queue, SystemTime::now(), &self.id.worker_id);
         let req = AcquireRequest {
             rid: &p.rid,
             token: &p.token,

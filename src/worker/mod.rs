@@ -51,6 +51,9 @@ pub struct Control {
     kills: Arc<watch::Sender<u64>>,
     /// Cancel requests for this process's jobs, read by `cancel::watch_requests`.
     cancels: Arc<watch::Sender<cancel::Requests>>,
+    /// The master's death was seen (`process::parent_death_signal`): one event, however
+    /// often the kernel delivers it.
+    orphaned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for Control {
@@ -62,6 +65,7 @@ impl Default for Control {
             paused: Arc::new(watch::channel(false).0),
             kills: Arc::new(watch::channel(0).0),
             cancels: Arc::new(watch::channel(cancel::Requests::new()).0),
+            orphaned: Arc::default(),
         }
     }
 }
@@ -80,6 +84,14 @@ impl Control {
         }
         self.quit.cancel();
         self.term.cancel();
+    }
+
+    /// The master died: true the first time only, so that the caller applies it once, as a
+    /// first TERM (or QUIT with `graceful_term`); never a second TERM.
+    pub fn orphan(&self) -> bool {
+        !self
+            .orphaned
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// USR2 (`true`) / CONT (`false`): stop or resume reserving.

@@ -680,12 +680,15 @@ fn running_job_is_published_in_worker_record_with_payload_bytes_unchanged() {
     let run_at = &record[head.len()..head.len() + 20];
     let at = parse_run_at(run_at).unwrap_or_else(|| panic!("run_at format: {record}"));
     assert_near("run_at", at, now_secs(), 30);
+    // Resque's three keys, then node-resque's `worker` (host:pid): node-resque's
+    // allWorkingOn files the job under it; Ruby ignores it.
+    let host_pid = id.splitn(3, ':').take(2).collect::<Vec<_>>().join(":");
     assert_eq!(
         record,
-        format!(r#"{head}{run_at}","payload":{payload}}}"#),
+        format!(r#"{head}{run_at}","payload":{payload},"worker":"{host_pid}"}}"#),
         "worker:<id> must embed the payload bytes verbatim"
     );
-    assert_eq!(json_keys(&record), ["queue", "run_at", "payload"]);
+    assert_eq!(json_keys(&record), ["queue", "run_at", "payload", "worker"]);
 
     work.go(1);
     wait_until(WAIT, "the failure is recorded", || {
@@ -1151,7 +1154,8 @@ fn startup_prunes_dead_workers_by_resque_rules_only() {
     let other_redis = RedisServer::start();
     let live = Daemon::start(&other_redis, &config("x", "", "", &work.fallback()), &[]);
     wait_registered(&mut other_redis.sync_conn(), "resque", &live);
-    // A live process that does not look like a Resque worker.
+    // A live process that does not look like a Resque worker: a pyres or node-resque worker
+    // as far as the process table tells.
     let sleeper = ChildGuard(
         std::process::Command::new("sleep")
             .arg("30")
@@ -1173,8 +1177,12 @@ fn startup_prunes_dead_workers_by_resque_rules_only() {
     let e = "freshhost:99:q".to_string(); // other host, fresh heartbeat, working
     let f = format!("{host}:{}:q,r", live.worker_pid()); // same host, live Resque-looking pid
     let g = format!("{host}:{}:q,r", sleeper.0.id()); // same host, live non-Resque pid
+    let g2 = format!("{host}:{}+1:r,q", sleeper.0.id()); // node-resque MultiWorker form
+                                                         // Same host, live pid of a locketd process that is not a registered worker (the other
+                                                         // daemon's master, `locketd master: …`): a leftover id whose pid was reused.
+    let h = format!("{host}:{}:q,r", live.pid());
     let i = "otherhost:5:q,r".to_string(); // other host, no heartbeat
-    for w in [&a, &cc, &dd, &e, &f, &g, &i] {
+    for w in [&a, &cc, &dd, &e, &f, &g, &g2, &h, &i] {
         run(&mut c, &["SADD", "resque:workers", w]);
         run(
             &mut c,
@@ -1239,11 +1247,18 @@ fn startup_prunes_dead_workers_by_resque_rules_only() {
     let mut d = Daemon::start(&redis, &config("q,r", "", "", &work.fallback()), &[]);
     let own = wait_registered(&mut c, "resque", &d);
 
-    let want: BTreeSet<String> = [own.clone(), dd, e.clone(), f, i].into();
+    // Resque's rules, except that the live non-Resque, non-locketd pid (g, g2) is spared.
+    let want: BTreeSet<String> = [own.clone(), dd, e.clone(), f, g.clone(), g2.clone(), i].into();
     assert_eq!(smembers(&mut c, "resque:workers"), want);
+    for kept in [&g, &g2] {
+        assert!(
+            exists(&mut c, &format!("resque:worker:{kept}:started")),
+            "{kept}"
+        );
+    }
     let beats: BTreeSet<String> = q(&mut c, &["HKEYS", "resque:workers:heartbeat"]);
     assert_eq!(beats, BTreeSet::from([own.clone(), e.clone()]));
-    for gone in [&a, &cc, &g] {
+    for gone in [&a, &cc, &h] {
         assert!(!exists(&mut c, &format!("resque:worker:{gone}")), "{gone}");
         assert!(
             !exists(&mut c, &format!("resque:worker:{gone}:started")),

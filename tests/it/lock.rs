@@ -193,7 +193,7 @@ async fn try_acquire(
         .and_then(|v| v.get("class")?.as_str().map(str::to_string))
         .unwrap_or_else(|| "Unknown".to_string());
     let digest = sha256_hex(&res.payload);
-    let working = working_on(&text, &res.queue, SystemTime::now());
+    let working = working_on(&text, &res.queue, SystemTime::now(), &slot.worker_id);
     let info = json!({
         "process": slot.slot_key,
         "slot": 0,

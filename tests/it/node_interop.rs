@@ -129,16 +129,13 @@ while [ ! -e {w}/release ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
         json!({ host_pid.as_str(): "nq" }),
         "{seen}"
     );
-    // node-resque files a job under the record's `worker` field, which Resque's (and so
-    // locketd's) `worker:<id>` record does not have: look the job up by value.
+    // node-resque files a job under the record's `worker` field: locketd's worker by its
+    // host:pid, with its job (never "started" beside an "undefined" key).
     let working = seen["allWorkingOn"]
         .as_object()
         .expect("allWorkingOn object");
-    assert!(working.contains_key(&host_pid), "{seen}");
-    let job = working
-        .values()
-        .find(|v| v.is_object())
-        .unwrap_or_else(|| panic!("no job in allWorkingOn: {seen}"));
+    assert_eq!(working.keys().collect::<Vec<_>>(), [&host_pid], "{seen}");
+    let job = &working[&host_pid];
     assert_eq!(job["queue"], "nq", "{job}");
     assert_eq!(
         job["payload"],
@@ -192,4 +189,124 @@ while [ ! -e {w}/release ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
     let seen = inspect(redis.port());
     assert_eq!(seen["workers"], json!({}), "{seen}");
     assert_eq!(seen["stats"]["processed"], "2", "{seen}");
+}
+
+/// node-resque's stuck-worker cleanup against busy locketd workers. `allWorkingOn()` shows each
+/// busy worker under its `host:pid` with its own job. `cleanOldWorkers(age)`, given jobs that
+/// have run longer than `age`, does to each locketd worker what it does to one of its own:
+/// a `Worker Timeout (killed manually)` failure naming the worker, its queue and its payload,
+/// one `stat:failed` each, and the worker's id removed from `workers` (never `undefined`).
+/// node-resque stops no process: the locketd jobs run on under their locks and their ends are
+/// recorded as usual (so a job node-resque filed as stuck also counts as processed), and the
+/// workers then stop cleanly, leaving none of their keys behind.
+#[test]
+fn node_resque_cleans_old_locketd_workers_by_their_ids() {
+    node_resque_dir();
+    let redis = crate::support::RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let w = work.path().display().to_string();
+    let mut reaper = Reaper::default();
+    let slow = write_script(
+        work.path(),
+        "slow.sh",
+        &format!(
+            r#"tag=$(echo "$LOCKETD_ARGS" | tr -dc 'a-z')
+echo $$ > {w}/pid.$tag
+i=0
+while [ ! -e {w}/release ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done
+"#
+        ),
+    );
+    let config = cfg("nq").class("NodeSlow", &slow, "").render();
+    let mut d = Daemon::start(&redis, &config, &["--workers", "2"]);
+    wait_until(SHORT, "two locketd workers registered", || {
+        r.workers().len() == 2
+    });
+    let ids = r.workers();
+    let names: Vec<String> = ids
+        .iter()
+        .map(|id| id.splitn(3, ':').take(2).collect::<Vec<_>>().join(":"))
+        .collect();
+    for tag in ["a", "b"] {
+        reaper.watch(&work.path().join(format!("pid.{tag}")));
+    }
+    enqueue(
+        redis.port(),
+        json!([
+            {"queue": "nq", "class": "NodeSlow", "args": ["a"]},
+            {"queue": "nq", "class": "NodeSlow", "args": ["b"]}
+        ]),
+    );
+    let started = std::time::Instant::now();
+    for tag in ["a", "b"] {
+        wait_pid(&work.path().join(format!("pid.{tag}")), SHORT);
+    }
+    // run_at has whole seconds: past one second, every job is older than age_ms = 1.
+    std::thread::sleep(Duration::from_millis(1100).saturating_sub(started.elapsed()));
+
+    let out = run_node_json(
+        "clean.js",
+        &json!({"port": redis.port(), "namespace": NS, "age_ms": 1}),
+        NODE_TIMEOUT,
+    );
+    let working = out["allWorkingOn"].as_object().expect("allWorkingOn");
+    let mut keys: Vec<&String> = working.keys().collect();
+    keys.sort();
+    let mut want: Vec<&String> = names.iter().collect();
+    want.sort();
+    assert_eq!(keys, want, "{out}");
+    let mut args: Vec<String> = working
+        .values()
+        .map(|job| {
+            assert_eq!(job["queue"], "nq", "{out}");
+            job["payload"]["args"][0]
+                .as_str()
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect();
+    args.sort();
+    assert_eq!(args, ["a", "b"], "{out}");
+
+    assert_eq!(out["errors"], json!([]), "{out}");
+    let cleaned = out["cleaned"].as_object().expect("cleaned");
+    let mut cleaned_keys: Vec<&String> = cleaned.keys().collect();
+    cleaned_keys.sort();
+    assert_eq!(cleaned_keys, want, "{out}");
+    let failed = out["failed"].as_array().expect("failed");
+    assert_eq!(failed.len(), 2, "{out}");
+    for f in failed {
+        assert_eq!(f["exception"], "Worker Timeout (killed manually)", "{f}");
+        assert_eq!(f["queue"], "nq", "{f}");
+        assert_eq!(f["payload"]["class"], "NodeSlow", "{f}");
+        assert!(names.iter().any(|n| f["worker"] == n.as_str()), "{f}");
+        let id = ids
+            .iter()
+            .find(|id| id.starts_with(&format!("{}:", f["worker"].as_str().unwrap())))
+            .unwrap();
+        // The record is the job the worker was running.
+        let record: Option<String> = r.cmd(&["GET", &format!("{NS}:worker:{id}")]);
+        let record: Value = serde_json::from_str(&record.expect("the job still runs")).unwrap();
+        assert_eq!(f["payload"], record["payload"], "{f}");
+    }
+    assert_eq!(r.failed_stat(), 2);
+    assert_eq!(out["workers"], json!({}), "{out}");
+    assert!(r.workers().is_empty(), "{:?}", r.workers());
+    assert!(r.keys(&format!("{NS}:*undefined*")).is_empty());
+
+    // The locketd jobs were not stopped: they finish and are recorded as processed.
+    fs::write(work.path().join("release"), "").unwrap();
+    wait_until(SHORT, "both jobs finished under locketd", || {
+        r.processed() == 2
+    });
+    assert_eq!(r.failed_stat(), 2);
+    assert_eq!(d.terminate(SHORT).code(), Some(0));
+    for id in &ids {
+        assert!(!r.exists(&format!("{NS}:worker:{id}")), "{id}");
+        assert!(!r.exists(&format!("{NS}:worker:{id}:started")), "{id}");
+    }
+    let beats: Vec<String> = r.cmd(&["HKEYS", &format!("{NS}:workers:heartbeat")]);
+    assert!(beats.is_empty(), "{beats:?}");
+    assert!(r.workers().is_empty());
 }

@@ -431,3 +431,33 @@ fn a22_a_queue_cap_holds_across_two_multi_slot_daemons() {
         assert_eq!(exit_code(d, SHORT), Some(0));
     }
 }
+
+/// An empty queue name is refused by every operator command that takes one, with a clear
+/// error and nothing written (`pause ''` used to write `<ns>:pause:queue:`).
+#[test]
+fn an_empty_queue_name_is_refused_by_every_command_that_takes_one() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let commands: [&[&str]; 9] = [
+        &["pause", ""],
+        &["pause", "mail", ""],
+        &["resume", ""],
+        &["enqueue", "", "Job"],
+        &["counters", "--reset", ""],
+        &["unpark", "--queue", ""],
+        &["parked", "--queue", ""],
+        &["delayed", "--queue", ""],
+        &["failed", "retry", "--queue", ""],
+    ];
+    for args in commands {
+        let out = locketd(&redis, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(
+            err.contains("a queue name cannot be empty"),
+            "{args:?}: {err}"
+        );
+    }
+    let keys: Vec<String> = r.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty(), "{keys:?}");
+}

@@ -104,7 +104,12 @@ impl Job {
         resent: bool,
     ) -> AcquireOutcome {
         self.token = random_hex(16);
-        let working = working_on(&self.payload, &self.queue, SystemTime::now());
+        let working = working_on(
+            &self.payload,
+            &self.queue,
+            SystemTime::now(),
+            &self.worker_id,
+        );
         let info = json!({"process": self.slot_key, "slot": 0, "resque_worker": self.worker_id,
                           "queue": self.queue, "class": self.class, "digest": self.digest})
         .to_string();

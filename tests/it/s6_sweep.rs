@@ -285,7 +285,7 @@ async fn acquire(
         id: "L".into(),
         limit: 1,
     }];
-    let working = working_on(PAYLOAD, "q", SystemTime::now());
+    let working = working_on(PAYLOAD, "q", SystemTime::now(), "vm:1:q");
     let req = AcquireRequest {
         rid,
         token,
@@ -509,7 +509,7 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
                 id: "L".into(),
                 limit: 1,
             }];
-            let working = working_on(PAYLOAD, "q", SystemTime::now());
+            let working = working_on(PAYLOAD, "q", SystemTime::now(), "vm:1:q");
             let req = AcquireRequest {
                 rid: &p.rid,
                 token: &p.token,
