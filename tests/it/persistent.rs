@@ -342,6 +342,25 @@ fn h10_done_written_then_exit_counts_the_done() {
     assert_ne!(pid_of(&s.jobs_of("Ok")[0]), first);
 }
 
+/// H-10: a handler that exits after its `done` without reading the next job's frame never said
+/// `started` for that job: none of its code ran, so it goes back to the head of its queue and
+/// runs on a fresh handler, with no failure recorded.
+#[test]
+fn h10_an_exit_before_started_puts_the_job_back_without_a_failure() {
+    let mut s = Setup::new();
+    let _d = s.start("", "", "");
+    s.push("DoneThenLinger", json!([0.5]));
+    s.push("Ok", json!([]));
+    wait_until(LONG, "two jobs processed", || s.r.processed() == 2);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.r.failed_stat(), 0);
+    let first = pid_of(&s.jobs_of("DoneThenLinger")[0]);
+    let ok: Vec<_> = s.jobs_of("Ok");
+    // The frame written to the lingering handler was never read: the job reached only the
+    // fresh one.
+    assert!(ok.iter().all(|j| pid_of(j) != first), "{ok:?}");
+}
+
 /// H-10, §7 "a grandchild holding fd 4 after the handler dies": the death is seen by the
 /// exit, not by the end of fd 4, so the job ends at once, not when the grandchild does.
 #[test]

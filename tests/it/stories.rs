@@ -159,8 +159,9 @@ fn story_lock_around_an_id_discards_a_second_job_for_the_same_user() {
     r.push("q", r#"{"class":"Api::Call","args":[1,"a"]}"#);
     r.push("q", r#"{"class":"Api::Call","args":[1,"b"]}"#);
     r.push("q", r#"{"class":"Api::Call","args":[2,"c"]}"#);
+    // The handler logs its end before the worker counts the job: wait for both.
     wait_until(LONG, "two runs and one discard", || {
-        ended(&log) == 2 && stat(&mut r, "discarded") == 1
+        ended(&log) == 2 && stat(&mut r, "discarded") == 1 && r.processed() == 2
     });
     // Which of the two user-1 jobs wins depends on which ACQUIRE lands first, not on the pops.
     let got: BTreeSet<String> = runs(&log).into_iter().map(|r| r.args).collect();

@@ -116,10 +116,10 @@ impl Parts {
                 .timeout
                 .map(|t| unix_ms(std::time::SystemTime::now() + t)),
         });
-        let (end, stopping) = wait_for_end(spec, p, &job, line, &stop).await;
+        let (end, stopping, mut started) = wait_for_end(spec, p, &job, line, &stop).await;
         let done = match &end {
             End::Done(d) => Some(d.clone()),
-            End::Exited(_) => late_done(p, &job).await,
+            End::Exited(_) => late_done(p, &job, &mut started).await,
             _ => None,
         };
         if let Some(d) = done {
@@ -162,6 +162,19 @@ impl Parts {
         let p = slot.proc.as_mut().expect("ready");
         let (pid, tail) = (p.pid, p.tail());
         let (reason, failure) = match end {
+            // H-10: a handler that exited before it said `started` ran none of this job's code
+            // (a `done` then an exit, seen only once the next job was written): the job goes
+            // back to the head of its queue as a no-start does, bounded the same way (H-9).
+            End::Exited(status) if !started => {
+                info!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, status = %describe(status), "handler exited before it started the job");
+                slot.sent = None;
+                let failure = if self.no_starts.again(&job.payload) {
+                    death_failure(&spec.name, pid, status, tail)
+                } else {
+                    JobFailure::new(NOT_STARTED, "the handler exited before it started the job")
+                };
+                ("exit", failure)
+            }
             End::Exited(status) => ("exit", death_failure(&spec.name, pid, status, tail)),
             End::Protocol(e) => {
                 warn!(target: LOG_TARGET, handler = %spec.name, pid, class = %job.class, error = %e, "handler broke the protocol; killing it");
@@ -204,14 +217,15 @@ impl Parts {
 
 /// Writes the `job` frame and waits for its end: `done`, the exit, a protocol error, or no
 /// `started` in time. A stop writes `stop` and SIGTERMs the group, then keeps waiting (the
-/// supervisor drops the future after the grace). Returns the end and whether a stop came.
+/// supervisor drops the future after the grace). Returns the end, whether a stop came and
+/// whether the handler said `started`.
 async fn wait_for_end(
     spec: &Spec,
     p: &mut Proc,
     job: &JobContext,
     line: Vec<u8>,
     stop: &CancellationToken,
-) -> (End, bool) {
+) -> (End, bool, bool) {
     let start_deadline = tokio::time::Instant::now() + spec.start_timeout;
     let mut exit = p.exit_watch();
     // The write owns the pipe while it runs and hands it back when it is through.
@@ -277,7 +291,7 @@ async fn wait_for_end(
     // A job frame cut off mid-write leaves the pipe unusable; every end but a `done` ends the
     // process anyway, and a `done` comes only after the whole frame was read.
     p.put_requests(requests);
-    (end, stopping)
+    (end, stopping, started)
 }
 
 /// H-17: a failed `done` whose failure the app recorded.
@@ -287,8 +301,9 @@ fn note_recorded(job: &JobContext, outcome: &Done, recorded: bool) {
     }
 }
 
-/// H-10: after an exit, a `done` already in the pipe still counts.
-async fn late_done(p: &mut Proc, job: &JobContext) -> Option<Done> {
+/// H-10: after an exit, a `done` already in the pipe still counts (and a `started` there is
+/// noted in `started`).
+async fn late_done(p: &mut Proc, job: &JobContext, started: &mut bool) -> Option<Done> {
     let deadline = tokio::time::Instant::now() + LATE_DONE;
     loop {
         match tokio::time::timeout_at(deadline, p.frames.recv()).await {
@@ -300,6 +315,7 @@ async fn late_done(p: &mut Proc, job: &JobContext) -> Option<Done> {
                 note_recorded(job, &outcome, recorded);
                 return Some(outcome);
             }
+            Ok(Some(Ok(Frame::Started { id, .. }))) if id == job.id => *started = true,
             Ok(Some(Ok(_))) => {}
             _ => return None,
         }
