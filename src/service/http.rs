@@ -49,6 +49,27 @@ pub struct RedisGauges {
     pub parked: ParkedGauges,
     /// The queues of `queues` an operator paused.
     pub paused: std::collections::BTreeSet<String>,
+    /// Keys this scrape could not read as it needs them (a key another tool gave another
+    /// type, a set member that is no UTF-8 name), with Redis's reply: their gauges read 0 and
+    /// the rest stay, since Redis answered (`up`).
+    pub unreadable: Vec<(String, String)>,
+}
+
+/// A gauge's read that one key refused: its value reads as the default and the key is noted
+/// in `u`; only Redis not answering fails the whole Redis part of the scrape.
+fn soft<T: Default>(
+    r: redis::RedisResult<T>,
+    key: String,
+    u: &mut Vec<(String, String)>,
+) -> redis::RedisResult<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if crate::ops::unreadable::is_connection(&e) => Err(e),
+        Err(e) => {
+            u.push((key, crate::ops::unreadable::error_text(&e)));
+            Ok(T::default())
+        }
+    }
 }
 
 /// Parked waits' numbers at scrape time (PK-8).
@@ -82,13 +103,33 @@ async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisRe
     let k = Keys::new(&config.namespace);
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     let spec = QueueSpec::from_list(&config.queues.0).ok();
+    let mut unreadable = Vec::new();
     let known: Vec<String> = match &spec {
         Some(s) if !s.is_dynamic() => Vec::new(),
         _ => {
-            redis::cmd("SMEMBERS")
-                .arg(k.queues())
-                .query_async(conn)
-                .await?
+            let raw: Vec<Vec<u8>> = soft(
+                redis::cmd("SMEMBERS")
+                    .arg(k.queues())
+                    .query_async(conn)
+                    .await,
+                k.queues(),
+                &mut unreadable,
+            )?;
+            let total = raw.len();
+            let names: Vec<String> = raw
+                .into_iter()
+                .filter_map(|b| String::from_utf8(b).ok())
+                .collect();
+            if names.len() < total {
+                unreadable.push((
+                    k.queues(),
+                    format!(
+                        "{} of its {total} members are not UTF-8 names: left out",
+                        total - names.len()
+                    ),
+                ));
+            }
+            names
         }
     };
     let mut names = match &spec {
@@ -100,7 +141,11 @@ async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisRe
         }
     };
     names.truncate(MAX_QUEUES);
-    let per = crate::ops::queue_lengths(conn, &k, &names).await?;
+    let per = soft(
+        crate::ops::queue_lengths(conn, &k, &names).await,
+        "the queues' lists and lock counters".to_string(),
+        &mut unreadable,
+    )?;
     let paused = crate::store::pause_states(conn, &k, &names)
         .await
         .map(|s| {
@@ -112,14 +157,32 @@ async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisRe
                 .collect()
         })
         .unwrap_or_default();
-    let failed_key_len = crate::ops::failed::listed_total(conn, config, MAX_QUEUES).await?;
-    let (processed, failed, workers_registered): (Option<u64>, Option<u64>, u64) = redis::pipe()
-        .get(k.stat_processed())
-        .get(k.stat_failed())
-        .scard(k.workers())
-        .query_async(conn)
-        .await?;
-    let locks_held = crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await?;
+    let (failed_key_len, refused_lists) = soft(
+        crate::ops::failed::listed_counts(conn, config, MAX_QUEUES).await,
+        "the failure lists".to_string(),
+        &mut unreadable,
+    )?;
+    unreadable.extend(refused_lists);
+    let (processed, failed, workers_registered): (Option<u64>, Option<u64>, u64) = soft(
+        redis::pipe()
+            .get(k.stat_processed())
+            .get(k.stat_failed())
+            .scard(k.workers())
+            .query_async(conn)
+            .await,
+        format!(
+            "{}, {}, {}",
+            k.stat_processed(),
+            k.stat_failed(),
+            k.workers()
+        ),
+        &mut unreadable,
+    )?;
+    let locks_held = soft(
+        crate::store::locks_held(conn, &k, now.saturating_mul(1000)).await,
+        k.locket("locks"),
+        &mut unreadable,
+    )?;
     let delayed = crate::scheduler::ops::delayed_counts(conn, &k, now as i64)
         .await
         .unwrap_or_default();
@@ -155,6 +218,7 @@ async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisRe
         wakes: wakes.unwrap_or(0),
     };
     Ok(RedisGauges {
+        unreadable,
         paused,
         parked,
         delayed,
@@ -450,6 +514,20 @@ impl Collector for Scrape {
             "1 when Redis answered this scrape.",
             &[(Vec::new(), i64::from(r.up))],
         )?;
+        if !r.unreadable.is_empty() {
+            gauge_family(
+                &mut enc,
+                "locketd_redis_unreadable_keys",
+                "Keys this scrape could not read as it needs them (another type, a name that is not UTF-8); their gauges read 0, and `locketd status` says why.",
+                &r.unreadable
+                    .iter()
+                    .map(|(key, _)| key.as_str())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .map(|key| (l(&[("key", key)]), 1))
+                    .collect::<Vec<_>>(),
+            )?;
+        }
         if r.up {
             gauge_family(
                 &mut enc,

@@ -1301,6 +1301,18 @@ fn one_odd_key_empties_only_its_own_section_and_names_it() {
         let (code, _, metrics) = http(&addr, "GET", "/metrics", &[], "");
         assert_eq!(code, 200, "{key}");
         assert!(metrics.contains("locketd_workers"), "{key}");
+        // Redis answered: one odd key does not read as Redis down, nor drop the other gauges.
+        assert!(metrics.contains("locketd_redis_up 1"), "{key}:\n{metrics}");
+        assert!(
+            metrics.contains("locketd_queue_length{queue=\"web_worked\"}"),
+            "{key}:\n{metrics}"
+        );
+        if ["resque:failed", "resque:locket:locks"].contains(&key) {
+            assert!(
+                metrics.contains(&format!("locketd_redis_unreadable_keys{{key=\"{key}\"}} 1")),
+                "{key}:\n{metrics}"
+            );
+        }
 
         if odd.is_empty() {
             let _: () = redis::cmd("SREM")
