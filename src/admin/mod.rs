@@ -30,14 +30,7 @@ pub use read::{
     Listing,
 };
 
-/// The value parser of every operator command's queue name: an empty name would address
-/// `<ns>:queue:` or `<ns>:pause:queue:`, which no worker reads, so it is refused up front.
-pub fn queue_name(s: &str) -> Result<String, String> {
-    if s.is_empty() {
-        return Err("a queue name cannot be empty".into());
-    }
-    Ok(s.to_string())
-}
+pub use crate::ops::queue_name;
 
 /// The O-3 events, in the order `locketd stats` prints them.
 pub const EVENTS: &[&str] = &[

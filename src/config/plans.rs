@@ -283,7 +283,7 @@ fn check_shared_rate_keys(classes: &HashMap<String, ClassPlan>) -> Result<(), Co
             if *other == name.as_str() {
                 continue;
             }
-            let big = crate::store::RATE_STRING_MAX;
+            let big = super::rates::RATE_STRING_MAX;
             let problem = if first.period != r.period {
                 format!(
                     "rate key {key:?} has period {:?} here and {:?} in class {other:?}: a start \

@@ -11,6 +11,11 @@ use std::time::Duration;
 /// last period (RL-1's bounded memory); larger limits are refused by `check-config`.
 pub const MAX_RATE_LIMIT: u32 = 10_000;
 
+/// The largest limit whose starts the scripts keep in the key's string log; a larger one's
+/// are in a ZSET, `rate:<key>` (rate.lua). Two classes sharing a key must sit on one side
+/// of it (plans.rs), since the two logs do not see each other.
+pub const RATE_STRING_MAX: u32 = 256;
+
 /// One entry of `rate = {...}` / `rates = [...]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

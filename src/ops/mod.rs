@@ -50,6 +50,15 @@ pub(crate) async fn connect_or_report(
     }
 }
 
+/// The value parser of every operator command's queue name: an empty name would address
+/// `<ns>:queue:` or `<ns>:pause:queue:`, which no worker reads, so it is refused up front.
+pub fn queue_name(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() {
+        return Err("a queue name cannot be empty".into());
+    }
+    Ok(s.to_string())
+}
+
 /// `LLEN` and the lock counter of each queue, in one round trip. A queue key of the wrong type
 /// (another tool's) reads as empty instead of failing the whole read; a counter that is not a
 /// number reads as none.

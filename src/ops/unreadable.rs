@@ -67,22 +67,31 @@ pub fn names(v: Value, section: &str, key: &str, u: &mut Vec<Unreadable>) -> Vec
             return Vec::new();
         }
     };
+    let (names, left_out) = utf8_names(raw);
+    if let Some(error) = left_out {
+        u.push(Unreadable {
+            section: section.into(),
+            key: key.into(),
+            error,
+        });
+    }
+    names
+}
+
+/// The members of a set that are UTF-8 names, and, when some are not, why they were left out.
+pub fn utf8_names(raw: Vec<Vec<u8>>) -> (Vec<String>, Option<String>) {
     let total = raw.len();
     let names: Vec<String> = raw
         .into_iter()
         .filter_map(|b| String::from_utf8(b).ok())
         .collect();
-    if names.len() < total {
-        u.push(Unreadable {
-            section: section.into(),
-            key: key.into(),
-            error: format!(
-                "{} of its {total} members are not UTF-8 names: left out",
-                total - names.len()
-            ),
-        });
-    }
-    names
+    let left_out = (names.len() < total).then(|| {
+        format!(
+            "{} of its {total} members are not UTF-8 names: left out",
+            total - names.len()
+        )
+    });
+    (names, left_out)
 }
 
 /// Names the key behind `e`, a read of `section` that failed: the first of `expected`

@@ -115,19 +115,9 @@ async fn read_redis_inner(conn: &mut Manager, config: &Config) -> redis::RedisRe
                 k.queues(),
                 &mut unreadable,
             )?;
-            let total = raw.len();
-            let names: Vec<String> = raw
-                .into_iter()
-                .filter_map(|b| String::from_utf8(b).ok())
-                .collect();
-            if names.len() < total {
-                unreadable.push((
-                    k.queues(),
-                    format!(
-                        "{} of its {total} members are not UTF-8 names: left out",
-                        total - names.len()
-                    ),
-                ));
+            let (names, left_out) = crate::ops::unreadable::utf8_names(raw);
+            if let Some(why) = left_out {
+                unreadable.push((k.queues(), why));
             }
             names
         }

@@ -67,9 +67,7 @@ pub struct RateState {
     pub parked_due_ms: Option<u64>,
 }
 
-/// The largest limit whose starts the scripts keep in the key's string log; a larger one's
-/// are in a ZSET, `rate:<key>` (rate.lua).
-pub const RATE_STRING_MAX: u32 = 256;
+pub use crate::config::rates::RATE_STRING_MAX;
 
 /// The first byte of a rate log: its format (rate.lua).
 pub const RATE_LOG_MAGIC: u8 = 0xB1;

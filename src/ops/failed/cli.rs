@@ -41,7 +41,7 @@ pub fn render(len: u64, list: &FailedList, rows: &[Summary]) -> String {
 #[derive(Debug, Clone, clap::Args)]
 pub struct FailedArgs {
     /// With failure_backend = "redis_multi_queue": the queue whose `<Q>_failed` list to use.
-    #[arg(long, global = true, value_name = "Q", value_parser = crate::admin::queue_name)]
+    #[arg(long, global = true, value_name = "Q", value_parser = crate::ops::queue_name)]
     pub failed_queue: Option<String>,
     /// What to do.
     #[command(subcommand)]
@@ -77,7 +77,7 @@ pub enum FailedAction {
         #[arg(long, value_name = "C")]
         class: Option<String>,
         /// Every failure from this queue.
-        #[arg(long, value_name = "Q", value_parser = crate::admin::queue_name)]
+        #[arg(long, value_name = "Q", value_parser = crate::ops::queue_name)]
         queue: Option<String>,
     },
     /// Remove failure N (Resque's remove; indexes after it shift down by one).
