@@ -397,6 +397,24 @@ impl Config {
                     ));
                 }
             }
+            if h.threads == 0 || h.threads > super::handlers::MAX_THREADS {
+                return Err(invalid(
+                    &format!("{setting}.threads"),
+                    format!(
+                        "{} is out of range (1..={})",
+                        h.threads,
+                        super::handlers::MAX_THREADS
+                    ),
+                ));
+            }
+            if h.threads > 1 && h.command.iter().any(|a| a == "--fork") {
+                return Err(invalid(
+                    &format!("{setting}.threads"),
+                    "threads > 1 and --fork are exclusive: a forked child runs one job, so \
+                     the process would still hold one app per job (drop --fork, or set \
+                     threads = 1)",
+                ));
+            }
             if h.max_rss.is_some_and(|b| b.0 < 1024 * 1024) {
                 return Err(invalid(&format!("{setting}.max_rss"), "is below 1MiB"));
             }
@@ -513,5 +531,31 @@ mod tests {
         let e = zero.check().unwrap_err().to_string();
         assert!(e.contains("queue.a.concurrency"), "{e}");
         assert!(Config::parse("queues = \"a\"\n[queue.a]\nconcurency = 2\n", "test").is_err());
+    }
+
+    /// H-18: `threads` is 1..=1024, and above 1 it refuses a `--fork` adapter.
+    #[test]
+    fn threads_are_in_range_and_exclude_fork() {
+        let conf = |threads: &str, fork: bool| {
+            let fork = if fork { ", \"--fork\"" } else { "" };
+            Config::parse(
+                &format!(
+                    "queues = \"q\"\n[handlers.app]\nmode = \"persistent\"\n\
+                     command = [\"adapters/ruby/locketd-ruby\", \"app.rb\"{fork}]\n{threads}\n\
+                     [classes.\"*\"]\nhandler = \"app\"\n"
+                ),
+                "test",
+            )
+            .unwrap()
+        };
+        assert_eq!(conf("", false).handlers["app"].threads, 1, "default");
+        assert!(conf("threads = 25", false).check().is_ok());
+        assert!(conf("", true).check().is_ok(), "fork with one thread");
+        let e = conf("threads = 2", true).check().unwrap_err().to_string();
+        assert!(e.contains("threads") && e.contains("--fork"), "{e}");
+        for bad in ["threads = 0", "threads = 1025"] {
+            let e = conf(bad, false).check().unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{bad}: {e}");
+        }
     }
 }

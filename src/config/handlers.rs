@@ -112,4 +112,16 @@ pub struct HandlerConfig {
     /// Persistent: after a kill, the fresh handler runs the job's `on_failure` hooks (H-14).
     #[serde(default = "yes")]
     pub failure_hooks_after_kill: bool,
+    /// Persistent: how many jobs one handler process runs at once (H-18). 1, the default, is
+    /// one job per process; above 1 a worker's slots share processes, `threads` slots each,
+    /// when the adapter says `threads` in its `ready` features.
+    #[serde(default = "one_thread")]
+    pub threads: u32,
 }
+
+fn one_thread() -> u32 {
+    1
+}
+
+/// The most `threads` a handler may have: past this a process is better split.
+pub(crate) const MAX_THREADS: u32 = 1024;

@@ -216,6 +216,19 @@ pub struct HandlerStats {
     pub backoff_ms: u64,
     /// The last boot failure or death, for the operator.
     pub last_error: String,
+    /// Jobs its process may run at once (`threads`, H-18; 1: one job per process, and also
+    /// when the adapter did not say `threads` in `ready`).
+    #[serde(default)]
+    pub threads: u32,
+    /// Jobs its process is running now, this slot's and the other slots' that share it.
+    #[serde(default)]
+    pub threads_busy: u32,
+    /// The thread (0-based, within its process) of this slot's running job, if any.
+    #[serde(default)]
+    pub thread: Option<u32>,
+    /// Its process takes no new jobs: it retires once its running jobs end (H-13, H-18).
+    #[serde(default)]
+    pub retiring: bool,
 }
 
 /// Most `(queue, class)` series (and `queue` series of skips) one recorder, or the master's sum,

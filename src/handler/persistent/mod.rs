@@ -241,7 +241,10 @@ impl PersistentHandler {
 
     fn with_spec(spec: Arc<Spec>, no_starts: Arc<NoStarts>) -> PersistentHandler {
         let shared = Shared::default();
-        shared.state(|s| s.name = spec.name.clone());
+        shared.state(|s| {
+            s.name = spec.name.clone();
+            s.threads = 1;
+        });
         PersistentHandler {
             spec,
             no_starts,
