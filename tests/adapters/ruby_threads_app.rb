@@ -66,3 +66,13 @@ class Spawning
     sleep(job_seconds.to_f)
   end
 end
+
+# The app's failure backend (H-17): the adapter records a failed job through it.
+module Resque
+  module Failure
+    def self.create(options)
+      TagLog.log(options[:payload]["args"][0],
+                 "recorded #{options[:exception].class} worker=#{options[:worker]} queue=#{options[:queue]}")
+    end
+  end
+end

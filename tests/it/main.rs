@@ -4,6 +4,7 @@
 //! `support` (real `redis-server` instances, the real `locketd` binary,
 //! node-resque interop, bounded waits).
 
+mod adapter_threads;
 mod adapters;
 mod admin;
 mod bench;
