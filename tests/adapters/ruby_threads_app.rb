@@ -60,6 +60,7 @@ class Spawning
     when "backticks" then TagLog.log(tag, "backticks #{`sleep #{secs} >/dev/null 2>&1 & echo out`.inspect} #{$?.exitstatus}")
     when "popen" then IO.popen(["sleep", secs])
     when "open3" then Open3.popen3("sleep", secs)
+    when "fork" then fork { exec("sleep", secs) }
     when "capture" then TagLog.log(tag, "capture #{Open3.capture2("echo", "hi").inspect.sub(/pid \d+/, "pid")}")
     end
     TagLog.log(tag, "#{form} spawned")

@@ -275,7 +275,7 @@ fn h18_ruby_hook_order_failure_record_and_locals_are_per_job_under_concurrency()
     let last_begin = d
         .hooks
         .iter()
-        .rposition(|l| l.ends_with("perform locals=[nil, nil]"))
+        .rposition(|l| l.contains(" perform locals="))
         .unwrap();
     let first_end = d
         .hooks
@@ -398,14 +398,15 @@ fn h18_ruby_a_jobs_subprocesses_are_in_its_own_group_and_die_at_its_done() {
         ("K", "kernel_spawn"),
         ("I", "popen"),
         ("O", "open3"),
+        ("F", "fork"),
     ];
     let payloads: Vec<String> = forms
         .iter()
         .enumerate()
         .map(|(i, (tag, form))| spawning(tag, form, 0.4 + 0.3 * i as f64))
-        .chain([spawning("Z", "process_spawn", 3.0)])
+        .chain([spawning("Z", "process_spawn", 3.5)])
         .collect();
-    let mut args = vec!["--threads", "8", "--concurrent", "7"];
+    let mut args = vec!["--threads", "8", "--concurrent", "8"];
     for ((tag, _), payload) in forms.iter().chain([("Z", "")].iter()).zip(&payloads) {
         args.extend(["--id", tag, "--payload", payload]);
     }
