@@ -8,8 +8,11 @@ LOCKETD_PROTOCOL_FDS=3,4 in the environment. It waits for `ready`, then runs
 the steps given on the command line in order, waiting for the `done` of each
 job before the next, like locketd. Every reply frame is printed to stdout
 exactly as received (one JSON line each); the driver's own notes are JSON lines
-with a "driver" key. At the end it closes fd 3 (EOF: the adapter must exit 0),
-reports the exit status and kills whatever is left in the process group.
+with a "driver" key. After each `done`, when any `group` frame (H-18) was seen,
+a note {"driver":"groups","after_done":ID,"alive":[PGID...],"dead":[PGID...]}
+says which announced job process groups still hold a live (non-zombie) process. At the end it closes fd 3 (EOF: the adapter must exit 0),
+reports the exit status and kills whatever is left in the process group and in
+the job groups announced by `group` frames.
 
     python3 tests/adapters/drive.py \\
         --payload '{"class":"Greeter","args":["world"]}' \\
@@ -18,6 +21,12 @@ reports the exit status and kills whatever is left in the process group.
 
 Steps (in order, each may repeat):
   --payload JSON          send a `job` frame with this exact payload text, wait for done
+  --id ID                 the id of the next job or frame (default: j<step number>,
+                          f<step number> for --frame/--failure-hooks)
+  --concurrent N          the next N job/failure_hooks steps are all written before
+                          any is waited for (each `job` frame then carries "thread": k,
+                          k = 0..N-1), then the driver waits for all N `done`s; frames
+                          are printed in the order they arrive (for --threads)
   --payload-file PATH     the same with the payload text read from a file (big payloads)
   --signal WHO:SIG:SECS[:stop]
                           for the next job: SECS after its `started`, send SIG to
@@ -31,6 +40,12 @@ Steps (in order, each may repeat):
   --raw TEXT              send TEXT plus "\\n" as is, without waiting
   --sleep SECS            pause
 Other options:
+  --threads N             set LOCKETD_THREADS=N in the adapter's environment, as locketd
+                          does for `threads = N` (H-18)
+  --stop-after ID:SECS[:requeue]
+                          SECS after the `started` of job ID, write a `stop` frame for
+                          it (reason "timeout"; with ":requeue", "requeue": true), no
+                          signal: the threaded soft stop (may repeat, one per job)
   --end close|term|none   how to finish: EOF on fd 3 (default), SIGTERM to the
                           idle group, or just wait for the adapter to exit
   --capture               collect the adapter's stdout/stderr and print them as
@@ -66,6 +81,22 @@ def child_of(pid):
     raise KeyError("child_pid")
 
 
+def group_alive(pgid):
+    """Whether a process that is not a zombie is in process group `pgid` (from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def note(**fields):
     print(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False), flush=True)
 
@@ -77,7 +108,7 @@ def parse_args(argv):
     opts, command = argv[:split], argv[split + 1:]
     if not command:
         sys.exit(USAGE)
-    config = {"end": "close", "capture": False, "queue": "default", "timeout": 30.0}
+    config = {"end": "close", "capture": False, "queue": "default", "timeout": 30.0, "threads": None, "stops": {}}
     steps, exception, error = [], "Resque::DirtyExit", "Child process received unhandled signal SIGKILL (signal 9)"
     i = 0
     while i < len(opts):
@@ -94,6 +125,15 @@ def parse_args(argv):
             config[flag[2:]] = value
         elif flag == "--timeout":
             config["timeout"] = float(value)
+        elif flag == "--threads":
+            config["threads"] = str(int(value))
+        elif flag == "--stop-after":
+            job_id, secs, *requeue = value.split(":")
+            config["stops"][job_id] = (float(secs), requeue == ["requeue"])
+        elif flag == "--concurrent":
+            steps.append(("concurrent", int(value)))
+        elif flag == "--id":
+            steps.append(("id", value))
         elif flag == "--exception":
             exception = value
         elif flag == "--error":
@@ -119,7 +159,7 @@ def parse_args(argv):
     return config, steps, command
 
 
-def spawn(command, capture):
+def spawn(command, capture, threads=None):
     """Start the adapter with the request pipe on fd 3 and the reply pipe on fd 4."""
     # Move both pipes above fd 10, then put the adapter's ends on 3 and 4 here in
     # the driver: pass_fds hands exactly those to the child, and no pipe that
@@ -139,6 +179,8 @@ def spawn(command, capture):
     for fd in (req_r, rep_w):
         os.close(fd)
     env = dict(os.environ, LOCKETD_PROTOCOL="1", LOCKETD_PROTOCOL_FDS="3,4")
+    if threads is not None:
+        env["LOCKETD_THREADS"] = threads
     out = subprocess.PIPE if capture else sys.stderr
     try:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
@@ -194,7 +236,7 @@ def drain(stream, sink):
 
 def main():
     config, steps, command = parse_args(sys.argv[1:])
-    proc, req_w, rep_r = spawn(command, config["capture"])
+    proc, req_w, rep_r = spawn(command, config["capture"], config["threads"])
     pgid = proc.pid  # start_new_session: the adapter leads its own group
     note(event="spawned", pid=proc.pid, command=command)
     captured = {}
@@ -262,59 +304,104 @@ def main():
         except (ProcessLookupError, KeyError) as err:
             note(event="signal_failed", who=who, error=repr(err))
 
-    def await_done(job_id, pending_signal=None):
+    def soft_stop(job_id, delay, requeue):
+        time.sleep(delay)
+        frame = {"t": "stop", "id": job_id, "reason": "timeout"}
+        if requeue:
+            frame["requeue"] = True
+        if send(frame):
+            note(event="stop", id=job_id, after_started_s=delay, requeue=requeue)
+
+    groups = {}  # pgid -> job id, from `group` frames
+
+    def await_done(job_ids, pending_signal=None):
+        """Wait for the `done` of every id in job_ids (frames of any of them in any order)."""
         nonlocal ok, retired
-        while True:
-            frame = expect(f"done {job_id}")
+        waiting = set(job_ids)
+        while waiting:
+            frame = expect("done " + " ".join(sorted(waiting)))
             if frame is None:
                 return
-            if frame.get("t") == "started":
+            kind, job_id = frame.get("t"), frame.get("id")
+            if kind == "started" and job_id in waiting:
                 started_at[job_id] = time.monotonic()
                 if pending_signal:
                     threading.Thread(target=fire, args=(pending_signal, frame), daemon=True).start()
-            elif frame.get("t") == "done":
+                if job_id in config["stops"]:
+                    delay, requeue = config["stops"][job_id]
+                    threading.Thread(target=soft_stop, args=(job_id, delay, requeue), daemon=True).start()
+            elif kind == "done" and job_id in waiting:
+                waiting.discard(job_id)
                 if job_id in started_at:
                     note(event="elapsed", id=job_id, ms=round((time.monotonic() - started_at[job_id]) * 1000, 1))
-                if pending_signal:  # a signalled adapter may announce its exit
+                if groups:
+                    alive = sorted(p for p in groups if group_alive(p))
+                    note(event="groups", after_done=job_id, alive=alive, dead=sorted(set(groups) - set(alive)))
+                if pending_signal and not waiting:  # a signalled adapter may announce its exit
                     retired = replies.bye_within(1.0)
-                return
-            elif frame.get("t") == "bye":
+            elif kind == "group" and isinstance(frame.get("pgid"), int):
+                groups[frame["pgid"]] = job_id
+            elif kind == "bye":
                 retired = True
             else:
                 note(event="unexpected", frame=frame)
                 ok = False
 
+    def job_frame(job_id, text, thread=None):
+        try:
+            cls = json.loads(text).get("class", "")
+        except (ValueError, AttributeError):
+            cls = ""
+        frame = {"t": "job", "id": job_id, "payload": text, "queue": config["queue"], "class": cls,
+                 "worker": f"driver:{os.getpid()}:{config['queue']}", "lock_keys": [],
+                 "lock_token": "driver-token", "deadline_ms": None}
+        if thread is not None:
+            frame["thread"] = thread
+        return frame
+
     retired = False  # the adapter said bye: send nothing more
     ready = expect("ready")
     ok = ok and ready is not None and ready.get("t") == "ready"
     pending_signal = None
+    next_id = None  # from --id
+    batch, batch_left = [], 0  # --concurrent: ids written, not yet awaited; steps still to write
     for n, (kind, arg) in enumerate(steps, 1):
         if not ok or retired or proc.poll() is not None:
             break
+        if kind == "id":
+            next_id = arg
+            continue
+        if kind == "concurrent":
+            batch, batch_left = [], arg
+            continue
         if kind == "signal":
             pending_signal = arg
         elif kind == "sleep":
             time.sleep(arg)
         elif kind == "raw":
             send(arg)
-        elif kind == "job":
-            try:
-                cls = json.loads(arg).get("class", "")
-            except (ValueError, AttributeError):
-                cls = ""
-            job_id = f"j{n}"
-            ok = send({"t": "job", "id": job_id, "payload": arg, "queue": config["queue"], "class": cls,
-                  "worker": f"driver:{os.getpid()}:{config['queue']}", "lock_keys": [],
-                  "lock_token": "driver-token", "deadline_ms": None}) and ok
-            if ok:
-                await_done(job_id, pending_signal)
+        elif kind in ("job", "frame"):
+            if kind == "job":
+                frame = job_frame(next_id or f"j{n}", arg, len(batch) if batch_left else None)
+            else:
+                frame = dict(arg)
+                frame.setdefault("id", next_id or f"f{n}")
+            next_id = None
+            awaited = frame.get("t") in ("job", "failure_hooks")
+            if not send(frame) or not awaited:
+                continue
+            if batch_left:
+                batch.append(frame["id"])
+                batch_left -= 1
+                if batch_left:
+                    continue
+                await_done(batch, pending_signal)
+                batch = []
+            else:
+                await_done([frame["id"]], pending_signal)
             pending_signal = None
-        elif kind == "frame":
-            frame = dict(arg)
-            frame.setdefault("id", f"f{n}")
-            if send(frame) and frame.get("t") in ("job", "failure_hooks"):
-                await_done(frame["id"], pending_signal)
-                pending_signal = None
+    if batch and ok and not retired:  # fewer steps than --concurrent said
+        await_done(batch, pending_signal)
 
     # Finish: EOF (idle shutdown), TERM while idle, or just wait.
     end = config["end"]
@@ -347,6 +434,13 @@ def main():
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for job_group in groups:  # job groups (H-18) the adapter left alive
+        if job_group != pgid and group_alive(job_group):
+            note(event="job_group_leftovers_killed", pgid=job_group, id=groups[job_group])
+            try:
+                os.killpg(job_group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + 1
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
