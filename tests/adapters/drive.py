@@ -97,8 +97,16 @@ def group_alive(pgid):
     return False
 
 
+_print_lock = threading.Lock()  # notes come from timer threads too: one whole line at a time
+
+
+def out(text):
+    with _print_lock:
+        print(text, flush=True)
+
+
 def note(**fields):
-    print(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False), flush=True)
+    out(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False))
 
 
 def parse_args(argv):
@@ -222,7 +230,7 @@ class Replies:
         if line is None:
             return True
         if json.loads(line).get("t") == "bye":
-            print(line.decode("utf-8", errors="replace"), flush=True)
+            out(line.decode("utf-8", errors="replace"))
             return True
         self.buf = line + b"\n" + self.buf
         return False
@@ -266,7 +274,7 @@ def main():
             ok = False
             return None
         text = line.decode("utf-8", errors="replace")
-        print(text, flush=True)
+        out(text)
         try:
             frame = json.loads(line)
         except ValueError:
@@ -424,7 +432,7 @@ def main():
             break
         if line is None:
             break
-        print(line.decode("utf-8", errors="replace"), flush=True)
+        out(line.decode("utf-8", errors="replace"))
     status = {"exit": code} if code >= 0 else {"signal": signal.Signals(-code).name}
     note(event="exit", end=end, ms=round((time.monotonic() - began) * 1000, 1), **status)
 
