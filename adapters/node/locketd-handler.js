@@ -108,6 +108,7 @@ const USAGE = "usage: locketd-handler.js MODULE\n" +
   "Runs node-resque-style jobs for locketd over fds 3 (requests) and 4 (replies).";
 const TERM_HOOKS_MS = 3000; // SIGTERM during a job: how long the onFailure hook may take
 const STOP_FRAME_MS = 100; // SIGTERM during a job: how long to wait for its stop frame to be read
+const GROUP_DEATH_MS = 1000; // threaded mode: how long a job's SIGKILLed groups may take to die
 const O_CLOEXEC = 0o2000000; // Linux, as in /proc/self/fdinfo "flags:"
 
 class Reschedule extends Error {
@@ -576,6 +577,7 @@ async function runThreaded(ctx) {
     }
     ctx.outcome = outcome;
     killGroups(ctx);
+    await groupsDead(ctx.groups);
     await flushOutput();
     answer(ctx, outcome);
   } finally {
@@ -617,6 +619,52 @@ function killGroups(ctx) {
       if (err.code !== "ESRCH") warn(`killing process group ${pgid} failed: ${err.message}`);
     }
   }
+}
+
+// Waits (at most GROUP_DEATH_MS) until no process of `pgids` is alive (a zombie is not):
+// a SIGKILLed process dies when it is next scheduled, and its zombie is its parent's.
+async function groupsDead(pgids) {
+  const deadline = Date.now() + GROUP_DEATH_MS;
+  for (;;) {
+    const left = liveGroups(pgids);
+    if (!left.length) return;
+    if (Date.now() >= deadline) {
+      warn(`process groups ${left.join(", ")} still alive ${GROUP_DEATH_MS} ms after SIGKILL`);
+      return;
+    }
+    await sleep(5);
+  }
+}
+
+function liveGroups(pgids) {
+  const maybe = new Set(pgids.filter((pgid) => {
+    try {
+      process.kill(-pgid, 0);
+      return true;
+    } catch (err) {
+      return err.code !== "ESRCH";
+    }
+  }));
+  if (!maybe.size) return [];
+  const live = new Set();
+  let entries;
+  try {
+    entries = fs.readdirSync("/proc");
+  } catch (_) {
+    return []; // no /proc: the SIGKILL has to do
+  }
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat;
+    try {
+      stat = fs.readFileSync(`/proc/${entry}/stat`, "latin1");
+    } catch (_) {
+      continue;
+    }
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (fields[0] !== "Z" && maybe.has(Number(fields[2]))) live.add(Number(fields[2]));
+  }
+  return [...live];
 }
 
 // Children started from a running job get a process group of their own (see the header).

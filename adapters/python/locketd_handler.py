@@ -93,6 +93,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 # Job code that does `import locketd_handler` gets this very module, not a second copy
@@ -786,6 +787,51 @@ class _Job:
                     popen.wait(timeout=1)
                 except Exception:  # TimeoutExpired (a process in D state), or the job's own wait
                     pass
+        _wait_groups_dead([pgid for pgid, _popen in self.groups])
+
+
+def _wait_groups_dead(pgids, timeout=1.0):
+    """Waits (at most `timeout`) until no process of `pgids` is alive (a zombie is not): a
+    SIGKILLed process dies when it is next scheduled."""
+    deadline = time.monotonic() + timeout
+    while pgids:
+        left = set()
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, 0)
+                left.add(pgid)
+            except ProcessLookupError:
+                pass
+            except OSError:
+                left.add(pgid)
+        if left:
+            left = _live_groups(left)
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            _warn(f"process groups {sorted(left)} still alive {timeout} s after SIGKILL")
+            return
+        time.sleep(0.005)
+
+
+def _live_groups(pgids):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()  # no /proc: the SIGKILL has to do
+    live = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] != b"Z" and int(fields[2]) in pgids:
+            live.add(int(fields[2]))
+    return live
 
 
 class _Jobs:
