@@ -81,7 +81,8 @@
 //     and answers done failed Resque::TermException at once, whatever the job
 //     does next: its own promise may keep running (JavaScript cannot stop it);
 //     its later result is ignored. A job that honours the signal ends; one that
-//     ignores it keeps running in the process until locketd kills the process.
+//     ignores it keeps running in the process after its done, when locketd has
+//     released its lock: job code that must not act after a stop checks the signal.
 //   - What a job starts: child_process spawn, exec, execFile and fork (all go
 //     through ChildProcess#spawn), and spawnSync, execSync, execFileSync (through
 //     the spawn_sync binding), called from a job's async context, are started
