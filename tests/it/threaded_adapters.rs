@@ -311,7 +311,11 @@ fn check_two_jobs_at_once(lang: &Lang) {
     }
     let pid = ready(&out)["pid"].as_i64().unwrap();
     assert_eq!(read_pid(dir.path(), "a"), pid, "job a ran in the adapter");
-    assert_eq!(read_pid(dir.path(), "b"), pid, "job b ran in the same process");
+    assert_eq!(
+        read_pid(dir.path(), "b"),
+        pid,
+        "job b ran in the same process"
+    );
     exited_cleanly(&out);
 }
 
@@ -387,15 +391,26 @@ fn check_children_die_with_their_job(lang: &Lang) {
         groups[0]
     };
     let (ga, gb) = (group_of("a"), group_of("b"));
-    assert_eq!(ga, read_pid(dir.path(), "a.child"), "a's child leads its group");
-    assert_eq!(gb, read_pid(dir.path(), "b.child"), "b's child leads its group");
+    assert_eq!(
+        ga,
+        read_pid(dir.path(), "a.child"),
+        "a's child leads its group"
+    );
+    assert_eq!(
+        gb,
+        read_pid(dir.path(), "b.child"),
+        "b's child leads its group"
+    );
     let after_a = note(&out, "groups", "after_done", "a");
     assert!(
         after_a["dead"].as_array().unwrap().contains(&ga.into()),
         "a's group is dead once its done is read: {out:#?}"
     );
     let own = std::fs::read_to_string(dir.path().join("rdv/b.own")).unwrap();
-    assert_eq!(own, "alive", "b's child lived on after a's child was killed");
+    assert_eq!(
+        own, "alive",
+        "b's child lived on after a's child was killed"
+    );
     let after_b = note(&out, "groups", "after_done", "b");
     assert_eq!(after_b["alive"], serde_json::json!([]), "{out:#?}");
     exited_cleanly(&out);
