@@ -321,16 +321,18 @@ fn check_two_jobs_at_once(lang: &Lang) {
 
 /// A stop for one job ends that job alone, through its failure path; its sibling, still
 /// running when the stop came (it waits for the stopped job's onFailure), ends ok in the
-/// same process.
+/// same process. A stop that says `requeue` (H-14) ends its job without the hook.
 fn check_stop_ends_one_job(lang: &Lang) {
     let dir = workdir();
     let steps = [
         "--threads",
-        "2",
+        "3",
         "--stop-after",
         "s:0.3",
+        "--stop-after",
+        "r:0.3:requeue",
         "--concurrent",
-        "2",
+        "3",
         "--id",
         "s",
         "--payload",
@@ -339,6 +341,10 @@ fn check_stop_ends_one_job(lang: &Lang) {
         "sib",
         "--payload",
         r#"{"class":"AfterFailed","args":["s"]}"#,
+        "--id",
+        "r",
+        "--payload",
+        r#"{"class":"Looping","args":[]}"#,
     ];
     let Some(out) = drive(lang, dir.path(), &steps) else {
         return;
@@ -352,6 +358,11 @@ fn check_stop_ends_one_job(lang: &Lang) {
         done(&out, "sib")["status"],
         "ok",
         "the sibling ran on: {out:#?}"
+    );
+    assert_eq!(done(&out, "r")["exception"], "Resque::TermException");
+    assert!(
+        !dir.path().join("rdv/failed-r").exists(),
+        "a requeued stop runs no onFailure (it would run before the done)"
     );
     exited_cleanly(&out);
 }
