@@ -97,16 +97,8 @@ def group_alive(pgid):
     return False
 
 
-_print_lock = threading.Lock()  # notes come from timer threads too: one whole line at a time
-
-
-def out(text):
-    with _print_lock:
-        print(text, flush=True)
-
-
 def note(**fields):
-    out(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False))
+    print(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False), flush=True)
 
 
 def parse_args(argv):
@@ -230,7 +222,7 @@ class Replies:
         if line is None:
             return True
         if json.loads(line).get("t") == "bye":
-            out(line.decode("utf-8", errors="replace"))
+            print(line.decode("utf-8", errors="replace"), flush=True)
             return True
         self.buf = line + b"\n" + self.buf
         return False
@@ -274,7 +266,7 @@ def main():
             ok = False
             return None
         text = line.decode("utf-8", errors="replace")
-        out(text)
+        print(text, flush=True)
         try:
             frame = json.loads(line)
         except ValueError:
@@ -432,7 +424,7 @@ def main():
             break
         if line is None:
             break
-        out(line.decode("utf-8", errors="replace"))
+        print(line.decode("utf-8", errors="replace"), flush=True)
     status = {"exit": code} if code >= 0 else {"signal": signal.Signals(-code).name}
     note(event="exit", end=end, ms=round((time.monotonic() - began) * 1000, 1), **status)
 
