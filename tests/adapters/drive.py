@@ -97,8 +97,17 @@ def group_alive(pgid):
     return False
 
 
+OUTPUT = threading.Lock()  # whole lines: the signal and stop threads print too
+
+
+def emit(text):
+    with OUTPUT:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 def note(**fields):
-    print(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False), flush=True)
+    emit(json.dumps({"driver": fields.pop("event"), **fields}, ensure_ascii=False))
 
 
 def parse_args(argv):
@@ -222,7 +231,7 @@ class Replies:
         if line is None:
             return True
         if json.loads(line).get("t") == "bye":
-            print(line.decode("utf-8", errors="replace"), flush=True)
+            emit(line.decode("utf-8", errors="replace"))
             return True
         self.buf = line + b"\n" + self.buf
         return False
@@ -266,7 +275,7 @@ def main():
             ok = False
             return None
         text = line.decode("utf-8", errors="replace")
-        print(text, flush=True)
+        emit(text)
         try:
             frame = json.loads(line)
         except ValueError:
@@ -424,7 +433,7 @@ def main():
             break
         if line is None:
             break
-        print(line.decode("utf-8", errors="replace"), flush=True)
+        emit(line.decode("utf-8", errors="replace"))
     status = {"exit": code} if code >= 0 else {"signal": signal.Signals(-code).name}
     note(event="exit", end=end, ms=round((time.monotonic() - began) * 1000, 1), **status)
 
