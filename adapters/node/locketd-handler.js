@@ -78,11 +78,11 @@
 //   - stop {id, reason, requeue}: aborts that job's signal (reason: the
 //     Resque::TermException error, message "stop: <reason>"), runs its
 //     onFailure hook with that error (not when requeue; at most TERM_HOOKS_MS)
-//     and answers done failed Resque::TermException at once, whatever the job
-//     does next: its own promise may keep running (JavaScript cannot stop it);
-//     its later result is ignored. A job that honours the signal ends; one that
-//     ignores it keeps running in the process after its done, when locketd has
-//     released its lock: job code that must not act after a stop checks the signal.
+//     and answers done failed Resque::TermException once the job's own promise
+//     settled (its result is then ignored): JavaScript cannot interrupt a
+//     promise, so a job that ignores its signal keeps its done back, and
+//     locketd's kill point (kill_grace after the stop, before the lease ends)
+//     kills the whole process; its sibling jobs go back to their queues.
 //   - What a job starts: child_process spawn, exec, execFile and fork (all go
 //     through ChildProcess#spawn), and spawnSync, execSync, execFileSync (through
 //     the spawn_sync binding), called from a job's async context, are started
@@ -571,8 +571,15 @@ async function runThreaded(ctx) {
     let outcome;
     if (ctx.kind === "job") {
       send({ t: "started", id: ctx.frame.id });
-      // A stop settles this at once with its own outcome; the job's promise may run on.
-      outcome = await Promise.race([runJob(ctx), ctx.stopped]);
+      const run = runJob(ctx);
+      outcome = await Promise.race([run, ctx.stopped]);
+      if (ctx.stopping) {
+        // H-18: a stopped job's done waits until its own promise settled, so nothing of it
+        // runs once locketd releases its lock; one that ignores its signal is ended by
+        // locketd's kill point, which takes the whole process down.
+        await run;
+        outcome = await ctx.stopping;
+      }
     } else {
       outcome = await failureHooks(ctx);
     }

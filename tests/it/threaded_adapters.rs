@@ -91,6 +91,15 @@ module.exports.jobs = {
   AfterFailed: {
     perform: async (id) => { await waitFor(() => has(`failed-${id}`), `failed-${id}`); },
   },
+  Lingering: {
+    perform: async function () {
+      const signal = this.signal;
+      await waitFor(() => signal.aborted, "its stop");
+      await sleep(300);
+      spawn("sleep", ["60"], { stdio: "ignore" });
+      await sleep(300);
+    },
+  },
   Spawner: {
     perform: async (me, other, first) => {
       const child = spawn("sleep", ["60"], { stdio: "ignore" });
@@ -460,6 +469,48 @@ fn h18_node_a_stop_aborts_one_job_and_its_sibling_finishes() {
 #[test]
 fn h18_python_a_stop_raises_in_one_job_and_its_sibling_finishes() {
     check_stop_ends_one_job(&PYTHON);
+}
+
+/// H-18: a Node job that ignores its aborted signal keeps its `done` back until its promise
+/// settled, so nothing it does after the stop (here: it starts a child) happens after the
+/// `done` that lets locketd release its lock; the child it started meanwhile is killed.
+#[test]
+fn h18_node_a_stopped_jobs_done_waits_for_its_promise() {
+    let dir = workdir();
+    let steps = [
+        "--threads",
+        "2",
+        "--stop-after",
+        "l:0.2",
+        "--concurrent",
+        "1",
+        "--id",
+        "l",
+        "--payload",
+        r#"{"class":"Lingering","args":[]}"#,
+    ];
+    let Some(out) = drive(&NODE, dir.path(), &steps) else {
+        return;
+    };
+    let at = |pred: &dyn Fn(&Value) -> bool| {
+        out.iter()
+            .position(pred)
+            .unwrap_or_else(|| panic!("{out:#?}"))
+    };
+    let group = at(&|v| v["t"] == "group" && v["id"] == "l");
+    let done_at = at(&|v| v["t"] == "done" && v["id"] == "l");
+    assert!(
+        group < done_at,
+        "the child it started after its stop was announced before its done: {out:#?}"
+    );
+    assert_eq!(done(&out, "l")["exception"], "Resque::TermException");
+    let pgid = out[group]["pgid"].clone();
+    let after = note(&out, "groups", "after_done", "l");
+    assert!(
+        after["dead"].as_array().unwrap().contains(&pgid),
+        "its child is dead once its done is read: {out:#?}"
+    );
+    exited_cleanly(&out);
 }
 
 #[test]
