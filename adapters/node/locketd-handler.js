@@ -62,9 +62,44 @@
 // reach perform rounded (12345678901234567890123 -> 1.2345678901234568e+22), as
 // in node-resque. Keep big integers in payloads as strings for Node jobs.
 //
+// Threaded mode (H-16, H-18). With LOCKETD_THREADS=N (N > 1) in its environment
+// (locketd sets it for `threads = N`; the adapter unsets it) the adapter says
+// "threads" in ready.features and runs every `job` it is sent at once, each an
+// async perform in the event loop (locketd sends at most N). Frames of
+// different jobs interleave; each is one whole line (send() is synchronous).
+// Without the variable, or with 1, everything above holds unchanged.
+//   - The job's AbortSignal: perform and the hooks get as `this` an object whose
+//     prototype is the definition, with `this.signal` (the job's AbortSignal)
+//     and `this.job` (its request frame); so `this.x = ...` in a hook is per job.
+//     Arrow functions have no `this`: they call
+//     require("<path>/locketd-handler.js").signal() (AsyncLocalStorage knows the
+//     job), or the definition says `withSignal: true` and perform gets the
+//     signal as one more, last, argument. `current` is the calling job's frame.
+//   - stop {id, reason, requeue}: aborts that job's signal (reason: the
+//     Resque::TermException error, message "stop: <reason>"), runs its
+//     onFailure hook with that error (not when requeue; at most TERM_HOOKS_MS)
+//     and answers done failed Resque::TermException once the job's own promise
+//     settled (its result is then ignored): JavaScript cannot interrupt a
+//     promise, so a job that ignores its signal keeps its done back, and
+//     locketd's kill point (kill_grace after the stop, before the lease ends)
+//     kills the whole process; its sibling jobs go back to their queues.
+//   - What a job starts: child_process spawn, exec, execFile and fork (all go
+//     through ChildProcess#spawn), and spawnSync, execSync, execFileSync (through
+//     the spawn_sync binding), called from a job's async context, are started
+//     `detached: true` (a session and process group of their own) and announced
+//     as {"t":"group","id":JOB,"pgid":PID}; the adapter SIGKILLs each group of
+//     the job before its done. Not covered: a child that leaves its group
+//     (setsid) itself; one started from outside the job's async context (a
+//     callback registered before the job), or after the job's done.
+//   - SIGTERM: every running job is stopped as by a stop frame (message
+//     "SIGTERM"), each answers done, then bye and exit 0. EOF: exit 0 once the
+//     running jobs answered.
+//
 // node 20+, no dependencies.
 "use strict";
 
+const { AsyncLocalStorage } = require("async_hooks");
+const childProcess = require("child_process");
 const fs = require("fs");
 const net = require("net");
 const path = require("path");
@@ -74,6 +109,7 @@ const USAGE = "usage: locketd-handler.js MODULE\n" +
   "Runs node-resque-style jobs for locketd over fds 3 (requests) and 4 (replies).";
 const TERM_HOOKS_MS = 3000; // SIGTERM during a job: how long the onFailure hook may take
 const STOP_FRAME_MS = 100; // SIGTERM during a job: how long to wait for its stop frame to be read
+const GROUP_DEATH_MS = 1000; // threaded mode: how long a job's SIGKILLed groups may take to die
 const O_CLOEXEC = 0o2000000; // Linux, as in /proc/self/fdinfo "flags:"
 
 class Reschedule extends Error {
@@ -106,9 +142,20 @@ const state = {
   running: null,     // the request being served: { frame, kind, def, args, answered, hooks }
   terminating: false,
   warnedPlugins: new Set(),
+  threads: 1,        // LOCKETD_THREADS: above 1, jobs run at once (threaded mode)
+  active: new Map(), // threaded mode: job id -> the request's ctx, until its done is written
 };
 
-module.exports = { Reschedule, Throttled, DontPerform, current: null };
+// Threaded mode: the ctx of the job whose async context is running.
+const jobContext = new AsyncLocalStorage();
+
+// The AbortSignal of the calling job (threaded mode; undefined otherwise).
+function signal() {
+  const ctx = jobContext.getStore();
+  return ctx && ctx.abort ? ctx.abort.signal : undefined;
+}
+
+module.exports = { Reschedule, Throttled, DontPerform, current: null, signal };
 
 function warn(message) {
   try { process.stderr.write(`locketd-handler: ${message}\n`); } catch (_) { /* nothing to do */ }
@@ -229,6 +276,7 @@ function readRequests() {
 
 // Serves queued requests one at a time; exits at EOF once idle.
 function pump() {
+  if (state.threads > 1) return pumpThreaded();
   if (state.running || state.terminating) return;
   const line = state.queue.shift();
   if (line === undefined) {
@@ -241,8 +289,9 @@ function pump() {
   });
 }
 
-async function dispatch(line) {
-  if (!line.length || !line.toString("latin1").trim()) return;
+// The request frame of `line` (null for a blank line); garbage ends the process.
+function parseRequest(line) {
+  if (!line.length || !line.toString("latin1").trim()) return null;
   let frame;
   try {
     frame = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(line));
@@ -254,6 +303,12 @@ async function dispatch(line) {
     warn(`request frame is not a JSON object: ${line.subarray(0, 200).toString()}`);
     process.exit(1);
   }
+  return frame;
+}
+
+async function dispatch(line) {
+  const frame = parseRequest(line);
+  if (!frame) return;
   if (frame.t !== "job" && frame.t !== "failure_hooks") {
     if (frame.t !== "stop") warn(`ignoring a request of unknown type ${JSON.stringify(frame.t)}`);
     return;
@@ -408,15 +463,18 @@ async function runJob(ctx) {
   try {
     setUp(ctx);
     const { def, args } = ctx;
+    // Threaded mode: `this` is the job's own object (its signal and frame), see the header.
+    const self = ctx.abort ? jobThis(ctx) : def;
+    const performArgs = ctx.abort && def.withSignal === true ? [...args, ctx.abort.signal] : args;
     try {
       try {
-        for (const hook of hooks(def, "before_perform", "beforePerform")) await hook.apply(def, args);
+        for (const hook of hooks(def, "before_perform", "beforePerform")) await hook.apply(self, args);
       } catch (err) {
         if (errorName(err) === "DontPerform") return { status: "ok", performed: false };
         throw err;
       }
-      await def.perform.apply(def, args);
-      for (const hook of hooks(def, "after_perform", "afterPerform")) await hook.apply(def, args);
+      await def.perform.apply(self, performArgs);
+      for (const hook of hooks(def, "after_perform", "afterPerform")) await hook.apply(self, args);
       return { status: "ok", performed: true };
     } catch (err) {
       if (!isReschedule(err) && !isThrottled(err)) await runFailureHooks(ctx, err);
@@ -439,7 +497,7 @@ function runFailureHooks(ctx, error) {
     ctx.hooks = (async () => {
       for (const hook of hooks(ctx.def, "on_failure", "onFailure")) {
         try {
-          await hook.call(ctx.def, error, ...ctx.args);
+          await hook.call(ctx.abort ? jobThis(ctx) : ctx.def, error, ...ctx.args);
         } catch (err) {
           warn(`onFailure hook raised ${errorName(err)}: ${errorMessage(err)}\n` +
             backtrace(err).map((l) => `    ${l}`).join("\n"));
@@ -461,6 +519,208 @@ async function failureHooks(ctx) {
   } catch (err) {
     return failure(err);
   }
+}
+
+// -- threaded mode (LOCKETD_THREADS > 1) ----------------------------------------
+
+function jobThis(ctx) {
+  if (!ctx.self) {
+    ctx.self = Object.create(ctx.def, {
+      signal: { value: ctx.abort.signal, enumerable: true },
+      job: { value: ctx.frame, enumerable: true },
+    });
+  }
+  return ctx.self;
+}
+
+// Serves every queued request at once: jobs start, stops stop their job.
+function pumpThreaded() {
+  while (state.queue.length && !state.terminating) {
+    const frame = parseRequest(state.queue.shift());
+    if (!frame) continue;
+    if (frame.t === "stop") {
+      stopJob(frame.id, `stop: ${frame.reason === undefined ? "" : frame.reason}`, frame.requeue === true);
+    } else if (frame.t === "job" || frame.t === "failure_hooks") {
+      startThreaded(frame);
+    } else {
+      warn(`ignoring a request of unknown type ${JSON.stringify(frame.t)}`);
+    }
+  }
+  if (state.eof && !state.active.size && !state.terminating) process.exit(0);
+}
+
+function startThreaded(frame) {
+  if (state.active.has(frame.id)) {
+    warn(`ignoring a second request for running job ${JSON.stringify(frame.id)}`);
+    return;
+  }
+  const ctx = {
+    frame, kind: frame.t, def: null, args: [], outcome: null, answered: false, hooks: null,
+    abort: new AbortController(), groups: [], stopping: null, stopped: null,
+  };
+  ctx.stopped = new Promise((resolve) => { ctx.onStop = resolve; });
+  state.active.set(frame.id, ctx);
+  jobContext.run(ctx, () => runThreaded(ctx)).catch((err) => {
+    warn(`internal error: ${err && err.stack || err}`);
+    process.exit(1);
+  });
+}
+
+async function runThreaded(ctx) {
+  try {
+    let outcome;
+    if (ctx.kind === "job") {
+      send({ t: "started", id: ctx.frame.id });
+      const run = runJob(ctx);
+      outcome = await Promise.race([run, ctx.stopped]);
+      if (ctx.stopping) {
+        // H-18: a stopped job's done waits until its own promise settled, so nothing of it
+        // runs once locketd releases its lock; one that ignores its signal is ended by
+        // locketd's kill point, which takes the whole process down.
+        await run;
+        outcome = await ctx.stopping;
+      }
+    } else {
+      outcome = await failureHooks(ctx);
+    }
+    ctx.outcome = outcome;
+    killGroups(ctx);
+    await groupsDead(ctx.groups);
+    await flushOutput();
+    answer(ctx, outcome);
+  } finally {
+    state.active.delete(ctx.frame.id);
+    if (state.terminating && !state.active.size) {
+      send({ t: "bye", reason: "SIGTERM" });
+      process.exit(0);
+    }
+    if (state.eof && !state.active.size) process.exit(0);
+  }
+}
+
+// Stops a running job (a stop frame, or SIGTERM): see the header.
+function stopJob(id, message, requeue) {
+  const ctx = state.active.get(id);
+  if (!ctx || ctx.kind !== "job" || ctx.outcome || ctx.stopping) return; // over already, or unknown
+  if (requeue) ctx.requeued = true;
+  const error = new LocketError("Resque::TermException", message, []);
+  ctx.stopping = jobContext.run(ctx, async () => {
+    // runFailureHooks starts before the abort below, so the hook sees this error, once.
+    if (ctx.def && !ctx.requeued) await Promise.race([runFailureHooks(ctx, error), sleep(TERM_HOOKS_MS)]);
+    return failure(error);
+  });
+  ctx.onStop(ctx.stopping);
+  ctx.abort.abort(error);
+}
+
+// The job started a child: `pgid` is its group (the child leads it).
+function announceGroup(ctx, pgid) {
+  ctx.groups.push(pgid);
+  send({ t: "group", id: ctx.frame.id, pgid });
+}
+
+function killGroups(ctx) {
+  for (const pgid of ctx.groups) {
+    try {
+      process.kill(-pgid, "SIGKILL");
+    } catch (err) {
+      if (err.code !== "ESRCH") warn(`killing process group ${pgid} failed: ${err.message}`);
+    }
+  }
+}
+
+// Waits (at most GROUP_DEATH_MS) until no process of `pgids` is alive (a zombie is not):
+// a SIGKILLed process dies when it is next scheduled, and its zombie is its parent's.
+async function groupsDead(pgids) {
+  const deadline = Date.now() + GROUP_DEATH_MS;
+  for (;;) {
+    const left = liveGroups(pgids);
+    if (!left.length) return;
+    if (Date.now() >= deadline) {
+      warn(`process groups ${left.join(", ")} still alive ${GROUP_DEATH_MS} ms after SIGKILL`);
+      return;
+    }
+    await sleep(5);
+  }
+}
+
+function liveGroups(pgids) {
+  const maybe = new Set(pgids.filter((pgid) => {
+    try {
+      process.kill(-pgid, 0);
+      return true;
+    } catch (err) {
+      return err.code !== "ESRCH";
+    }
+  }));
+  if (!maybe.size) return [];
+  const live = new Set();
+  let entries;
+  try {
+    entries = fs.readdirSync("/proc");
+  } catch (_) {
+    return []; // no /proc: the SIGKILL has to do
+  }
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat;
+    try {
+      stat = fs.readFileSync(`/proc/${entry}/stat`, "latin1");
+    } catch (_) {
+      continue;
+    }
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (fields[0] !== "Z" && maybe.has(Number(fields[2]))) live.add(Number(fields[2]));
+  }
+  return [...live];
+}
+
+// Children started from a running job get a process group of their own (see the header).
+function wrapChildProcess() {
+  const proto = childProcess.ChildProcess.prototype;
+  const spawnAsync = proto.spawn;
+  proto.spawn = function spawn(options) {
+    const ctx = jobContext.getStore();
+    if (!ctx || ctx.outcome || !options || typeof options !== "object") return spawnAsync.call(this, options);
+    options.detached = true;
+    const result = spawnAsync.call(this, options);
+    if (Number.isInteger(this.pid) && this.pid > 0) announceGroup(ctx, this.pid);
+    return result;
+  };
+  let binding = null;
+  try {
+    binding = process.binding("spawn_sync"); // the object child_process's sync forms call
+  } catch (_) {
+    binding = null;
+  }
+  if (!binding || typeof binding.spawn !== "function") {
+    warn("child_process's spawn_sync binding is not reachable: spawnSync/execSync children stay in the handler's group");
+    return;
+  }
+  const spawnSync = binding.spawn;
+  binding.spawn = function spawn(options) {
+    const ctx = jobContext.getStore();
+    if (!ctx || ctx.outcome || !options || typeof options !== "object") return spawnSync.call(this, options);
+    options.detached = true;
+    const result = spawnSync.call(this, options);
+    // The child has exited; what it left running in its group is killed at the job's done.
+    if (result && Number.isInteger(result.pid) && result.pid > 0) announceGroup(ctx, result.pid);
+    return result;
+  };
+}
+
+function onTermThreaded() {
+  if (state.terminating) return;
+  if (!state.active.size) process.exit(0); // idle
+  state.terminating = true; // no new job; bye and exit once the last one answered
+  for (const id of [...state.active.keys()]) stopJob(id, "SIGTERM", false);
+}
+
+function threadsFromEnv() {
+  const raw = process.env.LOCKETD_THREADS;
+  delete process.env.LOCKETD_THREADS; // job code and its subprocesses do not see it
+  const n = /^\d+$/.test(raw || "") ? parseInt(raw, 10) : 1;
+  return n > 1 ? n : 1;
 }
 
 // -- outcomes -----------------------------------------------------------------
@@ -530,6 +790,7 @@ async function main(argv) {
     process.stderr.write(`${USAGE}\n`);
     process.exit(2);
   }
+  state.threads = threadsFromEnv();
   openProtocol();
   try {
     state.jobs = await load(argv[0]);
@@ -537,8 +798,20 @@ async function main(argv) {
     process.stderr.write(`locketd-handler: cannot load ${argv[0]}: ${err && err.stack || err}\n`);
     process.exit(1);
   }
-  process.on("SIGTERM", () => { onTerm(); });
-  send({ t: "ready", v: 1, pid: process.pid, adapter: "node", features: [] });
+  if (state.threads > 1) {
+    wrapChildProcess();
+    Object.defineProperty(module.exports, "current", {
+      get() {
+        const ctx = jobContext.getStore();
+        return ctx ? ctx.frame : null;
+      },
+    });
+    process.on("SIGTERM", onTermThreaded);
+    send({ t: "ready", v: 1, pid: process.pid, adapter: "node", features: ["threads"] });
+  } else {
+    process.on("SIGTERM", () => { onTerm(); });
+    send({ t: "ready", v: 1, pid: process.pid, adapter: "node", features: [] });
+  }
   readRequests();
 }
 

@@ -47,6 +47,35 @@ Job code may `import locketd_handler` (it is this very module) for Reschedule,
 DontPerform, TermException and `current`, the request frame of the running job
 (id, queue, worker, deadline_ms, lock_keys, ...; None between jobs).
 
+Threaded mode (H-16, H-18). With LOCKETD_THREADS=N (N > 1) in its environment
+(locketd sets it for `threads = N`; the adapter unsets it) the adapter says
+"threads" in ready.features and runs each `job` it is sent in a thread of its
+own (locketd sends at most N at once); the main thread keeps reading requests.
+Frames of different jobs interleave, each one whole line (writes hold a lock).
+Without the variable, or with 1, everything above holds unchanged.
+  * `current` (locketd_handler.current) is the calling thread's job frame.
+  * stop {id, reason, requeue}: TermException (message "stop: <reason>") is
+    raised in that job's thread only, with ctypes.pythonapi.PyThreadState_SetAsyncExc.
+    It lands at the thread's next bytecode: a blocking C call (a long
+    time.sleep, a socket read without a timeout, a lock wait) is not
+    interrupted and the job goes on until it returns (locketd then kills the
+    whole process at its kill point). The job ends as for SIGTERM above:
+    on_failure hooks (not when requeue), done failed Resque::TermException,
+    whatever the job did with the exception. The process lives on.
+  * What a job starts: subprocess.Popen (so run, call, check_call,
+    check_output, getoutput, os.popen and asyncio's subprocesses) and os.system,
+    called from a job's thread, start the child in a process group of its own
+    (process_group=0 on 3.11+, else preexec_fn=os.setpgrp; a child the caller
+    gives start_new_session=True or process_group=0 keeps that, and counts
+    too; one given another process_group is left alone), announced as
+    {"t":"group","id":JOB,"pgid":PID}; each is SIGKILLed before the job's
+    done. Not covered: os.fork, os.spawn*, os.posix_spawn, multiprocessing; a
+    subprocess started from a thread the job started itself (that thread is not
+    the job's) or one that calls setsid/setpgid itself.
+  * SIGTERM: every running job is stopped as by a stop frame (message
+    "SIGTERM"), each answers done, then bye and exit 0. EOF: exit 0 once the
+    running jobs answered. Children are reaped (see H-9) only while no job runs.
+
 Python 3.9+, stdlib only.
 """
 
@@ -61,7 +90,10 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import sys
+import threading
+import time
 import traceback
 
 # Job code that does `import locketd_handler` gets this very module, not a second copy
@@ -132,6 +164,11 @@ class _State:
     term_raised = False  # TermException already raised for this request (only once)
     requeued = False     # the job's stop frame said "requeue": no on_failure hooks (H-14)
     reader = None        # the _Requests over fd 3
+    threads = 1          # LOCKETD_THREADS: above 1, a thread per running job (threaded mode)
+
+
+# Threaded mode: `.job` is the _Job of a job's own thread (unset elsewhere).
+_tls = threading.local()
 
 
 # -- protocol ---------------------------------------------------------------
@@ -202,6 +239,17 @@ def _send_plain(kind, frame_id, tail=""):
     _write_line('{"t":"' + kind + '","id":' + frame_id + tail + "}")
 
 
+def _locked(write_line):
+    """Threaded mode: one frame at a time on fd 4, each line whole."""
+    lock = threading.Lock()
+
+    def locked_write_line(text):
+        with lock:
+            write_line(text)
+
+    return locked_write_line
+
+
 def _json_id(frame_id):
     return json.dumps(_scrub(frame_id))
 
@@ -267,6 +315,8 @@ def _on_term(signum, frame):
     _State.term_requested = True
     if _State.idle:
         raise _IdleTerm
+    if _State.threads > 1:
+        return  # the main thread is about to read the next request: it raises _IdleTerm there
     _note_requeue()
     if _State.in_job_code and not _State.term_raised:
         _State.term_raised = True
@@ -307,6 +357,10 @@ def _note_requeue():
 
 def _call(fn, *args):
     """Runs job code (a hook or perform); SIGTERM raises TermException in it."""
+    if _State.threads > 1:
+        job = getattr(_tls, "job", None)
+        if job is not None:
+            return job.call(fn, args)
     _State.in_job_code = True
     try:
         if _State.term_requested and not _State.term_raised:
@@ -468,13 +522,21 @@ def _perform(obj, class_name, args):
             _call(hook, *args)
         return True
     except BaseException as err:
-        if not (_named(err, "Reschedule") or _named(err, "Throttled")) and not _State.requeued:
+        if not (_named(err, "Reschedule") or _named(err, "Throttled")) and not _requeued():
             _run_failure_hooks(obj, err, args)
         raise
 
 
+def _requeued():
+    job = getattr(_tls, "job", None)
+    return job.requeued if job is not None else _State.requeued
+
+
 def _run_failure_hooks(obj, exception, args):
     """Once per job. A hook that raises is logged; the job fails with its own exception."""
+    job = getattr(_tls, "job", None)
+    if job is not None:
+        job.hooks_ran = True
     for hook in _hooks(obj, "on_failure"):
         try:
             _call(hook, exception, *args)
@@ -490,6 +552,9 @@ def _run_job(app, frame, json_id):
     try:
         class_name, args = _parse_payload(frame.get("payload"))
         obj = _resolve(app, class_name)
+        job = getattr(_tls, "job", None)
+        if job is not None:
+            job.obj, job.args = obj, args  # for on_failure hooks after a stop the job missed
         performed = _perform(obj, class_name, args)
         return {"status": "ok", "performed": performed}
     except BaseException as err:
@@ -612,6 +677,315 @@ def _failure(err):
             "backtrace": [line.rstrip("\n") for line in _format_tb(err)]}
 
 
+# -- threaded mode (LOCKETD_THREADS > 1) -------------------------------------
+
+class _StopException(TermException):
+    """What a stop raises in its job's thread. PyThreadState_SetAsyncExc raises a class
+    without arguments, so the message comes from the job of the thread it lands in."""
+    locketd_name = "Resque::TermException"
+
+    def __init__(self, *args):
+        if not args:
+            job = getattr(_tls, "job", None)
+            args = (job.stop_message if job is not None and job.stop_message else "stop",)
+        super().__init__(*args)
+
+
+_StopException.__module__ = "locketd_handler"
+_StopException.__name__ = _StopException.__qualname__ = "TermException"  # what job code sees
+
+
+def _set_async_exc(ident, exc):
+    """Raises `exc` (a class) in thread `ident` at its next bytecode; None clears one not raised yet."""
+    import ctypes  # only threaded mode needs it
+    arg = ctypes.py_object(exc) if exc is not None else None
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), arg)
+
+
+class _Job:
+    """A request running in its own thread. `lock` orders a stop (from the main thread)
+    against the job's thread entering and leaving job code: the exception is only ever
+    set while job code runs, and is cleared when job code ends before it landed, so it
+    never surfaces in the adapter's own code outside _Job.call."""
+
+    def __init__(self, frame):
+        self.frame = frame
+        self.kind = frame.get("t")
+        self.lock = threading.Lock()
+        self.thread = None
+        self.ident = None
+        self.in_job_code = False
+        self.stop_message = None  # set by the stop
+        self.raised = False       # the stop's exception was raised (or set to be) in the job
+        self.pending = False      # set with PyThreadState_SetAsyncExc, maybe not landed yet
+        self.requeued = False
+        self.over = False         # the outcome is decided: stops are ignored
+        self.hooks_ran = False
+        self.obj = None
+        self.args = []
+        self.groups = []          # (pgid, Popen or None) of what the job started
+
+    def call(self, fn, args):
+        with self.lock:
+            if self.stop_message is not None and not self.raised:
+                self.raised = True
+                raise _StopException(self.stop_message)
+            self.in_job_code = True
+        try:
+            result = fn(*args)
+            if inspect.iscoroutine(result):
+                result = asyncio.run(result)
+            return result
+        finally:
+            with self.lock:
+                self.in_job_code = False
+                if self.pending:
+                    self.pending = False
+                    _set_async_exc(self.ident, None)
+
+    def stop(self, message, requeue):
+        with self.lock:
+            if self.over or self.stop_message is not None:
+                return
+            self.stop_message = message
+            if requeue:
+                self.requeued = True
+            if self.in_job_code and not self.raised:
+                self.raised = True
+                self.pending = True
+                _set_async_exc(self.ident, _StopException)
+            # else: raised when the job's thread next enters job code (Job.call)
+
+    def finish(self, outcome):
+        """The outcome to answer: a stopped job's is its TermException's, whatever the job
+        did with it (caught it, or ended just before it landed)."""
+        with self.lock:
+            self.over = True
+            message = self.stop_message
+        if message is None or self.kind != "job" or outcome.get("exception") == "Resque::TermException":
+            return outcome  # no stop, or its exception ended the job (with the job's backtrace)
+        err = _StopException(message)
+        if not self.requeued and not self.hooks_ran and self.obj is not None:
+            _run_failure_hooks(self.obj, err, self.args)
+        return _failure(err)
+
+    def add_group(self, pgid, popen):
+        self.groups.append((pgid, popen))
+        _send({"t": "group", "id": self.frame.get("id"), "pgid": pgid})
+
+    def kill_groups(self):
+        for pgid, _popen in self.groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except OSError as err:
+                _warn(f"killing process group {pgid} failed: {err}")
+        for _pgid, popen in self.groups:
+            if popen is not None:  # reaped here: the job is over and will not wait for it
+                try:
+                    popen.wait(timeout=1)
+                except Exception:  # TimeoutExpired (a process in D state), or the job's own wait
+                    pass
+        _wait_groups_dead([pgid for pgid, _popen in self.groups])
+
+
+def _wait_groups_dead(pgids, timeout=1.0):
+    """Waits (at most `timeout`) until no process of `pgids` is alive (a zombie is not): a
+    SIGKILLed process dies when it is next scheduled."""
+    deadline = time.monotonic() + timeout
+    while pgids:
+        left = set()
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, 0)
+                left.add(pgid)
+            except ProcessLookupError:
+                pass
+            except OSError:
+                left.add(pgid)
+        if left:
+            left = _live_groups(left)
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            _warn(f"process groups {sorted(left)} still alive {timeout} s after SIGKILL")
+            return
+        time.sleep(0.005)
+
+
+def _live_groups(pgids):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()  # no /proc: the SIGKILL has to do
+    live = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] != b"Z" and int(fields[2]) in pgids:
+            live.add(int(fields[2]))
+    return live
+
+
+class _Jobs:
+    """The running jobs of threaded mode, by id."""
+    lock = threading.Lock()
+    running = {}
+
+
+def _job_thread(app, job):
+    _tls.job = job
+    job.ident = threading.get_ident()
+    frame = job.frame
+    try:
+        json_id = _json_id(frame.get("id"))
+        outcome = _run_job(app, frame, json_id) if job.kind == "job" else _failure_hooks(app, frame)
+        if os.getpid() != _State.pid:  # job code forked and its child came back here
+            _flush_output()
+            os._exit(0 if outcome.get("status") == "ok" else 1)
+        outcome = job.finish(outcome)
+        job.kill_groups()
+        _flush_output()
+        _send({"t": "done", "id": frame.get("id"), **outcome})
+    except BaseException as err:  # the adapter's own failure (the reply pipe closed, ...)
+        _warn(f"job thread of {frame.get('id')!r} failed: {_exception_name(err)}: {_message(err)}")
+        os._exit(1)
+    finally:
+        with _Jobs.lock:
+            _Jobs.running.pop(frame.get("id"), None)
+
+
+def _stop_all(message):
+    with _Jobs.lock:
+        jobs = list(_Jobs.running.values())
+    for job in jobs:
+        job.stop(message, False)
+
+
+def _join_all():
+    while True:
+        with _Jobs.lock:
+            jobs = list(_Jobs.running.values())
+        if not jobs:
+            return
+        for job in jobs:
+            job.thread.join()
+
+
+def _serve_threaded(app, requests):
+    """The main thread of threaded mode: reads requests, starts a thread per job."""
+    try:
+        while True:
+            line = requests.next_line()
+            if line is None:
+                break  # EOF: idle shutdown or recycling, once the running jobs answered
+            if not line.strip():
+                continue
+            frame = _request(line)
+            kind = frame.get("t")
+            if kind == "stop":
+                with _Jobs.lock:
+                    job = _Jobs.running.get(frame.get("id"))
+                if job is not None and job.kind == "job":
+                    job.stop(f"stop: {frame.get('reason', '')}", frame.get("requeue") is True)
+            elif kind in ("job", "failure_hooks"):
+                with _Jobs.lock:
+                    if frame.get("id") in _Jobs.running:
+                        _warn(f"ignoring a second request for running job {frame.get('id')!r}")
+                        continue
+                    if not _Jobs.running:
+                        _reap_children()  # only while no job runs: a running job's Popen waits itself
+                    job = _Jobs.running[frame.get("id")] = _Job(frame)
+                job.thread = threading.Thread(target=_job_thread, args=(app, job), daemon=True,
+                                              name=f"locketd-job-{frame.get('id')}")
+                job.thread.start()
+            else:
+                _warn(f"ignoring a request of unknown type {kind!r}")
+    except _IdleTerm:
+        with _Jobs.lock:
+            busy = bool(_Jobs.running)
+        _stop_all("SIGTERM")
+        _join_all()
+        if busy:
+            _send({"t": "bye", "reason": "SIGTERM"})
+        return
+    _join_all()
+
+
+def _wrap_subprocess():
+    """Threaded mode: a subprocess started from a job's thread gets a process group of its
+    own, announced to locketd and killed before the job's done (see the module doc)."""
+    popen_init = subprocess.Popen.__init__
+    signature = inspect.signature(popen_init)
+    own_group_kw = sys.version_info >= (3, 11)
+
+    def __init__(self, *args, **kwargs):
+        job = getattr(_tls, "job", None)
+        if job is None or job.over:
+            return popen_init(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return popen_init(self, *args, **kwargs)  # Popen raises its own error
+        given = bound.arguments
+        if given.get("start_new_session"):
+            own = True  # setsid: a session and group of its own
+        elif given.get("process_group") is not None:
+            own = given["process_group"] == 0
+        elif own_group_kw:
+            given["process_group"] = 0
+            own = True
+        else:
+            theirs = given.get("preexec_fn")
+            if theirs is None:
+                given["preexec_fn"] = os.setpgrp
+            else:
+                def setpgrp_then_theirs():
+                    os.setpgrp()
+                    theirs()
+                given["preexec_fn"] = setpgrp_then_theirs
+            own = True
+        popen_init(*bound.args, **bound.kwargs)
+        if own and self.pid:
+            job.add_group(self.pid, self)
+
+    __init__.__wrapped__ = popen_init
+    subprocess.Popen.__init__ = __init__
+    system = os.system
+
+    def _system(command):
+        job = getattr(_tls, "job", None)
+        if job is None or job.over:
+            return system(command)
+        _flush_output()  # as system(3) would see it: what was printed before comes first
+        code = subprocess.Popen(command, shell=True).wait()  # /bin/sh -c, in a group of its own
+        return code << 8 if code >= 0 else -code  # the wait status os.system returns
+
+    os.system = _system
+
+
+class _ThreadedModule(type(sys)):
+    """locketd_handler's module type in threaded mode: `current` is per job thread."""
+
+    @property
+    def current(self):
+        job = getattr(_tls, "job", None)
+        return job.frame if job is not None else None
+
+
+def _threads_from_env():
+    raw = os.environ.pop("LOCKETD_THREADS", "")  # job code and its subprocesses do not see it
+    n = int(raw) if raw.isdigit() else 1
+    return n if n > 1 else 1
+
+
 # -- boot and loop ----------------------------------------------------------
 
 def _load(target):
@@ -654,7 +1028,8 @@ def _reap_children():
             return
 
 
-def _dispatch(app, line):
+def _request(line):
+    """The request frame in `line`; garbage ends the process."""
     try:
         frame = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
@@ -663,6 +1038,11 @@ def _dispatch(app, line):
     if not isinstance(frame, dict):
         _warn(f"request frame is not a JSON object: {line[:200]!r}")
         sys.exit(1)
+    return frame
+
+
+def _dispatch(app, line):
+    frame = _request(line)
     kind = frame.get("t")
     if kind not in ("job", "failure_hooks"):
         if kind != "stop":
@@ -690,6 +1070,7 @@ def _dispatch(app, line):
 def main(argv):
     if len(argv) != 1 or argv[0].startswith("-"):
         sys.exit(USAGE)
+    _State.threads = _threads_from_env()
     _open_protocol()
     try:
         sys.stdout.reconfigure(line_buffering=True)  # job output reaches locketd's log as printed
@@ -699,6 +1080,17 @@ def main(argv):
     signal.signal(signal.SIGTERM, _on_term)
     requests = _State.reader = _Requests(_State.requests)
     try:
+        if _State.threads > 1:
+            global _write_line
+            _write_line = _locked(_write_line)
+            _wrap_subprocess()
+            module = sys.modules.get("locketd_handler")
+            if module is not None and type(module) is type(sys):
+                module.__class__ = _ThreadedModule
+            _send({"t": "ready", "v": 1, "pid": os.getpid(), "adapter": "python", "features": ["threads"]})
+            _serve_threaded(app, requests)
+            _flush_output()
+            sys.exit(0)
         _send({"t": "ready", "v": 1, "pid": os.getpid(), "adapter": "python", "features": []})
         while True:
             line = requests.next_line()

@@ -40,4 +40,5 @@ mod stories;
 mod supervision;
 mod support;
 mod systemd_units;
+mod threaded_adapters;
 mod web;
