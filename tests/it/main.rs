@@ -39,4 +39,6 @@ mod stories;
 mod supervision;
 mod support;
 mod systemd_units;
+mod threads_chaos;
+mod threads_visible;
 mod web;
