@@ -31,13 +31,15 @@ pub fn worker_process(worker: &str) -> (&str, u32) {
     (&worker[..end], slot)
 }
 
+/// (worker process, handler, pid, or the slot's id when it has no process).
+type GroupKey<'a> = (&'a str, &'a str, Result<u32, &'a str>);
+
 /// The slots' reports grouped into processes: by (worker process, handler, pid) when a slot
 /// has a process; a slot with none is one entry. In the order of each process's lowest slot.
 pub fn processes<'a>(
     handlers: impl IntoIterator<Item = &'a HandlerStats>,
 ) -> Vec<HandlerProcess<'a>> {
-    // (worker process, handler, pid or the slot's id when no process) → slots.
-    let mut groups: BTreeMap<(&str, &str, Result<u32, &str>), Vec<&HandlerStats>> = BTreeMap::new();
+    let mut groups: BTreeMap<GroupKey<'a>, Vec<&HandlerStats>> = BTreeMap::new();
     for h in handlers {
         let (process, _) = worker_process(&h.worker);
         let key = (process, h.name.as_str(), h.pid.ok_or(h.worker.as_str()));
