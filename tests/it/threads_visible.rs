@@ -162,6 +162,18 @@ fn a_threaded_process_shows_its_threads_busy_and_each_jobs_thread() {
     let page = get(&addr, "/");
     assert_eq!(page.matches("4/4 busy").count(), 4, "{page}");
     assert!(page.contains(", thread 3 ("), "{page}");
+    // The script's refresh (page.js) writes the same cells.
+    if let Some(bin) = crate::web::browser::chromium() {
+        let url = format!("http://{addr}/");
+        let dom = crate::web::browser::run_chromium(
+            &bin,
+            &url,
+            &["--virtual-time-budget=5000", "--dump-dom"],
+        );
+        let (refreshed, _) = crate::web::browser::element(&dom, "refreshed");
+        assert!(refreshed.starts_with("refreshed at 20"), "{refreshed}");
+        assert_eq!(dom.matches("4/4 busy").count(), 4, "{dom}");
+    }
 
     // The jobs end: the process stays, none of its threads busy.
     std::fs::write(&gate, "").unwrap();
