@@ -153,12 +153,14 @@ fn chaos_with_a_threaded_ruby_handler_loses_repeats_and_overlaps_nothing() {
     let (mut worker_kills, mut handler_kills, mut restarts) = (0, 0, 0);
     let chaos_end = Instant::now() + Duration::from_secs(20);
     let mut next_restart = Instant::now() + Duration::from_secs(4);
+    let mut round = 0u32;
     while Instant::now() < chaos_end {
         std::thread::sleep(Duration::from_millis(rng.random_range(300..1000)));
+        round += 1;
         let workers = d.worker_pids();
         let handlers = children_of(&workers);
-        // A handler process (every job it runs dies with it) or a worker, half and half.
-        let (victims, count) = if rng.random_bool(0.5) && !handlers.is_empty() {
+        // A handler process (every job it runs dies with it) or a worker, by turns.
+        let (victims, count) = if round.is_multiple_of(2) && !handlers.is_empty() {
             (handlers, &mut handler_kills)
         } else {
             (workers, &mut worker_kills)
