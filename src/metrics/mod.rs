@@ -16,6 +16,8 @@
 //! `LOCKETD_METRICS_FD`, runs [`read_reports`] on the read end per worker pid, and serves the
 //! shared [`Aggregate`].
 
+pub mod processes;
+
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;

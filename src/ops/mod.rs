@@ -2,6 +2,7 @@
 //! `locketd status` and `locketd failed`. Neither needs a running daemon.
 
 pub mod failed;
+pub mod handler_procs;
 pub mod status;
 pub mod unreadable;
 

@@ -56,6 +56,10 @@ pub struct Status {
     pub queues: Vec<QueueStatus>,
     /// Registered workers, locketd's and other Resque implementations', by id.
     pub workers: Vec<WorkerStatus>,
+    /// The workers' persistent handler processes (H-8, H-18): a process shared by slots
+    /// (`threads`) once, with its threads busy / total and each running job's slot and thread.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handler_processes: Vec<super::handler_procs::ProcessStatus>,
     /// resque-scheduler's delayed queue: scheduled, due, oldest overdue, items kept back.
     pub delayed: crate::scheduler::ops::DelayedCounts,
     /// Keys that could not be read (another type, names that are not UTF-8): the part that
@@ -318,6 +322,7 @@ async fn read<C: ConnectionLike + Send>(conn: &mut C, config: &Config) -> RedisR
         failures_listed,
         locks_held,
         queues,
+        handler_processes: super::handler_procs::list(&ws),
         workers: ws,
     })
 }
@@ -388,7 +393,7 @@ async fn parked_slots<C: ConnectionLike + Send>(
     Ok(parked)
 }
 
-fn worker_status(
+pub(super) fn worker_status(
     id: &str,
     working: Option<String>,
     started: Option<String>,
@@ -452,7 +457,7 @@ fn pad(out: &mut String, cells: &[String], widths: &[usize]) {
     out.push('\n');
 }
 
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+pub(super) fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -587,6 +592,7 @@ impl Status {
                                 .unwrap_or_default()
                         ),
                     };
+                    job.push_str(&super::handler_procs::thread_note(w));
                     if let Some(p) = &w.parked {
                         job = format!(
                             "PARKED since {}: Redis refused the job's end ({}); {job}",
@@ -609,56 +615,9 @@ impl Status {
                 &rows,
             );
         }
-        let handlers: Vec<&crate::metrics::HandlerStats> =
-            self.workers.iter().flat_map(|w| &w.handlers).collect();
-        if !handlers.is_empty() {
-            out.push('\n');
-            let rows: Vec<Vec<String>> = handlers.iter().map(|h| handler_row(h)).collect();
-            table(
-                &mut out,
-                &[
-                    "WORKER", "HANDLER", "PID", "STATE", "JOBS", "RSS", "BOOTS", "RESTARTS",
-                ],
-                &rows,
-            );
-        }
+        super::handler_procs::render(&mut out, &self.workers);
         out
     }
-}
-
-/// One row of the handler table.
-fn handler_row(h: &crate::metrics::HandlerStats) -> Vec<String> {
-    let state = if h.ready {
-        "ready".to_string()
-    } else if h.backoff_ms > 0 {
-        format!(
-            "backing off ({}s): {}",
-            h.backoff_ms.div_ceil(1000),
-            h.last_error
-        )
-    } else {
-        "not started".to_string()
-    };
-    let restarts = if h.restarts.is_empty() {
-        "-".to_string()
-    } else {
-        h.restarts
-            .iter()
-            .map(|(r, n)| format!("{r}={n}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    vec![
-        h.worker.clone(),
-        h.name.clone(),
-        h.pid.map_or("-".into(), |p| p.to_string()),
-        state,
-        format!("{} ({} total)", h.jobs, h.jobs_total),
-        h.rss_bytes
-            .map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / 1048576.0)),
-        h.boots.to_string(),
-        restarts,
-    ]
 }
 
 /// `locketd status [--json] [--watch SECS [--count N]]`: prints, and with `--watch` repeats

@@ -22,6 +22,8 @@ use tracing::debug;
 /// issue 12, so that log lines and `RUST_LOG` directives stay as they were.
 const LOG_TARGET: &str = "locketd::metrics::http";
 
+mod handlers;
+
 /// Most queues read per scrape.
 pub const MAX_QUEUES: usize = 500;
 
@@ -302,80 +304,6 @@ fn gauge_family(
     Ok(())
 }
 
-/// Persistent handler processes (issue 13 item 4): per slot and handler.
-fn encode_handlers(
-    enc: &mut DescriptorEncoder,
-    handlers: &[crate::metrics::HandlerStats],
-) -> std::fmt::Result {
-    if handlers.is_empty() {
-        return Ok(());
-    }
-    let of = |h: &crate::metrics::HandlerStats| l(&[("worker", &h.worker), ("handler", &h.name)]);
-    let rows = |f: &dyn Fn(&crate::metrics::HandlerStats) -> i64| -> Vec<(Labels, i64)> {
-        handlers.iter().map(|h| (of(h), f(h))).collect()
-    };
-    gauge_family(
-        enc,
-        "locketd_handler_ready",
-        "1 when the slot's persistent handler sent ready and is alive.",
-        &rows(&|h| i64::from(h.ready)),
-    )?;
-    gauge_family(
-        enc,
-        "locketd_handler_pid",
-        "The pid of the slot's persistent handler (0: none running).",
-        &rows(&|h| i64::from(h.pid.unwrap_or(0))),
-    )?;
-    gauge_family(
-        enc,
-        "locketd_handler_rss_bytes",
-        "The handler's memory after its last job (RSS; PSS in fork mode).",
-        &rows(&|h| as_i64(h.rss_bytes.unwrap_or(0))),
-    )?;
-    gauge_family(
-        enc,
-        "locketd_handler_jobs",
-        "Jobs served by the live handler process.",
-        &rows(&|h| as_i64(h.jobs)),
-    )?;
-    let counters = |f: &dyn Fn(&crate::metrics::HandlerStats) -> u64| -> Vec<(Labels, u64)> {
-        handlers.iter().map(|h| (of(h), f(h))).collect()
-    };
-    counter_family(
-        enc,
-        "locketd_handler_jobs_served",
-        "Jobs served by the slot's persistent handler processes.",
-        &counters(&|h| h.jobs_total),
-    )?;
-    counter_family(
-        enc,
-        "locketd_handler_boots",
-        "Persistent handler processes started.",
-        &counters(&|h| h.boots),
-    )?;
-    let restarts: Vec<(Labels, u64)> = handlers
-        .iter()
-        .flat_map(|h| {
-            h.restarts.iter().map(move |(reason, n)| {
-                (
-                    l(&[
-                        ("worker", &h.worker),
-                        ("handler", &h.name),
-                        ("reason", reason),
-                    ]),
-                    *n,
-                )
-            })
-        })
-        .collect();
-    counter_family(
-        enc,
-        "locketd_handler_restarts",
-        "Persistent handler processes ended and replaced, by reason.",
-        &restarts,
-    )
-}
-
 fn as_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -471,7 +399,7 @@ impl Collector for Scrape {
                 .map(|(q, v)| (l(&[("queue", q)]), *v))
                 .collect::<Vec<_>>(),
         )?;
-        encode_handlers(&mut enc, &s.handlers)?;
+        handlers::encode(&mut enc, &s.handlers)?;
         gauge_family(
             &mut enc,
             "locketd_workers",

@@ -18,6 +18,7 @@
 
 pub mod data;
 pub mod escape;
+pub mod handler_cell;
 pub mod minutes;
 pub mod page;
 

@@ -34,6 +34,20 @@
     return b;
   }
 
+  // A slot's handler, as src/web/handler_cell.rs writes it: with threads (H-18), the thread of
+  // the slot's job and its process's threads busy / total, jobs and memory.
+  function handlerCell(h) {
+    var threads = typeof h.threads === "number" ? h.threads : 1;
+    var state = !h.ready ? "not ready" : threads > 1 && h.retiring ? "retiring" : "ready";
+    var out = s(h.name) + " pid " + (h.pid === null || h.pid === undefined ? "-" : s(h.pid)) + " " + state;
+    if (threads > 1) {
+      if (typeof h.thread === "number") out += ", thread " + h.thread;
+      var memory = typeof h.rss_bytes === "number" ? (h.rss_bytes / 1048576).toFixed(1) + "MiB" : "-";
+      out += " (" + (h.threads_busy || 0) + "/" + threads + " busy, " + (h.jobs || 0) + " jobs, " + memory + ")";
+    }
+    return out;
+  }
+
   // The queue row's actions: reset its lock counter; pause or resume it.
   function queueActions(q) {
     var cell = document.createElement("span");
@@ -62,9 +76,7 @@
       return v.rows.map(function (w) {
         var job = w.job || {};
         var state = w.parked ? "parked: " + s(w.parked.why) : w.job ? "busy" : "idle";
-        var hs = (w.handlers || []).map(function (h) {
-          return s(h.name) + " pid " + (h.pid === null || h.pid === undefined ? "-" : s(h.pid)) + " " + (h.ready ? "ready" : "not ready");
-        });
+        var hs = (w.handlers || []).map(handlerCell);
         return [w.id, s(w.kind), s(w.queues), state, s(job.class), s(job.run_at), secs(job.running_secs), hs.join("; "),
                 actions && w.kind === "locketd" && w.job ? button("cancel", "/api/jobs/cancel", {target: w.id}) : ""];
       });

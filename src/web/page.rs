@@ -219,22 +219,7 @@ pub fn rows(name: &str, v: &Value, actions: bool) -> Vec<Vec<String>> {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|h| {
-                        format!(
-                            "{} pid {} {}",
-                            s(&h["name"]),
-                            if h["pid"].is_null() {
-                                "-".into()
-                            } else {
-                                s(&h["pid"])
-                            },
-                            if h["ready"] == true {
-                                "ready"
-                            } else {
-                                "not ready"
-                            }
-                        )
-                    })
+                    .map(super::handler_cell::handler_cell)
                     .collect();
                 vec![
                     t(&w["id"]),

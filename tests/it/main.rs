@@ -41,4 +41,6 @@ mod supervision;
 mod support;
 mod systemd_units;
 mod threaded_adapters;
+mod threads_chaos;
+mod threads_visible;
 mod web;

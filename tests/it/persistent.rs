@@ -944,6 +944,9 @@ fn status_and_metrics_show_each_slots_handler() {
         body.contains("locketd_handler_jobs_served_total{"),
         "{body}"
     );
+    // threads = 1 (H-18): a process per slot, no THREADS column, no thread series.
+    assert!(!text.contains("THREADS"), "{text}");
+    assert!(!body.contains("locketd_handler_thread"), "{body}");
 }
 
 /// H-1 `preload`: the handler starts with its worker slot, before any job is pushed; without

@@ -528,13 +528,14 @@ fn an_evicting_redis_is_refused_at_start_unless_allowed() {
 
 /// Lines `start <tag> <key>`, `end <tag>` and `overlap <tag> <key>` a tagging handler writes.
 #[derive(Default)]
-struct Runs {
-    starts: HashMap<u32, usize>,
-    ends: HashMap<u32, usize>,
-    overlaps: Vec<String>,
+pub(crate) struct Runs {
+    pub(crate) starts: HashMap<u32, usize>,
+    pub(crate) ends: HashMap<u32, usize>,
+    pub(crate) overlaps: Vec<String>,
 }
 
-fn parse_runs(text: &str) -> Runs {
+/// The `start TAG`, `end TAG` and `overlap ...` lines of a runs file, counted.
+pub(crate) fn parse_runs(text: &str) -> Runs {
     let mut runs = Runs::default();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -629,7 +630,8 @@ fn push_tagged(r: &mut R, n: u32, keys: u32, max_ms: u32) {
     let () = pipe.query(&mut r.0).expect("push jobs");
 }
 
-fn settled(r: &mut R) -> bool {
+/// Queue `q` is empty and no job is in flight.
+pub(crate) fn settled(r: &mut R) -> bool {
     r.llen(&format!("{NS}:queue:q")) == 0 && r.keys(&format!("{NS}:locket:inflight:*")).is_empty()
 }
 

@@ -14,7 +14,7 @@ use crate::support::{manifest_dir, RedisServer};
 
 /// Headless Chromium: `LOCKETD_CHROMIUM`, else `chromium` on the PATH. None when there is none
 /// and `CI` is not set (the test then says it skipped); CI installs it (`.ci/run`).
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("LOCKETD_CHROMIUM") {
         return Some(PathBuf::from(p));
     }
@@ -36,7 +36,7 @@ fn chromium() -> Option<PathBuf> {
 }
 
 /// Runs headless Chromium on `url` with `extra` flags (bounded at 60 s); its stdout.
-fn run_chromium(bin: &PathBuf, url: &str, extra: &[&str]) -> String {
+pub(crate) fn run_chromium(bin: &PathBuf, url: &str, extra: &[&str]) -> String {
     let profile = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin)
         .args([
@@ -75,7 +75,7 @@ fn run_chromium(bin: &PathBuf, url: &str, extra: &[&str]) -> String {
 }
 
 /// The text of the element with `id` in a dumped DOM, and its `data-rendered` value if any.
-fn element(dom: &str, id: &str) -> (String, Option<String>) {
+pub(crate) fn element(dom: &str, id: &str) -> (String, Option<String>) {
     let at = dom
         .find(&format!("id=\"{id}\""))
         .unwrap_or_else(|| panic!("no #{id} in\n{dom}"));

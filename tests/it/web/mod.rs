@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::daemon::{cfg, R};
 use crate::support::{Daemon, RedisServer};
 
-mod browser;
+pub(crate) mod browser;
 
 const SHORT: Duration = Duration::from_secs(10);
 const TOKEN: &str = "s3cret-token-0123456789";
