@@ -113,6 +113,10 @@ fn job_path_parts() -> String {
     )
 }
 
+/// The Lua renderer of key templates and payloads (render.lua, locking-semantics.md D-3a), as
+/// the differential test runs it beside the Rust renderer.
+pub const RENDER_LUA: &str = include_str!("lua/render.lua");
+
 /// The job-path scripts as one Redis 7 FUNCTION library (`FUNCTION LOAD`, then `FCALL`): the
 /// same parts and the same tallied ending as the `tallied` scripts, but loaded once. An EVALSHA
 /// runs the script's whole chunk each time (lib.lua's closures and tables, about 6-8 us of Redis

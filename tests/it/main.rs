@@ -29,6 +29,7 @@ mod policies;
 mod rates;
 mod redis_url;
 mod refusals;
+mod render;
 mod replies;
 mod s6_sweep;
 mod scheduler;
