@@ -11,6 +11,7 @@ mod check;
 mod handlers;
 pub mod hosts;
 pub mod plans;
+pub mod published;
 pub mod rates;
 pub mod schedule;
 mod values;

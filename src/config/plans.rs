@@ -252,6 +252,13 @@ impl Plans {
         Ok(Plans { classes, default })
     }
 
+    /// Every plan with the name it is published under (D-3a): each class table by its name
+    /// (`*` included), and the `[locket]` defaults as `""`.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &ClassPlan)> {
+        std::iter::once(("", &self.default))
+            .chain(self.classes.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
     /// The plan of a class: its own table, else the `"*"` fallback table, else the `[locket]`
     /// defaults. Tables do not merge: a class with a table of its own takes nothing from `"*"`.
     pub fn get(&self, class: &str) -> &ClassPlan {

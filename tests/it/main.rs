@@ -26,6 +26,7 @@ mod parked;
 mod persistent;
 mod pickup;
 mod policies;
+mod push;
 mod rates;
 mod redis_url;
 mod refusals;

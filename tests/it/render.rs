@@ -98,14 +98,51 @@ fn ws(rng: &mut Rng, style: usize) -> &'static str {
 
 fn number(rng: &mut Rng) -> String {
     const FIXED: &[&str] = &[
-        "0", "1", "-1", "1.0", "1.50", "1e2", "1E+2", "1.0e2", "-0", "-0.0", "0.0", "0e0",
-        "2.5", "0.1", "1e300", "-1.5e-7", "0.00001", "0.000001", "1e16", "1e20", "1e21",
-        "9007199254740992", "9007199254740993", "9007199254740992.0", "9007199254740994.0",
-        "18014398509481984.0", "-9007199254740992.0", "1394865425023536.25",
-        "123456789012345678901234567890", "-123456789012345678901234567890",
-        "18446744073709551616", "1e400", "-1E400", "1E+400", "2.5e999", "1e-400", "5e-324",
-        "1.7976931348623157e308", "3.141592653589793238", "1000000000000000.5", "123.456",
-        "4.9406564584124654e-324", "2.2250738585072014e-308", "1e-7", "100.0e-2",
+        "0",
+        "1",
+        "-1",
+        "1.0",
+        "1.50",
+        "1e2",
+        "1E+2",
+        "1.0e2",
+        "-0",
+        "-0.0",
+        "0.0",
+        "0e0",
+        "2.5",
+        "0.1",
+        "1e300",
+        "-1.5e-7",
+        "0.00001",
+        "0.000001",
+        "1e16",
+        "1e20",
+        "1e21",
+        "9007199254740992",
+        "9007199254740993",
+        "9007199254740992.0",
+        "9007199254740994.0",
+        "18014398509481984.0",
+        "-9007199254740992.0",
+        "1394865425023536.25",
+        "123456789012345678901234567890",
+        "-123456789012345678901234567890",
+        "18446744073709551616",
+        "1e400",
+        "-1E400",
+        "1E+400",
+        "2.5e999",
+        "1e-400",
+        "5e-324",
+        "1.7976931348623157e308",
+        "3.141592653589793238",
+        "1000000000000000.5",
+        "123.456",
+        "4.9406564584124654e-324",
+        "2.2250738585072014e-308",
+        "1e-7",
+        "100.0e-2",
     ];
     match rng.below(6) {
         0 | 1 => rng.pick(FIXED).to_string(),
@@ -144,9 +181,38 @@ fn number(rng: &mut Rng) -> String {
 
 fn string(rng: &mut Rng, valid: bool) -> String {
     const PIECES: &[&str] = &[
-        "a", "id", "user id", " ", "é", "ü", "😀", "ｱ", "日本", "\\u00e9", "\\ud83d\\ude00",
-        "\\n", "\\t", "\\\"", "\\\\", "\\/", "\\u0000", "\\u001f", "\u{7f}", "\\b", "\\f", "\\r",
-        "\\u00E9", "x", "Z", "_", "0", "\\uFFFF", "\\u2028", "\u{10FFFF}", "a\\\"b", "é ü",
+        "a",
+        "id",
+        "user id",
+        " ",
+        "é",
+        "ü",
+        "😀",
+        "ｱ",
+        "日本",
+        "\\u00e9",
+        "\\ud83d\\ude00",
+        "\\n",
+        "\\t",
+        "\\\"",
+        "\\\\",
+        "\\/",
+        "\\u0000",
+        "\\u001f",
+        "\u{7f}",
+        "\\b",
+        "\\f",
+        "\\r",
+        "\\u00E9",
+        "x",
+        "Z",
+        "_",
+        "0",
+        "\\uFFFF",
+        "\\u2028",
+        "\u{10FFFF}",
+        "a\\\"b",
+        "é ü",
     ];
     let mut s = String::from("\"");
     for _ in 0..rng.below(5) {
@@ -160,12 +226,29 @@ fn string(rng: &mut Rng, valid: bool) -> String {
 }
 
 const NAMES: &[&str] = &[
-    "\"id\"", "\"account\"", "\"user id\"", "\"é ü\"", "\"a\\\"b\"", "\"\"", "\"list\"",
-    "\"_x9\"", "\"Z\"", "\"z\"", "\"é\"", "\"😀\"", "\"\\uff61\"", "\"a\"", "\"b\"",
+    "\"id\"",
+    "\"account\"",
+    "\"user id\"",
+    "\"é ü\"",
+    "\"a\\\"b\"",
+    "\"\"",
+    "\"list\"",
+    "\"_x9\"",
+    "\"Z\"",
+    "\"z\"",
+    "\"é\"",
+    "\"😀\"",
+    "\"\\uff61\"",
+    "\"a\"",
+    "\"b\"",
 ];
 
 fn value(rng: &mut Rng, depth: usize, style: usize) -> String {
-    let pick = if depth >= 4 { rng.below(5) } else { rng.below(8) };
+    let pick = if depth >= 4 {
+        rng.below(5)
+    } else {
+        rng.below(8)
+    };
     match pick {
         0 => number(rng),
         1 => string(rng, true),
@@ -381,7 +464,10 @@ fn lua_rows(conn: &mut redis::Connection, templates: &[Template], payloads: &[St
 
 /// Compares the two renderers on `payloads`; returns (payloads rendered, ids compared).
 fn compare(conn: &mut redis::Connection, payloads: &[String]) -> (usize, usize) {
-    let templates: Vec<Template> = TEMPLATES.iter().map(|t| Template::parse(t).unwrap()).collect();
+    let templates: Vec<Template> = TEMPLATES
+        .iter()
+        .map(|t| Template::parse(t).unwrap())
+        .collect();
     let (mut rendered, mut ids) = (0, 0);
     for chunk in payloads.chunks(250) {
         let lua = lua_rows(conn, &templates, chunk);
@@ -442,12 +528,21 @@ fn lua_renders_the_t_rule_cases() {
     assert_eq!(one(c, "{args}", ruby).unwrap(), r#"[1,{"a":2,"b":1}]"#);
     assert_eq!(one(c, "{digest}", ruby), one(c, "{digest}", node));
     assert_eq!(
-        one(c, "u:{args[0]}", r#"{"class":"A","args":[9007199254740993]}"#).unwrap(),
+        one(
+            c,
+            "u:{args[0]}",
+            r#"{"class":"A","args":[9007199254740993]}"#
+        )
+        .unwrap(),
         "u:9007199254740993"
     );
     assert_eq!(
-        one(c, "{args[0]}", r#"{"class":"A","args":[[1e400,1E+400,1e-400,-0.0,1394865425023536.25]]}"#)
-            .unwrap(),
+        one(
+            c,
+            "{args[0]}",
+            r#"{"class":"A","args":[[1e400,1E+400,1e-400,-0.0,1394865425023536.25]]}"#
+        )
+        .unwrap(),
         "[1e400,1e400,0,0,1394865425023536.2]"
     );
     // §1.1: printf '%s' '{"args":[1],"class":"A"}' | sha256sum
@@ -457,12 +552,22 @@ fn lua_renders_the_t_rule_cases() {
     );
     // T-3: strings raw, escapes decoded, surrogate pairs joined.
     assert_eq!(
-        one(c, "{args[0]}", r#"{"class":"A","args":["a\u00e9\ud83d\ude00\"b"]}"#).unwrap(),
+        one(
+            c,
+            "{args[0]}",
+            r#"{"class":"A","args":["a\u00e9\ud83d\ude00\"b"]}"#
+        )
+        .unwrap(),
         "aé😀\"b"
     );
     // T-5: past 200 bytes, h: and the SHA-256 of the text.
     let long = "é".repeat(101);
-    let id = one(c, "{args[0]}", &format!(r#"{{"class":"A","args":["{long}"]}}"#)).unwrap();
+    let id = one(
+        c,
+        "{args[0]}",
+        &format!(r#"{{"class":"A","args":["{long}"]}}"#),
+    )
+    .unwrap();
     assert_eq!(id, format!("h:{}", canonical::sha256_hex(long.as_bytes())));
     // T-6: a missing path is an error naming template and path; so is an empty id.
     let e = one(c, "u:{args[1]}", r#"{"class":"A","args":[1]}"#).unwrap_err();
@@ -514,6 +619,11 @@ fn lua_sha256_matches_known_vectors() {
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
     for (i, g) in inputs.iter().zip(got) {
-        assert_eq!(g, canonical::lower_hex(&Sha256::digest(i)), "{} bytes", i.len());
+        assert_eq!(
+            g,
+            canonical::lower_hex(&Sha256::digest(i)),
+            "{} bytes",
+            i.len()
+        );
     }
 }

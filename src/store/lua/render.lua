@@ -18,10 +18,12 @@
 -- {err = 'LOCKET_RENDER ...'}: the caller sees them, and nothing has been written yet.
 local render_payload, render_template, render_sha256, render_digest
 do
-  local byte, sub, char, find, fmt = string.byte, string.sub, string.char, string.find, string.format
-  local concat, floor, abs = table.concat, math.floor, math.abs
-  local band, bor, bxor, rshift, lshift, ror, tobit, tohex =
-    bit.band, bit.bor, bit.bxor, bit.rshift, bit.lshift, bit.ror, bit.tobit, bit.tohex
+  -- Set by `setup` at the first call: a FUNCTION library's load may not read `string`,
+  -- `math`, `table` or `bit` (only calls may).
+  local byte, sub, char, find, fmt, concat, floor, abs
+  local band, bor, bxor, rshift, lshift, ror, tobit, tohex
+  local ready = false
+  local setup
 
   local function fail(msg)
     error({err = 'LOCKET_RENDER ' .. msg})
@@ -38,11 +40,11 @@ do
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
   }
-  for i = 1, 64 do K[i] = tobit(K[i]) end
   local W = {}
 
   -- Lowercase hex SHA-256 of the bytes of `msg`.
   render_sha256 = function(msg)
+    if not ready then setup() end
     local len = #msg
     local bits = len * 8
     msg = msg .. '\128' .. string.rep('\0', (55 - len) % 64) ..
@@ -360,9 +362,18 @@ do
 
   local escapes = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\t'] = '\\t',
     ['\n'] = '\\n', ['\f'] = '\\f', ['\r'] = '\\r'}
-  for c = 0, 31 do
-    local ch = char(c)
-    if not escapes[ch] then escapes[ch] = fmt('\\u%04x', c) end
+
+  setup = function()
+    byte, sub, char, find, fmt = string.byte, string.sub, string.char, string.find, string.format
+    concat, floor, abs = table.concat, math.floor, math.abs
+    band, bor, bxor, rshift, lshift, ror, tobit, tohex =
+      bit.band, bit.bor, bit.bxor, bit.rshift, bit.lshift, bit.ror, bit.tobit, bit.tohex
+    for i = 1, 64 do K[i] = tobit(K[i]) end
+    for c = 0, 31 do
+      local ch = char(c)
+      if not escapes[ch] then escapes[ch] = fmt('\\u%04x', c) end
+    end
+    ready = true
   end
 
   -- A string as serde_json's compact writer escapes it.
@@ -426,6 +437,7 @@ do
   -- a non-empty string and whose `args` is an array (absent or null: `[]`). Returns a job table
   -- {class, args, queue} whose canonical args and digests are computed once, when first needed.
   render_payload = function(text, queue)
+    if not ready then setup() end
     s, pos, lenient = text, 1, false
     skip_ws()
     if byte(s, pos) ~= 123 then
@@ -573,3 +585,22 @@ do
   render_digest = digest
 end
 
+-- A published plan's JSON (src/config/published.rs), decoded once per text: a FUNCTION
+-- library keeps the decoded plans between calls (an EVAL script decodes it each time).
+local push_plan
+do
+  local cache, cached = {}, 0
+  push_plan = function(text)
+    local plan = cache[text]
+    if plan then return plan end
+    plan = cjson.decode(text)
+    if plan.v ~= 1 then
+      error({err = 'LOCKET_PLAN a published plan has version ' .. tostring(plan.v) ..
+        '; this locketd renders version 1 (a newer locketd published it: upgrade the client)'})
+    end
+    if cached >= 256 then cache, cached = {}, 0 end
+    cache[text] = plan
+    cached = cached + 1
+    return plan
+  end
+end

@@ -1,0 +1,63 @@
+-- PUSH a job the way Resque pushes it, with the enqueue-time holds (`when = "enqueue"`) that
+-- its class's published plan names, rendered here from the exact payload bytes (locking-
+-- semantics.md D-3, D-3a; render.lua). The one enqueue path: `locketd enqueue`, the Rust
+-- client, and any client that can send FCALL (or EVALSHA of the same script) use it.
+--
+-- KEYS[1]  <ns>:queue:<q>
+-- KEYS[2]  <ns>:queues
+-- KEYS[3]  <ns>:locket:plans (hash: class -> published plan JSON; `*` and "" are the
+--          fallback table and the [locket] defaults: src/config/published.rs)
+-- ARGV[1]  queue name q
+-- ARGV[2]  payload, exactly as it is to be pushed ({"class":"<Class>","args":[...]}, any
+--          member order, spacing or extra members)
+-- ARGV[3]  locket key prefix "<ns>:locket:"
+--
+-- Reply: {pushed, queue length, hold name...}: pushed is 1 (0 is kept for a push the class's
+-- plan declines), then the queue's length after the push and the holds added with it.
+-- A class whose plan has no enqueue-time holds (or no plan at all) costs HMGET, SADD and RPUSH.
+-- Errors, raised before anything is written:
+--   LOCKET_RENDER ...  the payload cannot be read as a worker reads it (not JSON, not an object,
+--                      no class, args not an array, nested too deeply), or a hold template names
+--                      a path the args do not have (T-6); a payload that is not JSON is pushed
+--                      as it is only while no plan is published at all;
+--   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
+--   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
+
+local ok, job = pcall(render_payload, ARGV[2], ARGV[1])
+if not ok then
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('SADD', KEYS[2], ARGV[1])
+    return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
+  end
+  error(job, 0)
+end
+local found = redis.call('HMGET', KEYS[3], job.class, '*', '')
+local text = found[1] or found[2] or found[3]
+local holds = {}
+local ttl = 0
+if text then
+  local plan = push_plan(text)
+  ttl = plan.hold_ttl_ms
+  for _, h in ipairs(plan.holds) do
+    if h.when == 'enqueue' then
+      holds[#holds + 1] = (render_template(h.name, job))
+    end
+  end
+end
+if #holds == 0 then
+  -- Resque's own push: SADD, then RPUSH.
+  redis.call('SADD', KEYS[2], ARGV[1])
+  return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
+end
+must_be('push', KEYS[1], 'list')
+must_be('push', KEYS[2], 'set')
+local now = now_ms()
+local digest = render_digest(job)
+for _, name in ipairs(holds) do
+  hold_add(ARGV[3], name, digest, ttl, now)
+end
+count(ARGV[3], now, 'holds_added', '', #holds)
+redis.call('SADD', KEYS[2], ARGV[1])
+local reply = {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
+for _, name in ipairs(holds) do reply[#reply + 1] = name end
+return reply
