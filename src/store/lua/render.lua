@@ -67,10 +67,10 @@ do
       local a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
       for i = 1, 64 do
         local S1 = bxor(ror(e, 6), ror(e, 11), ror(e, 25))
-        local ch = bxor(band(e, f), band(bit.bnot(e), g))
+        local ch = bxor(g, band(e, bxor(f, g)))
         local t1 = h + S1 + ch + K[i] + W[i]
         local S0 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
-        local maj = bxor(band(a, b), band(a, c), band(b, c))
+        local maj = bor(band(a, b), band(c, bor(a, b)))
         h, g, f, e = g, f, e, tobit(d + t1)
         d, c, b, a = c, b, a, tobit(t1 + S0 + maj)
       end
