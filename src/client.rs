@@ -201,15 +201,20 @@ impl Client {
     /// made before any daemon published still places the holds its configuration names. A
     /// daemon's publish (D-3a) replaces them.
     async fn offer_plans(&mut self) -> Result<()> {
-        let mut pipe = redis::pipe();
+        // KEYS[1] plans, KEYS[2] holding_plans; ARGV: field, JSON, holding (1/0), repeated.
+        const OFFER: &str = "for i = 1, #ARGV, 3 do\n\
+             if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and ARGV[i + 2] == '1' then\n\
+             redis.call('SADD', KEYS[2], ARGV[i])\n\
+             end\n\
+             end\n\
+             return 0";
+        let script = redis::Script::new(OFFER);
+        let mut inv = script.prepare_invoke();
+        inv.key(self.keys.plans()).key(self.keys.holding_plans());
         for p in publish_all(&self.plans) {
-            pipe.cmd("HSETNX")
-                .arg(self.keys.plans())
-                .arg(p.field)
-                .arg(p.json)
-                .ignore();
+            inv.arg(p.field).arg(p.json).arg(u8::from(p.holding));
         }
-        pipe.query_async::<()>(&mut self.conn).await?;
+        inv.invoke_async::<()>(&mut self.conn).await?;
         self.offered.store(true, Ordering::Relaxed);
         Ok(())
     }

@@ -2,8 +2,10 @@
 //! D-3a): per class, what a push needs to render and place in Lua, compiled from [`Plans`].
 //!
 //! Layout: the hash `<ns>:locket:plans`, field = class name (`*` for the fallback table, the
-//! empty name for the `[locket]` defaults), value = the JSON below. PUSH (src/store/lua/push.lua)
-//! reads the class's field, else `*`, else the empty name, as [`Plans::get`] chooses.
+//! empty name for the `[locket]` defaults), value = the JSON below; and the set
+//! `<ns>:locket:holding_plans` of the fields whose plan places holds at enqueue. PUSH
+//! (src/store/lua/push.lua) reads the payload only when that set is not empty, then the class's
+//! field, else `*`, else the empty name, as [`Plans::get`] chooses.
 //!
 //! ```json
 //! {"v":1,"digest":"<64 hex>","hold_ttl_ms":86400000,
@@ -32,6 +34,8 @@ pub struct Published {
     pub digest: String,
     /// The JSON text stored in the field.
     pub json: String,
+    /// Whether the plan places holds at enqueue (its field is then in `holding_plans`).
+    pub holding: bool,
 }
 
 /// The published plan of one class.
@@ -69,6 +73,7 @@ pub fn publish_class(field: &str, plan: &ClassPlan) -> Published {
         field: field.to_string(),
         digest,
         json: canonical::canonical_json(&body),
+        holding: plan.holds.iter().any(|h| h.when == HoldWhen::Enqueue),
     }
 }
 

@@ -237,6 +237,10 @@ impl Keys {
     pub fn plans(&self) -> String {
         self.locket("plans")
     }
+    /// `<ns>:locket:holding_plans`: the fields of `plans` whose plan holds at enqueue (D-3a).
+    pub fn holding_plans(&self) -> String {
+        self.locket("holding_plans")
+    }
     /// `<ns>:locket:deps`: hold name → earliest field deadline.
     pub fn deps(&self) -> String {
         self.locket("deps")

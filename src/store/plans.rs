@@ -128,7 +128,8 @@ pub async fn compare<C: ConnectionLike + Send>(
     Ok(out)
 }
 
-/// Publishes every plan of `plans` (D-3a), in one `HSET`, and returns the plans it replaced
+/// Publishes every plan of `plans` (D-3a) and marks in `holding_plans` those that hold at
+/// enqueue, in one atomic step, and returns the plans it replaced
 /// that differed from its own (the caller logs them at warn).
 pub async fn publish<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -140,12 +141,21 @@ pub async fn publish<C: ConnectionLike + Send>(
         .into_iter()
         .filter(|d| matches!(d, Difference::Differs { .. }))
         .collect();
-    let mut cmd = redis::cmd("HSET");
-    cmd.arg(keys.plans());
-    for p in publish_all(plans) {
-        cmd.arg(p.field).arg(p.json);
+    let all = publish_all(plans);
+    let mut hset = redis::cmd("HSET");
+    hset.arg(keys.plans());
+    for p in &all {
+        hset.arg(&p.field).arg(&p.json);
     }
-    cmd.query_async::<()>(conn).await?;
+    let mut pipe = redis::pipe();
+    pipe.atomic().add_command(hset).ignore();
+    for p in &all {
+        pipe.cmd(if p.holding { "SADD" } else { "SREM" })
+            .arg(keys.holding_plans())
+            .arg(&p.field)
+            .ignore();
+    }
+    pipe.query_async::<()>(conn).await?;
     Ok(replaced)
 }
 

@@ -151,16 +151,39 @@ fn seed_001_b_never_starts_before_a_pushed_through_the_function_succeeded() {
     assert_eq!(r.failures().len(), 0);
 }
 
-/// D-3a: a class without a plan (or whose plan places no hold) is pushed as Resque pushes it,
-/// with HMGET, SADD and RPUSH; a payload the renderer cannot read, or a hold template whose
-/// path the args lack, is an error and nothing is written.
+/// D-3a: while no plan holds at enqueue a push is Resque's (SCARD, SADD, RPUSH, the payload
+/// unread); then a class whose plan places no hold costs one HMGET more; a payload the renderer
+/// cannot read, or a hold template whose path the args lack, is an error and nothing is written.
 #[test]
 fn push_without_holds_is_resques_push_and_refusals_write_nothing() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let f = push_function(&mut r);
-    // No plan published at all: even a payload that is not JSON goes in, as Resque's would.
+    let commands = |r: &mut R| -> Vec<String> {
+        let stats: String = r.cmd(&["INFO", "commandstats"]);
+        let mut calls: Vec<String> = stats
+            .lines()
+            .filter(|l| {
+                l.starts_with("cmdstat_")
+                    && !l.starts_with("cmdstat_config")
+                    && !l.starts_with("cmdstat_info")
+            })
+            .map(|l| {
+                l.split(':')
+                    .next()
+                    .unwrap()
+                    .trim_start_matches("cmdstat_")
+                    .to_string()
+            })
+            .collect();
+        calls.sort();
+        let _: () = r.cmd(&["CONFIG", "RESETSTAT"]);
+        calls
+    };
+    let _ = commands(&mut r);
+    // No plan holds at enqueue: Resque's push, the payload unread (even one that is not JSON).
     assert_eq!(fcall(&mut r, &f, "q", "not json").unwrap(), ["1", "1"]);
+    assert_eq!(commands(&mut r), ["fcall", "rpush", "sadd", "scard"]);
     let dir = workdir();
     let config = dir.path().join("c.toml");
     std::fs::write(
@@ -175,29 +198,12 @@ fn push_without_holds_is_resques_push_and_refusals_write_nothing() {
     assert!(plans(&mut r).contains_key("Held"));
     assert!(r.exists(&format!("{NS}:locket:dep:h:5")));
 
-    let _: () = r.cmd(&["CONFIG", "RESETSTAT"]);
+    let _ = commands(&mut r);
     let reply = fcall(&mut r, &f, "q", r#"{"class":"Plain","args":[1]}"#).unwrap();
     assert_eq!(reply, ["1", "3"]);
-    let stats: String = r.cmd(&["INFO", "commandstats"]);
-    let calls: Vec<&str> = stats
-        .lines()
-        .filter(|l| {
-            l.starts_with("cmdstat_")
-                && !l.starts_with("cmdstat_config")
-                && !l.starts_with("cmdstat_info")
-        })
-        .map(|l| l.split(':').next().unwrap())
-        .collect();
-    let mut calls = calls;
-    calls.sort();
     assert_eq!(
-        calls,
-        [
-            "cmdstat_fcall",
-            "cmdstat_hmget",
-            "cmdstat_rpush",
-            "cmdstat_sadd"
-        ]
+        commands(&mut r),
+        ["fcall", "hmget", "rpush", "sadd", "scard"]
     );
 
     for (payload, why) in [
@@ -262,6 +268,24 @@ fn a_different_plan_is_shown_by_check_config_and_logged_by_the_daemon_that_repla
             .contains("published class plan replaced one with other settings")
     });
     assert!(!d1.log().contains("replaced one with other settings"));
+    let holding: Vec<String> = r.cmd(&["SMEMBERS", &format!("{NS}:locket:holding_plans")]);
+    assert_eq!(holding, ["Held"]);
+
+    // A HUP publishes again: here a configuration without the hold, so no plan holds at
+    // enqueue any more and pushes go in unread.
+    let third = cfg("q").class("Held", &h, "").render();
+    std::fs::write(d1.config_path(), &third).unwrap();
+    d1.signal(libc::SIGHUP);
+    wait_until(LONG, "the plan of the HUP published", || {
+        plans(&mut r)["Held"].contains(r#""holds":[]"#)
+    });
+    let holding: Vec<String> = r.cmd(&["SMEMBERS", &format!("{NS}:locket:holding_plans")]);
+    assert!(holding.is_empty(), "{holding:?}");
+    let f = push_function(&mut r);
+    assert_eq!(
+        fcall(&mut r, &f, "elsewhere", "not json").unwrap(),
+        ["1", "1"]
+    );
     assert_eq!(d2.terminate(LONG).code(), Some(0));
     assert_eq!(d1.terminate(LONG).code(), Some(0));
 }

@@ -6,7 +6,8 @@
 -- KEYS[1]  <ns>:queue:<q>
 -- KEYS[2]  <ns>:queues
 -- KEYS[3]  <ns>:locket:plans (hash: class -> published plan JSON; `*` and "" are the
---          fallback table and the [locket] defaults: src/config/published.rs)
+--          fallback table and the [locket] defaults: src/config/published.rs); beside it,
+--          <ns>:locket:holding_plans, the set of those fields whose plan holds at enqueue
 -- ARGV[1]  queue name q
 -- ARGV[2]  payload, exactly as it is to be pushed ({"class":"<Class>","args":[...]}, any
 --          member order, spacing or extra members)
@@ -14,23 +15,23 @@
 --
 -- Reply: {pushed, queue length, hold name...}: pushed is 1 (0 is kept for a push the class's
 -- plan declines), then the queue's length after the push and the holds added with it.
--- A class whose plan has no enqueue-time holds (or no plan at all) costs HMGET, SADD and RPUSH.
+-- While no published plan holds at enqueue, a push costs SCARD, SADD and RPUSH and the payload
+-- is not read; else a class whose plan has no enqueue-time holds (or no plan) costs SCARD,
+-- HMGET, SADD and RPUSH.
 -- Errors, raised before anything is written:
 --   LOCKET_RENDER ...  the payload cannot be read as a worker reads it (not JSON, not an object,
 --                      no class, args not an array, nested too deeply), or a hold template names
---                      a path the args do not have (T-6); a payload that is not JSON is pushed
---                      as it is only while no plan is published at all;
+--                      a path the args do not have (T-6); while no plan holds at enqueue,
+--                      any payload is pushed unread, as Resque pushes it;
 --   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
 --   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
 
-local ok, job = pcall(render_payload, ARGV[2], ARGV[1])
-if not ok then
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    redis.call('SADD', KEYS[2], ARGV[1])
-    return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
-  end
-  error(job, 0)
+-- No published plan places a hold at enqueue: Resque's own push, the payload unread.
+if redis.call('SCARD', ARGV[3] .. 'holding_plans') == 0 then
+  redis.call('SADD', KEYS[2], ARGV[1])
+  return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
 end
+local job = render_payload(ARGV[2], ARGV[1])
 local found = redis.call('HMGET', KEYS[3], job.class, '*', '')
 local text = found[1] or found[2] or found[3]
 local holds = {}
