@@ -479,6 +479,7 @@ do
     end
     skip_ws()
     if pos <= #s then perr('trailing characters') end
+    s = nil -- a library keeps its upvalues between calls: do not keep the payload
     if type(class) ~= 'string' or class == '' then
       fail('payload has no class (a non-empty string is required)')
     end
