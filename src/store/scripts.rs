@@ -126,6 +126,7 @@ pub const PUSH_SOURCE: &str = concat!(
     include_str!("lua/lib_park.lua"),
     include_str!("lua/rate.lua"),
     include_str!("lua/render.lua"),
+    include_str!("lua/plans.lua"),
     "local function main_part(KEYS, ARGV)\n",
     include_str!("lua/push.lua"),
     "\nend\n",
@@ -150,7 +151,7 @@ pub struct JobLibrary {
 impl JobLibrary {
     fn new() -> JobLibrary {
         let body = format!(
-            "{}\n{}\n\
+            "{}\n{}\n{}\n\
              local function push_part(KEYS, ARGV)\n{}\nend\n\
              local function entry(f)\n\
              return function(KEYS, ARGV)\n\
@@ -166,6 +167,7 @@ impl JobLibrary {
              end\n",
             job_path_parts(),
             RENDER_LUA,
+            include_str!("lua/plans.lua"),
             include_str!("lua/push.lua"),
             run_and_reply!("ENTRY"),
             run_and_flush!("ENTRY"),
