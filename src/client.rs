@@ -45,8 +45,10 @@ pub struct Enqueued {
     pub digest: String,
     /// Hold names added with the push (rendered in Redis from the published plan).
     pub holds: Vec<String>,
-    /// Queue length after the push.
+    /// Queue length after the push (or now, when not pushed).
     pub queue_length: u64,
+    /// False for a duplicate that the class's `unique` refused (U-1): nothing was written.
+    pub pushed: bool,
 }
 
 /// Pushes jobs with their holds.
@@ -194,6 +196,7 @@ impl Client {
             digest,
             holds: done.holds,
             queue_length: done.queue_length,
+            pushed: done.pushed,
         })
     }
 

@@ -367,7 +367,13 @@ impl Admin {
                 "digest": done.digest,
                 "holds": done.holds,
                 "queue_length": done.queue_length,
+                "pushed": done.pushed,
             }));
+        } else if !done.pushed {
+            println!(
+                "not pushed: a duplicate of a {class} job pushed within its unique_ttl (length {})",
+                done.queue_length
+            );
         } else {
             println!(
                 "enqueued {class} on {queue} (length {}), digest {}",

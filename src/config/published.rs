@@ -10,7 +10,8 @@
 //! ```json
 //! {"v":1,"digest":"<64 hex>","hold_ttl_ms":86400000,
 //!  "holds":[{"name":<template>,"when":"enqueue","release_on":"success"}],
-//!  "locks":[{"key":<template>,"limit":1}],"locked_by":[<template>]}
+//!  "locks":[{"key":<template>,"limit":1}],"locked_by":[<template>],
+//!  "unique":{"policy":"until_expired","key":<template>,"ttl_ms":60000}}    (unique: when set)
 //! ```
 //!
 //! Each `<template>` is [`Template::compiled`](crate::locks::template::Template::compiled).
@@ -34,7 +35,8 @@ pub struct Published {
     pub digest: String,
     /// The JSON text stored in the field.
     pub json: String,
-    /// Whether the plan places holds at enqueue (its field is then in `holding_plans`).
+    /// Whether the plan acts at enqueue, placing holds or refusing duplicates (its field is then
+    /// in `holding_plans`).
     pub holding: bool,
 }
 
@@ -67,13 +69,20 @@ pub fn publish_class(field: &str, plan: &ClassPlan) -> Published {
         "locks": locks,
         "locked_by": locked_by,
     });
+    if let Some(u) = &plan.unique {
+        body["unique"] = json!({
+            "policy": "until_expired",
+            "key": u.key.compiled(),
+            "ttl_ms": u64::try_from(u.ttl.as_millis()).unwrap_or(u64::MAX),
+        });
+    }
     let digest = canonical::sha256_hex(canonical::canonical_json(&body).as_bytes());
     body["digest"] = Value::from(digest.clone());
     Published {
         field: field.to_string(),
         digest,
         json: canonical::canonical_json(&body),
-        holding: plan.holds.iter().any(|h| h.when == HoldWhen::Enqueue),
+        holding: plan.unique.is_some() || plan.holds.iter().any(|h| h.when == HoldWhen::Enqueue),
     }
 }
 
@@ -97,6 +106,30 @@ pub fn digest_of(json_text: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    // locking-semantics.md U-1, C-1
+    #[test]
+    fn unique_settings_are_checked_and_published() {
+        let bad = |text: &str| {
+            Plans::compile(&Config::parse(&format!("queues = \"q\"\n{text}"), "t").unwrap())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            bad("[classes.A]\nunique = \"until_executed\"\nunique_ttl = \"1s\"")
+                .contains("not supported yet")
+        );
+        assert!(bad("[classes.A]\nunique = \"until_expired\"").contains("unique_ttl"));
+        assert!(bad("[classes.A]\nunique_key = \"{args[0]}\"").contains("unique"));
+        assert!(bad("[classes.A]\nunique = \"maybe\"\nunique_ttl = \"1s\"").contains("maybe"));
+        let p = plans("[classes.A]\nunique = \"until_expired\"\nunique_ttl = \"90s\"\n");
+        let a = &publish_all(&p)[1];
+        assert!(a.holding);
+        let v: Value = serde_json::from_str(&a.json).unwrap();
+        assert_eq!(v["unique"]["ttl_ms"], 90_000);
+        assert_eq!(v["unique"]["key"]["src"], "{class}:{args_digest}");
+        assert!(!publish_all(&p)[0].holding);
+    }
 
     fn plans(text: &str) -> Plans {
         Plans::compile(&Config::parse(&format!("queues = \"q\"\n{text}"), "t").unwrap()).unwrap()

@@ -289,3 +289,58 @@ fn a_different_plan_is_shown_by_check_config_and_logged_by_the_daemon_that_repla
     assert_eq!(d2.terminate(LONG).code(), Some(0));
     assert_eq!(d1.terminate(LONG).code(), Some(0));
 }
+
+/// U-1: `unique = "until_expired"`: a push whose unique key is taken is not made (reply 0,
+/// nothing written), whoever writes the payload (`1.0` and `1`, member order), until
+/// `unique_ttl` after the push that took it; other keys are pushed meanwhile.
+#[test]
+fn until_expired_refuses_duplicates_until_the_ttl_ends() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let dir = workdir();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "queues = \"q\"\n[classes.\"Sync\"]\ncommand = [\"/bin/true\"]\n\
+         unique = \"until_expired\"\nunique_ttl = \"2s\"\nunique_key = \"sync:{args[0].account}\"\n",
+    )
+    .unwrap();
+    let enqueue = |r: &mut R, arg: &str| -> serde_json::Value {
+        let out = cli(&redis, &config, &["enqueue", "q", "Sync", arg, "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        let _ = r;
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let first = enqueue(&mut r, r#"{"account":1}"#);
+    assert_eq!(first["pushed"], true);
+    let key = format!("{NS}:locket:unique:sync:1");
+    let pttl: i64 = r.cmd(&["PTTL", &key]);
+    assert!(pttl > 0 && pttl <= 2000, "{pttl}");
+    // The same key from another producer's spelling, and from other args with that key.
+    let f = push_function(&mut r);
+    let reply = fcall(
+        &mut r,
+        &f,
+        "q",
+        r#"{"args": [{"account": 1.0}], "class": "Sync"}"#,
+    )
+    .unwrap();
+    assert_eq!(reply, ["0", "1"]);
+    let again = enqueue(&mut r, r#"{"x":2,"account":1}"#);
+    assert_eq!(again["pushed"], false);
+    assert_eq!(again["queue_length"], 1);
+    assert_eq!(enqueue(&mut r, r#"{"account":2}"#)["pushed"], true);
+    assert_eq!(r.llen(&format!("{NS}:queue:q")), 2);
+    // After the ttl, the key is free again.
+    wait_until(LONG, "the unique key expired", || !r.exists(&key));
+    assert_eq!(enqueue(&mut r, r#"{"account":1}"#)["pushed"], true);
+    assert_eq!(r.llen(&format!("{NS}:queue:q")), 3);
+    // A unique key template whose path the args lack is an error, nothing pushed.
+    let out = cli(&redis, &config, &["enqueue", "q", "Sync", "7"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("args[0].account"),
+        "{out:?}"
+    );
+    assert_eq!(r.llen(&format!("{NS}:queue:q")), 3);
+}

@@ -13,15 +13,16 @@
 --          member order, spacing or extra members)
 -- ARGV[3]  locket key prefix "<ns>:locket:"
 --
--- Reply: {pushed, queue length, hold name...}: pushed is 1 (0 is kept for a push the class's
--- plan declines), then the queue's length after the push and the holds added with it.
+-- Reply: {pushed, queue length, hold name...}: pushed is 1, or 0 for a duplicate the class's
+-- `unique` refuses (U-1: its key `<ns>:locket:unique:<rendered unique_key>` is taken; nothing
+-- is written), then the queue's length (after the push) and the holds added with it.
 -- While no published plan holds at enqueue, a push costs SCARD, SADD and RPUSH and the payload
 -- is not read; else a class whose plan has no enqueue-time holds (or no plan) costs SCARD,
 -- HMGET, SADD and RPUSH.
 -- Errors, raised before anything is written:
 --   LOCKET_RENDER ...  the payload cannot be read as a worker reads it (not JSON, not an object,
---                      no class, args not an array, nested too deeply), or a hold template names
---                      a path the args do not have (T-6); while no plan holds at enqueue,
+--                      no class, args not an array, nested too deeply), or a hold or unique
+--                      template names a path the args do not have (T-6); while no plan holds at enqueue,
 --                      any payload is pushed unread, as Resque pushes it;
 --   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
 --   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
@@ -36,6 +37,7 @@ local found = redis.call('HMGET', KEYS[3], job.class, '*', '')
 local text = found[1] or found[2] or found[3]
 local holds = {}
 local ttl = 0
+local unique, unique_ttl = nil, 0
 if text then
   local plan = push_plan(text)
   ttl = plan.hold_ttl_ms
@@ -44,8 +46,12 @@ if text then
       holds[#holds + 1] = (render_template(h.name, job))
     end
   end
+  if plan.unique then
+    unique = ARGV[3] .. 'unique:' .. render_template(plan.unique.key, job)
+    unique_ttl = plan.unique.ttl_ms
+  end
 end
-if #holds == 0 then
+if #holds == 0 and not unique then
   -- Resque's own push: SADD, then RPUSH.
   redis.call('SADD', KEYS[2], ARGV[1])
   return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
@@ -54,6 +60,10 @@ must_be('push', KEYS[1], 'list')
 must_be('push', KEYS[2], 'set')
 local now = now_ms()
 local digest = render_digest(job)
+-- U-1: a duplicate within unique_ttl of the push that took the key is not pushed.
+if unique and not redis.call('SET', unique, digest, 'NX', 'PX', unique_ttl) then
+  return {0, redis.call('LLEN', KEYS[1])}
+end
 for _, name in ipairs(holds) do
   hold_add(ARGV[3], name, digest, ttl, now)
 end
