@@ -7,7 +7,7 @@
 -- KEYS[2]  <ns>:queues
 -- KEYS[3]  <ns>:locket:plans (hash: class -> published plan JSON; `*` and "" are the
 --          fallback table and the [locket] defaults: src/config/published.rs); beside it,
---          <ns>:locket:holding_plans, the set of those fields whose plan holds at enqueue
+--          <ns>:locket:holding_plans, the fields whose plan acts at enqueue (holds, unique)
 -- ARGV[1]  queue name q
 -- ARGV[2]  payload, exactly as it is to be pushed ({"class":"<Class>","args":[...]}, any
 --          member order, spacing or extra members)
@@ -16,18 +16,18 @@
 -- Reply: {pushed, queue length, hold name...}: pushed is 1, or 0 for a duplicate the class's
 -- `unique` refuses (U-1: its key `<ns>:locket:unique:<rendered unique_key>` is taken; nothing
 -- is written), then the queue's length (after the push) and the holds added with it.
--- While no published plan holds at enqueue, a push costs SCARD, SADD and RPUSH and the payload
+-- While no published plan acts at enqueue, a push costs SCARD, SADD and RPUSH and the payload
 -- is not read; else a class whose plan has no enqueue-time holds (or no plan) costs SCARD,
 -- HMGET, SADD and RPUSH.
 -- Errors, raised before anything is written:
 --   LOCKET_RENDER ...  the payload cannot be read as a worker reads it (not JSON, not an object,
 --                      no class, args not an array, nested too deeply), or a hold or unique
---                      template names a path the args do not have (T-6); while no plan holds at enqueue,
---                      any payload is pushed unread, as Resque pushes it;
+--                      template names a path the args do not have (T-6); while no plan acts
+--                      at enqueue, any payload is pushed unread, as Resque pushes it;
 --   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
 --   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
 
--- No published plan places a hold at enqueue: Resque's own push, the payload unread.
+-- No published plan acts at enqueue: Resque's own push, the payload unread.
 if redis.call('SCARD', ARGV[3] .. 'holding_plans') == 0 then
   redis.call('SADD', KEYS[2], ARGV[1])
   return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
