@@ -184,6 +184,7 @@ fn push_without_holds_is_resques_push_and_refusals_write_nothing() {
     // No plan holds at enqueue: Resque's push, the payload unread (even one that is not JSON).
     assert_eq!(fcall(&mut r, &f, "q", "not json").unwrap(), ["1", "1"]);
     assert_eq!(commands(&mut r), ["fcall", "rpush", "sadd", "scard"]);
+    plain_push_of_wrong_types_writes_nothing(&mut r, &f);
     let dir = workdir();
     let config = dir.path().join("c.toml");
     std::fs::write(
@@ -219,6 +220,29 @@ fn push_without_holds_is_resques_push_and_refusals_write_nothing() {
     }
     assert_eq!(r.llen(&format!("{NS}:queue:q")), 3);
     assert_eq!(r.keys(&format!("{NS}:locket:dep:*")).len(), 1);
+}
+
+/// S-6 on Resque's own path: a queue key or `queues` of another type is an error and the push
+/// writes nothing (no queue name added for a job not pushed, no job pushed without its name).
+fn plain_push_of_wrong_types_writes_nothing(r: &mut R, f: &str) {
+    let queue = format!("{NS}:queue:typed");
+    let _: () = r.cmd(&["SET", &queue, "x"]);
+    let e = fcall(r, f, "typed", r#"{"class":"Plain","args":[]}"#).unwrap_err();
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    let is_member: bool = r.cmd(&["SISMEMBER", &format!("{NS}:queues"), "typed"]);
+    assert!(!is_member, "no queue name for a job not pushed");
+    let _: () = r.cmd(&["DEL", &queue]);
+    let queues = format!("{NS}:queues");
+    let members: Vec<String> = r.cmd(&["SMEMBERS", &queues]);
+    let _: () = r.cmd(&["DEL", &queues]);
+    let _: () = r.cmd(&["SET", &queues, "x"]);
+    let e = fcall(r, f, "typed", r#"{"class":"Plain","args":[]}"#).unwrap_err();
+    assert_eq!(e.code(), Some("LOCKET_STORE"), "{e}");
+    assert_eq!(r.llen(&queue), 0, "the job was taken back");
+    let _: () = r.cmd(&["DEL", &queues]);
+    for m in members {
+        let _: () = r.cmd(&["SADD", &queues, &m]);
+    }
 }
 
 /// D-3a: a daemon publishes its plans at start; `check-config` with other settings for a class

@@ -27,10 +27,22 @@
 --   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
 --   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
 
+-- Resque's own push, atomic without a TYPE call each: RPUSH first (a queue key of another
+-- type raises before anything is written), then SADD; should `queues` be of another type,
+-- the job just pushed is taken back (RPOP: nothing else ran in between) before the error.
+local function resque_push()
+  local len = redis.call('RPUSH', KEYS[1], ARGV[2])
+  local added = redis.pcall('SADD', KEYS[2], ARGV[1])
+  if type(added) == 'table' and added.err then
+    redis.call('RPOP', KEYS[1])
+    error({err = 'LOCKET_STORE push: ' .. KEYS[2] .. ': ' .. added.err .. '; nothing was changed'})
+  end
+  return {1, len}
+end
+
 -- No published plan acts at enqueue: Resque's own push, the payload unread.
 if redis.call('SCARD', ARGV[3] .. 'holding_plans') == 0 then
-  redis.call('SADD', KEYS[2], ARGV[1])
-  return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
+  return resque_push()
 end
 local job = render_payload(ARGV[2], ARGV[1])
 local found = redis.call('HMGET', KEYS[3], job.class, '*', '')
@@ -52,9 +64,7 @@ if text then
   end
 end
 if #holds == 0 and not unique then
-  -- Resque's own push: SADD, then RPUSH.
-  redis.call('SADD', KEYS[2], ARGV[1])
-  return {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
+  return resque_push()
 end
 must_be('push', KEYS[1], 'list')
 must_be('push', KEYS[2], 'set')
