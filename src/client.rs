@@ -1,5 +1,11 @@
 //! A producer-side client: pushes jobs in Resque's exact format together with their
-//! enqueue-time dependency holds, in one atomic step (locking-semantics.md D-3).
+//! enqueue-time dependency holds, in one atomic step (locking-semantics.md D-3, D-3a).
+//!
+//! The push goes through PUSH, the enqueue function in Redis (src/store/lua/push.lua): the hold
+//! names are rendered there from the payload and the class plans the daemons publish, so this
+//! client, `locketd enqueue` and a client in any other language take the same path. The
+//! client's own configuration only fills in the plans no daemon has published yet (a push
+//! before the first daemon starts); a daemon's publish replaces them.
 //!
 //! ```no_run
 //! # async fn demo() -> locketd::Result<()> {
@@ -13,19 +19,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Clients in other languages call the same script: `src/store/lua/lib.lua` followed by
-//! `src/store/lua/enqueue.lua` (printed by `locketd enqueue --print-script`), whose header lists
-//! its keys and arguments.
+//! Clients in other languages call the same function: `FCALL locketd_<build>_push 3 ...` where
+//! the daemon's library is loaded, else the same script by EVALSHA (printed by
+//! `locketd enqueue --print-script`); `src/store/lua/push.lua`'s header lists its keys and
+//! arguments.
 
 use crate::config::plans::Plans;
+use crate::config::published::publish_all;
 use crate::config::Config;
 use crate::conn::Manager;
 use crate::error::{Error, Result};
 use crate::locks::canonical;
-use crate::locks::template::RenderInput;
 use crate::resque::keys::Keys;
-use crate::store;
+use crate::store::plans::push;
 use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What one enqueue did.
@@ -35,10 +43,12 @@ pub struct Enqueued {
     pub payload: String,
     /// Its digest (§1.1).
     pub digest: String,
-    /// Hold names added with the push.
+    /// Hold names added with the push (rendered in Redis from the published plan).
     pub holds: Vec<String>,
-    /// Queue length after the push.
+    /// Queue length after the push (or now, when not pushed).
     pub queue_length: u64,
+    /// False for a duplicate that the class's `unique` refused (U-1): nothing was written.
+    pub pushed: bool,
 }
 
 /// Pushes jobs with their holds.
@@ -47,6 +57,10 @@ pub struct Client {
     conn: Manager,
     keys: Keys,
     plans: Arc<Plans>,
+    /// FCALL or EVALSHA, found on the first push.
+    mode: Arc<crate::store::FcallMode>,
+    /// The configuration's plans were offered for the classes no daemon published.
+    offered: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Client {
@@ -92,10 +106,12 @@ pub fn minify_json(text: &str) -> String {
     out
 }
 
-/// The script a client in another language loads to enqueue with holds: the one the daemon
-/// runs (the shared helpers, ENQUEUE, and the write of its O-3 counts).
+/// The script a client in another language loads to enqueue with holds: PUSH, the same Lua
+/// as the daemon's library function (the shared helpers, the renderer, PUSH, and the write of
+/// its O-3 counts). Keys: `<ns>:queue:<q>`, `<ns>:queues`, `<ns>:locket:plans`; arguments:
+/// the queue, the payload, `<ns>:locket:`.
 pub fn enqueue_script() -> &'static str {
-    crate::store::scripts::ENQUEUE_SOURCE
+    crate::store::scripts::PUSH_SOURCE
 }
 
 impl Client {
@@ -112,6 +128,8 @@ impl Client {
             conn: conn.into(),
             keys: Keys::new(&config.namespace),
             plans: Arc::new(Plans::compile(config)?),
+            mode: Arc::default(),
+            offered: Arc::default(),
         })
     }
 
@@ -158,35 +176,50 @@ impl Client {
         if queue.is_empty() || class.is_empty() {
             return Err(Error::Enqueue("queue and class must not be empty".into()));
         }
+        if !self.offered.load(Ordering::Relaxed) {
+            self.offer_plans().await?;
+        }
         let digest = canonical::digest(class, &args_value);
-        let plan = self.plans.get(class);
-        let rendered = plan
-            .render(
-                &RenderInput {
-                    class,
-                    queue,
-                    digest: &digest,
-                    args: &args_value,
-                },
-                false,
-            )
-            .map_err(|e| Error::Enqueue(format!("Locket::BadLockKey: {e}")))?;
-        let queue_length = store::enqueue(
-            &mut self.conn,
-            &self.keys,
-            queue,
-            &payload,
-            &digest,
-            &rendered.enqueue_holds,
-            plan.hold_ttl,
-        )
-        .await?;
+        let done = push(&mut self.conn, &self.mode, &self.keys, queue, &payload)
+            .await
+            .map_err(|e| match e.code() {
+                Some("LOCKET_RENDER") | Some("LOCKET_PLAN") => {
+                    Error::Enqueue(e.detail().map_or_else(
+                        || e.to_string(),
+                        |d| format!("{}: {d}", e.code().unwrap_or_default()),
+                    ))
+                }
+                _ => Error::from(e),
+            })?;
         Ok(Enqueued {
             payload,
             digest,
-            holds: rendered.enqueue_holds,
-            queue_length,
+            holds: done.holds,
+            queue_length: done.queue_length,
+            pushed: done.pushed,
         })
+    }
+
+    /// Publishes this configuration's class plans where Redis has none yet (`HSETNX`): a push
+    /// made before any daemon published still places the holds its configuration names. A
+    /// daemon's publish (D-3a) replaces them.
+    async fn offer_plans(&mut self) -> Result<()> {
+        // KEYS[1] plans, KEYS[2] holding_plans; ARGV: field, JSON, holding (1/0), repeated.
+        const OFFER: &str = "for i = 1, #ARGV, 3 do\n\
+             if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and ARGV[i + 2] == '1' then\n\
+             redis.call('SADD', KEYS[2], ARGV[i])\n\
+             end\n\
+             end\n\
+             return 0";
+        let script = redis::Script::new(OFFER);
+        let mut inv = script.prepare_invoke();
+        inv.key(self.keys.plans()).key(self.keys.holding_plans());
+        for p in publish_all(&self.plans) {
+            inv.arg(p.field).arg(p.json).arg(u8::from(p.holding));
+        }
+        inv.invoke_async::<()>(&mut self.conn).await?;
+        self.offered.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 

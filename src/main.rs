@@ -271,6 +271,37 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     }
 }
 
+/// `check-config`: how the class plans published in Redis (D-3a) differ from this file's, as
+/// warnings; nothing when Redis is out of reach from here (the file is still valid).
+fn show_published_plans(cfg: &Config) {
+    let Ok(plans) = locketd::config::plans::Plans::compile(cfg) else {
+        return;
+    };
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let keys = locketd::resque::keys::Keys::new(&cfg.namespace);
+    let found = rt.block_on(async {
+        let mut conn = locketd::conn::connect(&cfg.redis, std::time::Duration::ZERO)
+            .await
+            .ok()?;
+        locketd::store::plans::compare(&mut conn, &keys, &plans)
+            .await
+            .ok()
+    });
+    let found = found.unwrap_or_default();
+    // Before any daemon published, every class is "not published": nothing to say.
+    let any = found
+        .iter()
+        .any(|d| !matches!(d, locketd::store::plans::Difference::NotPublished { .. }));
+    for d in found.iter().filter(|_| any) {
+        eprintln!("locketd: warning: plans: {d}");
+    }
+}
+
 /// `check-config` with a `redis+sentinel://` URL: the primary its sentinels name now, or why
 /// none (a warning: the file is still valid, and the sentinels may be out of reach from here).
 fn show_sentinel_primary(url: &str) {
@@ -315,6 +346,7 @@ fn run(
                     eprintln!("locketd: warning: {w}");
                 }
                 show_sentinel_primary(&cfg.redis);
+                show_published_plans(&cfg);
                 println!("{}: ok", path.display());
                 ExitCode::SUCCESS
             }

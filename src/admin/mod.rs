@@ -134,7 +134,8 @@ pub struct EnqueueArgs {
     pub class: Option<String>,
     /// Arguments, each one JSON value: 42 '"text"' '{"id":7}'.
     pub args: Vec<String>,
-    /// Print the ENQUEUE Lua script (for clients in other languages) and exit.
+    /// Print the PUSH Lua script (D-3a: for clients in other languages that cannot FCALL the
+    /// daemon's library) and exit.
     #[arg(long)]
     pub print_script: bool,
     /// Deliver at this time (Unix seconds or RFC 3339, e.g. 2026-11-25T10:00:00Z) through
@@ -366,7 +367,13 @@ impl Admin {
                 "digest": done.digest,
                 "holds": done.holds,
                 "queue_length": done.queue_length,
+                "pushed": done.pushed,
             }));
+        } else if !done.pushed {
+            println!(
+                "not pushed: a duplicate of a {class} job pushed within its unique_ttl (length {})",
+                done.queue_length
+            );
         } else {
             println!(
                 "enqueued {class} on {queue} (length {}), digest {}",

@@ -11,6 +11,7 @@ mod check;
 mod handlers;
 pub mod hosts;
 pub mod plans;
+pub mod published;
 pub mod rates;
 pub mod schedule;
 mod values;
@@ -418,6 +419,16 @@ pub struct ClassConfig {
     /// Dependency holds this class places (§8).
     #[serde(default)]
     pub holds: Vec<HoldEntry>,
+    /// Unique jobs at enqueue (locking-semantics.md U-1): `"until_expired"`, PUSH does not push
+    /// a duplicate (same `unique_key`) for `unique_ttl` after a push.
+    #[serde(default)]
+    pub unique: Option<String>,
+    /// How long `until_expired` refuses duplicates after a push.
+    #[serde(default)]
+    pub unique_ttl: Option<Secs>,
+    /// The key template of `unique` (default `{class}:{args_digest}`, T-4).
+    #[serde(default)]
+    pub unique_key: Option<String>,
     /// Hold names (templates) that must be free before this class starts (D-5).
     #[serde(default)]
     pub locked_by: Vec<String>,

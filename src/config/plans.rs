@@ -114,6 +114,18 @@ pub struct ClassPlan {
     pub on_park_full: Policy,
     /// Keyed rate limits, all must allow a start (rate-limits.md RL-1).
     pub rates: Vec<super::rates::RatePlan>,
+    /// Unique jobs at enqueue (U-1).
+    pub unique: Option<UniquePlan>,
+}
+
+/// `unique = "until_expired"` (U-1): a push whose rendered `key` is taken is not made, for
+/// `ttl` after the push that took it.
+#[derive(Debug, Clone)]
+pub struct UniquePlan {
+    /// The key template.
+    pub key: Template,
+    /// How long the key refuses duplicates.
+    pub ttl: Duration,
 }
 
 /// A class plan rendered for one payload.
@@ -252,6 +264,13 @@ impl Plans {
         Ok(Plans { classes, default })
     }
 
+    /// Every plan with the name it is published under (D-3a): each class table by its name
+    /// (`*` included), and the `[locket]` defaults as `""`.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &ClassPlan)> {
+        std::iter::once(("", &self.default))
+            .chain(self.classes.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
     /// The plan of a class: its own table, else the `"*"` fallback table, else the `[locket]`
     /// defaults. Tables do not merge: a class with a table of its own takes nothing from `"*"`.
     pub fn get(&self, class: &str) -> &ClassPlan {
@@ -305,6 +324,47 @@ fn check_shared_rate_keys(classes: &HashMap<String, ClassPlan>) -> Result<(), Co
         }
     }
     Ok(())
+}
+
+/// U-1: `unique`, `unique_ttl`, `unique_key`. Only `until_expired` runs today; the policies that
+/// follow the job's life (`until_executing`, `until_executed`) are refused by name rather than
+/// accepted and ignored.
+fn compile_unique(setting: &str, c: &ClassConfig) -> Result<Option<UniquePlan>, ConfigError> {
+    let Some(policy) = &c.unique else {
+        if c.unique_ttl.is_some() || c.unique_key.is_some() {
+            return Err(invalid(
+                &format!("{setting}.unique"),
+                "unique_ttl and unique_key need `unique = \"until_expired\"`",
+            ));
+        }
+        return Ok(None);
+    };
+    match policy.as_str() {
+        "until_expired" => {}
+        "until_executing" | "until_executed" => {
+            return Err(invalid(
+                &format!("{setting}.unique"),
+                format!("{policy:?} is not supported yet; use \"until_expired\" with unique_ttl"),
+            ))
+        }
+        other => {
+            return Err(invalid(
+                &format!("{setting}.unique"),
+                format!("{other:?} is not a unique policy (use \"until_expired\")"),
+            ))
+        }
+    }
+    let Some(ttl) = c.unique_ttl.map(Secs::get).filter(|d| d.as_millis() >= 1) else {
+        return Err(invalid(
+            &format!("{setting}.unique_ttl"),
+            "is required with unique = \"until_expired\" (at least 1ms)",
+        ));
+    };
+    let text = c.unique_key.as_deref().unwrap_or(DEFAULT_TEMPLATE);
+    Ok(Some(UniquePlan {
+        key: template(&format!("{setting}.unique_key"), text)?,
+        ttl,
+    }))
 }
 
 fn compile_class(
@@ -411,7 +471,9 @@ fn compile_class(
         locked_by.push(template(&format!("{setting}.locked_by[{i}]"), t)?);
     }
     let rates = super::rates::compile(setting, c.rate.as_ref(), c.rates.as_deref())?;
+    let unique = compile_unique(setting, &c)?;
     Ok(ClassPlan {
+        unique,
         rates,
         locks,
         on_conflict: c.on_conflict.unwrap_or(l.on_conflict),

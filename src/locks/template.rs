@@ -162,6 +162,35 @@ impl Template {
         &self.source
     }
 
+    /// The parsed template as the Lua renderer takes it (src/store/lua/render.lua):
+    /// `{"src": <text>, "parts": [...]}`, each part a literal string or a placeholder array
+    /// (`["class"]`, `["queue"]`, `["digest"]`, `["args_digest"]`, `["args"]`, or
+    /// `["path", i, step...]` with numbers for indexes and strings for member names). Rust
+    /// parses every template (T-1, T-7); Redis only walks this list.
+    pub fn compiled(&self) -> Value {
+        let parts = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => Value::from(t.as_str()),
+                Part::Class => serde_json::json!(["class"]),
+                Part::Queue => serde_json::json!(["queue"]),
+                Part::Digest => serde_json::json!(["digest"]),
+                Part::ArgsDigest => serde_json::json!(["args_digest"]),
+                Part::Args => serde_json::json!(["args"]),
+                Part::Path(steps) => {
+                    let mut v = vec![Value::from("path")];
+                    v.extend(steps.iter().map(|s| match s {
+                        Step::Index(j) => Value::from(*j),
+                        Step::Member(n) => Value::from(n.as_str()),
+                    }));
+                    Value::Array(v)
+                }
+            })
+            .collect();
+        serde_json::json!({"src": self.source, "parts": Value::Array(parts)})
+    }
+
     /// Renders the template for one payload (T-3), capped by T-5.
     pub fn render(&self, input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
         let mut out = String::new();

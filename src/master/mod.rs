@@ -177,6 +177,7 @@ impl Master {
         self.pickup = Some(pickup::Pickup::start(pickup::Settings::of(
             &self.current.config,
         )));
+        self.publish_plans().await;
         for index in 0..self.current.config.workers {
             self.spawn(index).await;
         }
@@ -423,6 +424,32 @@ impl Master {
         }
     }
 
+    /// D-3a: the class plans into `<ns>:locket:plans`, before the workers start; a plan of
+    /// another daemon that this one replaces with different settings is logged at warn.
+    async fn publish_plans(&mut self) {
+        let Some(mut conn) = self.conn.clone() else {
+            return;
+        };
+        let plans = match crate::config::plans::Plans::compile(&self.current.config) {
+            Ok(p) => p,
+            Err(e) => {
+                error!(error = %e, "class plans not published");
+                return;
+            }
+        };
+        let keys = Keys::new(&self.current.config.namespace);
+        match crate::store::plans::publish(&mut conn, &keys, &plans).await {
+            Ok(replaced) => {
+                for d in replaced {
+                    warn!(difference = %d, "published class plan replaced one with other settings (another daemon of this namespace runs another configuration)");
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "class plans not published: pushes through the enqueue function place the holds of the plans published before");
+            }
+        }
+    }
+
     async fn reload(&mut self) {
         match (self.loader)() {
             Err(e) => {
@@ -469,6 +496,7 @@ impl Master {
                 {
                     self.conn = Some(c);
                 }
+                self.publish_plans().await;
                 for index in 0..self.current.config.workers {
                     self.spawn(index).await;
                 }

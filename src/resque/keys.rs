@@ -233,6 +233,14 @@ impl Keys {
     pub fn janitor(&self) -> String {
         self.locket("janitor")
     }
+    /// `<ns>:locket:plans`: class → its published plan JSON (D-3a, src/config/published.rs).
+    pub fn plans(&self) -> String {
+        self.locket("plans")
+    }
+    /// `<ns>:locket:holding_plans`: the fields of `plans` whose plan holds at enqueue (D-3a).
+    pub fn holding_plans(&self) -> String {
+        self.locket("holding_plans")
+    }
     /// `<ns>:locket:deps`: hold name → earliest field deadline.
     pub fn deps(&self) -> String {
         self.locket("deps")

@@ -57,8 +57,8 @@ impl Mode {
         self.get() == FUNCTIONS
     }
 
-    /// Calls job-path script `op` ("reserve", "acquire", "finish", "finish_reserve" or
-    /// "batch"); `fill` writes what follows the function's name or the script's SHA1 (the
+    /// Calls job-path script `op` ("reserve", "acquire", "finish", "finish_reserve",
+    /// "batch", or "push"); `fill` writes what follows the function's name or the script's SHA1 (the
     /// number of keys, the keys, the arguments). A refusal comes back as an error.
     pub(crate) async fn call<C: ConnectionLike + Send>(
         &self,
@@ -244,6 +244,7 @@ pub(crate) fn tallied_script(op: &str) -> &'static redis::Script {
         "acquire" => &s.acquire,
         "finish" => &s.finish,
         "batch" => &s.batch,
+        "push" => &scripts().push,
         _ => &s.finish_reserve,
     }
 }

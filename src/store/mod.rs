@@ -10,6 +10,7 @@ mod fcall;
 mod finish;
 mod parked;
 mod pause;
+pub mod plans;
 mod rates;
 pub mod registry;
 mod reserve;
@@ -20,6 +21,8 @@ mod upkeep;
 
 // The typed API, one module per group of steps; callers name it `store::<fn>`.
 pub use acquire::*;
+/// How a connection calls the library's functions (FCALL, else EVALSHA): PUSH's callers keep one.
+pub(crate) use fcall::Mode as FcallMode;
 pub use finish::*;
 pub use parked::*;
 pub use pause::*;

@@ -113,6 +113,26 @@ fn job_path_parts() -> String {
     )
 }
 
+/// The Lua renderer of key templates and payloads (render.lua, locking-semantics.md D-3a), as
+/// the differential test runs it beside the Rust renderer.
+pub const RENDER_LUA: &str = include_str!("lua/render.lua");
+
+/// PUSH (push.lua, D-3a) as an EVAL script: the same Lua as the library's `push` function,
+/// counts written in the step. What a Redis without FUNCTION runs, and what
+/// `locketd enqueue --print-script` prints for clients that cannot send FCALL.
+pub const PUSH_SOURCE: &str = concat!(
+    replicate!(),
+    include_str!("lua/lib.lua"),
+    include_str!("lua/lib_park.lua"),
+    include_str!("lua/rate.lua"),
+    include_str!("lua/render.lua"),
+    include_str!("lua/plans.lua"),
+    "local function main_part(KEYS, ARGV)\n",
+    include_str!("lua/push.lua"),
+    "\nend\n",
+    run_and_flush!("main_part")
+);
+
 /// The job-path scripts as one Redis 7 FUNCTION library (`FUNCTION LOAD`, then `FCALL`): the
 /// same parts and the same tallied ending as the `tallied` scripts, but loaded once. An EVALSHA
 /// runs the script's whole chunk each time (lib.lua's closures and tables, about 6-8 us of Redis
@@ -131,15 +151,26 @@ pub struct JobLibrary {
 impl JobLibrary {
     fn new() -> JobLibrary {
         let body = format!(
-            "{}\n\
+            "{}\n{}\n{}\n\
+             local function push_part(KEYS, ARGV)\n{}\nend\n\
              local function entry(f)\n\
+             return function(KEYS, ARGV)\n\
+             reset_run()\n\
+             local ENTRY = f\n{}\
+             end\n\
+             end\n\
+             local function entry_flush(f)\n\
              return function(KEYS, ARGV)\n\
              reset_run()\n\
              local ENTRY = f\n{}\
              end\n\
              end\n",
             job_path_parts(),
+            RENDER_LUA,
+            include_str!("lua/plans.lua"),
+            include_str!("lua/push.lua"),
             run_and_reply!("ENTRY"),
+            run_and_flush!("ENTRY"),
         );
         let hash = Script::new(&body).get_hash().to_string();
         let name = format!("locketd_{}", &hash[..16]);
@@ -149,11 +180,15 @@ impl JobLibrary {
                 "redis.register_function('{name}_{op}', entry({op}_part))\n"
             ));
         }
+        // PUSH writes its counts in the step: its callers are clients, not a worker's tally.
+        source.push_str(&format!(
+            "redis.register_function('{name}_push', entry_flush(push_part))\n"
+        ));
         JobLibrary { name, source }
     }
 
-    /// The name of job-path function `op` ("reserve", "acquire", "finish", "finish_reserve"
-    /// or "batch").
+    /// The name of job-path function `op` ("reserve", "acquire", "finish", "finish_reserve",
+    /// "batch", or "push": PUSH, D-3a).
     pub fn function(&self, op: &str) -> String {
         format!("{}_{op}", self.name)
     }
@@ -202,6 +237,8 @@ pub struct Scripts {
     pub cancel: Script,
     /// Cancel a parked or delayed job (A-21).
     pub cancel_parked: Script,
+    /// Push a job with the holds its class's published plan names, rendered in Lua (D-3a).
+    pub push: Script,
     /// The job-path scripts that write their O-3 counts themselves.
     pub direct: JobScripts,
     /// The same, handing their O-3 counts back with the reply: what a worker's connection
@@ -267,6 +304,7 @@ pub fn scripts() -> &'static Scripts {
         pause: Script::new(script!("pause.lua")),
         cancel: Script::new(script!("cancel.lua")),
         cancel_parked: Script::new(script!("cancel_parked.lua")),
+        push: Script::new(PUSH_SOURCE),
         direct: JobScripts::new(false),
         tallied: JobScripts::new(true),
         library: JobLibrary::new(),
@@ -277,8 +315,9 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 27] {
+pub fn sources() -> [(&'static str, &'static str); 28] {
     [
+        ("push.lua", PUSH_SOURCE),
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),

@@ -139,36 +139,41 @@ fn enqueue_refuses_bad_input_and_pushes_nothing() {
     assert!(r.keys(&format!("{NS}:locket:dep:*")).is_empty());
 }
 
-/// D-3: the published ENQUEUE script, loaded as a client in another language would, pushes and
-/// holds with the documented keys and arguments.
+/// D-3, D-3a: the printed script is PUSH, loaded as a client in another language would: with
+/// the documented keys and arguments it renders the class's hold from the published plan,
+/// places it and pushes.
 #[test]
 fn the_printed_enqueue_script_is_callable_by_other_clients() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let dir = workdir();
     let config = write_config(dir.path(), HOLDS);
+    // A first `locketd enqueue` offers the configuration's plans (no daemon runs here).
+    ok(&cli(
+        &redis,
+        &config,
+        &["enqueue", "ship", "Orders::Ship", r#"{"id":1}"#],
+    ));
     let script = ok(&cli(&redis, &config, &["enqueue", "--print-script"]));
-    assert!(script.contains("KEYS[1]    <ns>:queue:<q>"), "{script}");
+    assert!(script.contains("KEYS[3]  <ns>:locket:plans"), "{script}");
     let sha: String = r.cmd(&["SCRIPT", "LOAD", &script]);
-    let len: i64 = r.cmd(&[
+    let reply: Vec<String> = r.cmd(&[
         "EVALSHA",
         &sha,
-        "2",
+        "3",
         &format!("{NS}:queue:py"),
         &format!("{NS}:queues"),
+        &format!("{NS}:locket:plans"),
         "py",
-        r#"{"class":"X","args":[1]}"#,
+        r#"{"class": "Orders::Ship", "queue": "py", "args": [{"id": 2.0}]}"#,
         &format!("{NS}:locket:"),
-        "d1",
-        "60000",
-        "from-python",
     ]);
-    assert_eq!(len, 1);
-    let hold: HashMap<String, String> =
-        r.cmd(&["HGETALL", &format!("{NS}:locket:dep:from-python")]);
-    assert!(hold["d1"].starts_with("1:"), "{hold:?}");
+    assert_eq!(reply, ["1", "1", "order:2"]);
+    let hold: HashMap<String, String> = r.cmd(&["HGETALL", &format!("{NS}:locket:dep:order:2")]);
+    let digest = locketd::locks::canonical::digest("Orders::Ship", &serde_json::json!([{"id": 2}]));
+    assert!(hold[&digest].starts_with("1:"), "{hold:?}");
     // O-3: its event is counted, as when locketd enqueues.
-    assert_eq!(r.int(&format!("{NS}:locket:stat:holds_added")), 1);
+    assert_eq!(r.int(&format!("{NS}:locket:stat:holds_added")), 2);
 }
 
 /// O-2, A-11, NEVER-5: `locketd locks` shows the live holder of a running job (class, queue,

@@ -547,6 +547,9 @@ const LOCKET_KEY_NAMES: &[&str] = &[
     "janitor",
     "stat:",
     "metrics:",
+    "plans",
+    "holding_plans",
+    "unique:",
 ];
 
 /// The only locket keys that may live without an expiry (NEVER-4).
@@ -559,6 +562,8 @@ const WITHOUT_EXPIRY: &[&str] = &[
     "stat:",
     "delayed",
     "inflight:",
+    "plans",
+    "holding_plans",
 ];
 
 fn name_matches(rest: &str, names: &[&str]) -> bool {
