@@ -39,4 +39,5 @@ mod stories;
 mod supervision;
 mod support;
 mod systemd_units;
+mod threads;
 mod web;
