@@ -297,3 +297,40 @@ fn h18_status_shows_each_slots_process_and_thread() {
         .iter()
         .all(|h| h["threads"] == 2 && h["retiring"] == false));
 }
+
+/// H-12, H-18: QUIT while one slot is idle and another's job runs in the shared process: the
+/// idle slot's stop does not end the process; the job finishes, then the process gets EOF.
+#[test]
+fn h18_quit_waits_for_a_job_of_a_shared_process() {
+    let mut s = Setup::new();
+    let mut d = s.start(2, "threads = 2", "", "");
+    s.push("Sleep", json!([2]));
+    wait_until(LONG, "the job runs", || s.of("job").len() == 1);
+    d.signal(libc::SIGQUIT);
+    d.wait_exit(LONG).expect("the daemon exits");
+    assert_eq!(s.r.processed(), 1);
+    assert!(s.r.failures().is_empty(), "{:?}", s.r.failures());
+    assert_eq!(s.of("end").len(), 1);
+    assert!(!s.of("eof").is_empty(), "the process got EOF on fd 3");
+}
+
+/// H-10, H-18: a process that dies on its own (not killed by locketd) fails each job it was
+/// running with the death failure; none goes back to its queue as a sibling.
+#[test]
+fn h18_a_crash_fails_every_running_job() {
+    let mut s = Setup::new();
+    let _d = s.start(3, "threads = 3", "", "");
+    s.push("Sleep", json!([30, "a"]));
+    s.push("Sleep", json!([30, "b"]));
+    wait_until(LONG, "both run", || s.of("job").len() == 2);
+    s.push("Exit", json!([3]));
+    wait_until(LONG, "three failures", || s.r.failures().len() == 3);
+    let failures = s.r.failures();
+    assert!(
+        failures
+            .iter()
+            .all(|f| f["exception"] == "Locket::CommandFailed"),
+        "{failures:?}"
+    );
+    assert_eq!(s.of("job").len(), 3, "none ran again");
+}

@@ -200,6 +200,10 @@ pub(super) struct Pool {
     pub(super) stopping: CancellationToken,
     idle_watch: std::sync::atomic::AtomicBool,
     pub(super) app_records: std::sync::atomic::AtomicBool,
+    /// Slot instances sharing the pool, and how many of them stopped (H-12: the processes
+    /// end when the last slot stops, not while another slot's job runs).
+    pub(super) slots: std::sync::atomic::AtomicUsize,
+    slots_stopped: std::sync::atomic::AtomicUsize,
 }
 
 impl Pool {
@@ -212,6 +216,8 @@ impl Pool {
             stopping: CancellationToken::new(),
             idle_watch: std::sync::atomic::AtomicBool::new(false),
             app_records: std::sync::atomic::AtomicBool::new(false),
+            slots: std::sync::atomic::AtomicUsize::new(0),
+            slots_stopped: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -493,8 +499,12 @@ impl Pool {
         }
     }
 
-    /// The worker stops (H-12): every process is retired and gone.
+    /// A slot stops; at the last one (H-12) every process is retired and gone.
     pub(super) async fn shutdown(self: &Arc<Pool>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.slots_stopped.fetch_add(1, SeqCst) + 1 < self.slots.load(SeqCst) {
+            return;
+        }
         self.stopping.cancel();
         let procs = self.procs();
         for p in &procs {

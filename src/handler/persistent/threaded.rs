@@ -123,6 +123,7 @@ impl ThreadedHandler {
     }
 
     fn sharing(pool: Arc<Pool>, no_starts: Arc<NoStarts>, returns: Arc<Returns>) -> Self {
+        pool.slots.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let shared = Shared::default();
         shared.state(|s| {
             s.name = pool.spec.name.clone();
