@@ -309,7 +309,16 @@ mod tests {
                 recorded: true
             })
         );
+        assert_eq!(
+            parse(br#"{"t":"group","id":"ab","pgid":4242}"#),
+            Ok(Frame::Group {
+                id: "ab".into(),
+                pgid: 4242
+            })
+        );
         for bad in [
+            br#"{"t":"group","id":"ab"}"#,
+            br#"{"t":"group","id":"ab","pgid":1}"#,
             &b"hello"[..],
             b"[1]",
             br#"{"t":"dance"}"#,

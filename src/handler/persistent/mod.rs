@@ -15,16 +15,22 @@
 //! - H-14: after a kill the fresh process runs the job's `on_failure` hooks.
 //! - H-17: an app with its own failure backend records its jobs' failures; after a kill the
 //!   fresh process is booted before the job's FINISH and records it ([`record`]).
+//! - H-18: with `threads > 1` the slots of a worker share a pool of processes ([`pool`],
+//!   [`demux`]), each running several jobs; [`threaded`] is a slot's instance, and
+//!   [`siblings`] bounds the jobs returned because another job's stop killed their process.
 
+mod demux;
 mod frame;
 mod job;
 mod life;
 mod pool;
 mod proc;
+mod siblings;
 mod threaded;
 pub use job::JobFrame;
 pub use proc::protocol_fds_in_child;
-pub use threaded::{ThreadedHandler, MAX_SIBLING_RETURNS};
+pub use siblings::MAX_SIBLING_RETURNS;
+pub use threaded::ThreadedHandler;
 mod record;
 
 use super::{Handler, HandlerResult, JobContext, Readiness, Stopped, RESCHEDULE};

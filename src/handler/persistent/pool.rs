@@ -6,7 +6,7 @@
 //! that a job that ends with it releases its locks after the process is dead (L-9).
 
 use super::frame::Frame;
-use super::proc::{self, FrameResult, Proc, SpawnSpec};
+use super::proc::{self, Proc, SpawnSpec};
 use super::*;
 use std::collections::HashMap;
 use tokio::net::unix::pipe;
@@ -185,6 +185,22 @@ impl PProc {
         }
     }
 
+    /// Where the frames of outstanding job `id` go.
+    pub(super) fn route(&self, id: &str) -> Option<mpsc::UnboundedSender<Frame>> {
+        self.state(|s| s.running.get(id).map(|o| o.tx.clone()))
+    }
+
+    /// H-18: job `id` started a process group of its own (ignored once the job ended).
+    pub(super) fn add_group(&self, id: &str, pgid: i32) {
+        self.state(|s| {
+            if let Some(o) = s.running.get_mut(id) {
+                if !o.groups.contains(&pgid) {
+                    o.groups.push(pgid);
+                }
+            }
+        });
+    }
+
     /// Forgets job `id` without waiting (a dropped job future).
     pub(super) fn forget(&self, id: &str) {
         self.state(|s| s.running.remove(id));
@@ -311,13 +327,14 @@ impl Pool {
                     .await)
             }
         };
-        let features = match ready_frame(&mut p, spec.boot_timeout, &self.stopping).await {
-            Ok((features, pid)) => {
-                p.ready_pid(pid);
-                features
-            }
-            Err(why) => return Err(self.failed(by, Some(p), why).await),
-        };
+        let features =
+            match super::demux::ready_frame(&mut p, spec.boot_timeout, &self.stopping).await {
+                Ok((features, pid)) => {
+                    p.ready_pid(pid);
+                    features
+                }
+                Err(why) => return Err(self.failed(by, Some(p), why).await),
+            };
         let threaded = features.iter().any(|f| f == "threads");
         if !threaded {
             warn!(target: LOG_TARGET, handler = %spec.name, pid = p.pid, threads = spec.threads, "adapter did not say \"threads\" in ready: one job per process");
@@ -363,7 +380,7 @@ impl Pool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(pp.clone());
-        tokio::spawn(demux(self.clone(), pp.clone(), frames));
+        tokio::spawn(super::demux::demux(self.clone(), pp.clone(), frames));
         tokio::spawn(self.clone().lifecycle(pp));
         self.watch_idle();
         Ok(())
@@ -580,95 +597,4 @@ async fn retire_now(p: &PProc, grace: Duration) {
         p.kill(Kill::Retired);
     }
     p.gone().await;
-}
-
-/// Routes each frame of `p` to the job it names (H-18). A frame for no outstanding job (but
-/// a late `group`), a second `ready`, or a bad frame is a protocol error (H-5): the process
-/// is killed.
-async fn demux(pool: Arc<Pool>, p: Arc<PProc>, mut frames: mpsc::Receiver<FrameResult>) {
-    // SAFETY: getpgrp(2) only reads.
-    let own = unsafe { libc::getpgrp() };
-    while let Some(f) = frames.recv().await {
-        let error = match f {
-            Ok(Frame::Started { id, child_pid }) => {
-                let tx = p.state(|s| s.running.get(&id).map(|o| o.tx.clone()));
-                match tx {
-                    Some(tx) => {
-                        let _ = tx.send(Frame::Started { id, child_pid });
-                        continue;
-                    }
-                    None => format!("a started frame for no running job ({id})"),
-                }
-            }
-            Ok(Frame::Done {
-                id,
-                outcome,
-                recorded,
-            }) => {
-                let tx = p.state(|s| s.running.get(&id).map(|o| o.tx.clone()));
-                match tx {
-                    Some(tx) => {
-                        let _ = tx.send(Frame::Done {
-                            id,
-                            outcome,
-                            recorded,
-                        });
-                        continue;
-                    }
-                    None => format!("a done frame for no running job ({id})"),
-                }
-            }
-            Ok(Frame::Group { id, pgid }) => {
-                if pgid != p.pgid && pgid != own {
-                    p.state(|s| {
-                        if let Some(o) = s.running.get_mut(&id) {
-                            if !o.groups.contains(&pgid) {
-                                o.groups.push(pgid);
-                            }
-                        }
-                    });
-                }
-                continue;
-            }
-            Ok(Frame::Bye { reason }) => {
-                debug!(target: LOG_TARGET, handler = %pool.spec.name, pid = p.pid, reason = %reason, "handler said bye");
-                p.state(|s| s.bye = true);
-                pool.retire(&p, "bye");
-                continue;
-            }
-            Ok(other) => format!("a frame out of turn: {other:?}"),
-            Err(e) => e.to_string(),
-        };
-        warn!(target: LOG_TARGET, handler = %pool.spec.name, pid = p.pid, error = %error, "handler broke the protocol; killing it");
-        p.kill(Kill::Protocol(error));
-        return;
-    }
-}
-
-/// The first frame must be `ready`, within `boot_timeout` (H-8).
-async fn ready_frame(
-    p: &mut Proc,
-    boot_timeout: Duration,
-    stopping: &CancellationToken,
-) -> Result<(Vec<String>, Option<u64>), String> {
-    let deadline = tokio::time::Instant::now() + boot_timeout;
-    let mut exit = p.exit_watch();
-    let mut frames_open = true;
-    loop {
-        tokio::select! {
-            f = p.frames.recv(), if frames_open => match f {
-                Some(Ok(Frame::Ready { features, pid, .. })) => return Ok((features, pid)),
-                Some(Ok(other)) => return Err(format!("sent {other:?} before ready")),
-                Some(Err(e)) => return Err(format!("protocol error before ready: {e}")),
-                None => frames_open = false,
-            },
-            status = proc::exited(&mut exit) => {
-                return Err(format!("exited before ready ({})", describe(status)));
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                return Err(format!("no ready within boot_timeout ({}s)", boot_timeout.as_secs_f64()));
-            }
-            _ = stopping.cancelled() => return Err("the worker is stopping".to_string()),
-        }
-    }
 }
