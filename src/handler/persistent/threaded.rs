@@ -212,7 +212,7 @@ impl ThreadedHandler {
             End::Exited(status) => {
                 // H-10: a `done` already written still counts (a crash only).
                 let late = if p.killed().is_none() {
-                    late_done(&mut rx, &job).await
+                    late_done(&mut rx, &job, &mut started).await
                 } else {
                     None
                 };
@@ -454,10 +454,12 @@ impl ThreadedHandler {
     }
 }
 
-/// H-10: after an exit, a `done` already read still counts.
+/// H-10: after an exit, a `done` already written still counts (and a `started` there is
+/// noted in `started`).
 async fn late_done(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Frame>,
     job: &JobContext,
+    started: &mut bool,
 ) -> Option<Done> {
     let deadline = tokio::time::Instant::now() + LATE_DONE;
     loop {
@@ -468,6 +470,7 @@ async fn late_done(
                 note_recorded(job, &outcome, recorded);
                 return Some(outcome);
             }
+            Ok(Some(Frame::Started { .. })) => *started = true,
             Ok(Some(_)) => {}
             _ => return None,
         }
