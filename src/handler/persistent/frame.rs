@@ -317,9 +317,9 @@ mod tests {
             })
         );
         for bad in [
-            br#"{"t":"group","id":"ab"}"#,
+            &br#"{"t":"group","id":"ab"}"#[..],
             br#"{"t":"group","id":"ab","pgid":1}"#,
-            &b"hello"[..],
+            b"hello",
             b"[1]",
             br#"{"t":"dance"}"#,
             br#"{"id":"x"}"#,
