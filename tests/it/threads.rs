@@ -197,6 +197,18 @@ fn h18_a_job_ignoring_its_stop_takes_the_process_down_and_its_siblings_run_again
         assert_ne!(pid_of(&runs[1]), first);
     }
     assert!(d.log().contains("goes back to the head of its queue"));
+    // H-14: the killed job's failure hooks ran in another process, with its exception.
+    wait_until(LONG, "the failure hooks ran", || {
+        !s.of("failure_hooks").is_empty()
+    });
+    let hooks = s.of("failure_hooks");
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0]["exception"], "Locket::Timeout");
+    assert!(hooks[0]["payload"]
+        .as_str()
+        .unwrap()
+        .contains("Stubborn_timed"));
+    assert_ne!(pid_of(&hooks[0]), first);
 }
 
 /// H-13, H-18: a recycle (max_jobs) while jobs run stops none of them: the process takes no
