@@ -313,7 +313,7 @@ impl Handlers {
                             Arc::new(CommandHandler::from_table(table))
                         }
                         crate::config::HandlerMode::Persistent => {
-                            Arc::new(PersistentHandler::new(hname, table, config))
+                            PersistentHandler::of_table(hname, table, config)
                         }
                     })
                     .clone();

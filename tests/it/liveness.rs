@@ -348,13 +348,23 @@ fn frozen_worker_case(handler: &str) {
              wait_timeout = \"20s\"\n",
             stubborn_group_handler(dir).display()
         ),
+        // H-18: a threaded handler (two slots share its process).
         _ => format!(
             "[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
-             env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Sleep\"]\nhandler = \"t\"\nlock = \"excl\"\n\
+             {}env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Sleep\"]\nhandler = \"t\"\nlock = \"excl\"\n\
              on_conflict = \"wait\"\nwait_timeout = \"20s\"\n",
             crate::support::manifest_dir()
-                .join("tests/it/fixtures/protocol_handler.py")
+                .join(if handler == "threaded" {
+                    "tests/it/fixtures/threaded_handler.py"
+                } else {
+                    "tests/it/fixtures/protocol_handler.py"
+                })
                 .display(),
+            if handler == "threaded" {
+                "threads = 2\n"
+            } else {
+                ""
+            },
             events.display()
         ),
     };
@@ -362,6 +372,11 @@ fn frozen_worker_case(handler: &str) {
         format!(
             "{}\n{table}",
             cfg(queue)
+                .top(if handler == "threaded" {
+                    "slots = 2"
+                } else {
+                    "slots = 1"
+                })
                 .locket("lock_ttl", "\"5s\"")
                 .locket("heartbeat_interval", "\"1s\"")
                 .locket("kill_grace", "\"1s\"")
@@ -475,6 +490,13 @@ fn a_frozen_workers_command_handler_is_killed_by_its_master_before_the_lease_end
 #[test]
 fn a_frozen_workers_persistent_handler_is_killed_by_its_master_before_the_lease_ends() {
     frozen_worker_case("persistent");
+}
+
+/// H-18: as above with a threaded handler: the master kills its process, which every job
+/// running in it attached, before another daemon takes the lock.
+#[test]
+fn a_frozen_workers_threaded_handler_is_killed_by_the_master_before_its_lease_ends() {
+    frozen_worker_case("threaded");
 }
 
 /// Finding #8, the other side: a locked job that ends is forgotten by the master, so the

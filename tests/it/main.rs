@@ -43,6 +43,7 @@ mod supervision;
 mod support;
 mod systemd_units;
 mod threaded_adapters;
+mod threads;
 mod threads_chaos;
 mod threads_visible;
 mod web;

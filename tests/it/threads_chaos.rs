@@ -135,7 +135,6 @@ fn config(dir: &Path) -> String {
 /// and never two completions), every `Stubborn` tag is recorded as failed, and no two jobs of
 /// one key ever ran at once (NEVER-1..3, H-18). Prints the figures.
 #[test]
-#[ignore = "needs H-18's daemon side (thr-core) and the Ruby adapter's threads (thr-ruby) merged"]
 fn chaos_with_a_threaded_ruby_handler_loses_repeats_and_overlaps_nothing() {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut r = R::new(&redis);

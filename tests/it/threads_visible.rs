@@ -80,7 +80,6 @@ fn samples<'a>(body: &'a str, family: &str) -> Vec<&'a str> {
 /// Needs the daemon side of H-18 (the thr-core branch: slots sharing a process fill
 /// `threads`, `threads_busy`, `thread`) and the Ruby adapter's threaded mode (thr-ruby).
 #[test]
-#[ignore = "needs H-18's daemon side (thr-core) and the Ruby adapter's threads (thr-ruby) merged"]
 fn a_threaded_process_shows_its_threads_busy_and_each_jobs_thread() {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);

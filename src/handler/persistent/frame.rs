@@ -27,6 +27,9 @@ pub(super) enum Frame {
     },
     /// The handler exits after its last `done`.
     Bye { reason: String },
+    /// H-18: the adapter started a subprocess for job `id` in process group `pgid` of the
+    /// job's own (threaded mode).
+    Group { id: String, pgid: i32 },
 }
 
 /// A `done` frame's outcome (H-7).
@@ -160,6 +163,15 @@ pub(super) fn parse(line: &[u8]) -> Result<Frame, ProtocolError> {
                 recorded: v.get("recorded").and_then(Value::as_bool).unwrap_or(false),
             })
         }
+        Some("group") => Ok(Frame::Group {
+            id: id()?,
+            pgid: v
+                .get("pgid")
+                .and_then(Value::as_i64)
+                .and_then(|p| i32::try_from(p).ok())
+                .filter(|p| *p > 1)
+                .ok_or_else(|| bad("a group frame without a valid pgid", line))?,
+        }),
         Some("bye") => Ok(Frame::Bye {
             reason: text(&v, "reason").unwrap_or_default(),
         }),
@@ -297,8 +309,17 @@ mod tests {
                 recorded: true
             })
         );
+        assert_eq!(
+            parse(br#"{"t":"group","id":"ab","pgid":4242}"#),
+            Ok(Frame::Group {
+                id: "ab".into(),
+                pgid: 4242
+            })
+        );
         for bad in [
-            &b"hello"[..],
+            &br#"{"t":"group","id":"ab"}"#[..],
+            br#"{"t":"group","id":"ab","pgid":1}"#,
+            b"hello",
             b"[1]",
             br#"{"t":"dance"}"#,
             br#"{"id":"x"}"#,

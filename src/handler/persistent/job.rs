@@ -62,7 +62,7 @@ pub(super) fn line_of(value: &impl Serialize) -> Vec<u8> {
     v
 }
 
-fn unix_ms(t: std::time::SystemTime) -> u64 {
+pub(super) fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
@@ -295,7 +295,7 @@ async fn wait_for_end(
 }
 
 /// H-17: a failed `done` whose failure the app recorded.
-fn note_recorded(job: &JobContext, outcome: &Done, recorded: bool) {
+pub(super) fn note_recorded(job: &JobContext, outcome: &Done, recorded: bool) {
     if recorded && matches!(outcome, Done::Failed { .. }) {
         job.recorded.set();
     }
@@ -323,7 +323,7 @@ async fn late_done(p: &mut Proc, job: &JobContext, started: &mut bool) -> Option
 }
 
 /// A `done` frame as the job's result (H-7).
-fn result_of_done(d: Done) -> HandlerResult {
+pub(super) fn result_of_done(d: Done) -> HandlerResult {
     match d {
         Done::Ok { .. } => Ok(()),
         Done::Reschedule => Err(JobFailure::new(RESCHEDULE, "rescheduled by the handler")),
@@ -349,7 +349,12 @@ fn result_of_done(d: Done) -> HandlerResult {
 }
 
 /// H-10: the failure of a job whose handler died without a `done`.
-fn death_failure(name: &str, pid: u32, status: ExitStatus, tail: Vec<String>) -> JobFailure {
+pub(super) fn death_failure(
+    name: &str,
+    pid: u32,
+    status: ExitStatus,
+    tail: Vec<String>,
+) -> JobFailure {
     use std::os::unix::process::ExitStatusExt;
     warn!(target: LOG_TARGET, handler = %name, pid, status = %describe(status), stderr = ?tail, "handler died during a job");
     if let Some(sig) = status.signal() {

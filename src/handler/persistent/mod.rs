@@ -15,13 +15,22 @@
 //! - H-14: after a kill the fresh process runs the job's `on_failure` hooks.
 //! - H-17: an app with its own failure backend records its jobs' failures; after a kill the
 //!   fresh process is booted before the job's FINISH and records it ([`record`]).
+//! - H-18: with `threads > 1` the slots of a worker share a pool of processes ([`pool`],
+//!   [`demux`]), each running several jobs; [`threaded`] is a slot's instance, and
+//!   [`siblings`] bounds the jobs returned because another job's stop killed their process.
 
+mod demux;
 mod frame;
 mod job;
 mod life;
+mod pool;
 mod proc;
+mod siblings;
+mod threaded;
 pub use job::JobFrame;
 pub use proc::protocol_fds_in_child;
+pub use siblings::MAX_SIBLING_RETURNS;
+pub use threaded::ThreadedHandler;
 mod record;
 
 use super::{Handler, HandlerResult, JobContext, Readiness, Stopped, RESCHEDULE};
@@ -74,6 +83,8 @@ struct Spec {
     max_frame: usize,
     failure_hooks: bool,
     term_timeout: Duration,
+    /// H-18: jobs per process (1: one per slot, this file's code path).
+    threads: u32,
 }
 
 /// What is read without the slot's lock.
@@ -235,8 +246,20 @@ impl PersistentHandler {
             max_frame,
             failure_hooks: table.failure_hooks_after_kill,
             term_timeout: config.term_timeout.get(),
+            threads: table.threads.max(1),
         };
         PersistentHandler::with_spec(Arc::new(spec), Arc::default())
+    }
+
+    /// The handler of `[handlers.<name>]`: with `threads > 1` a [`ThreadedHandler`] whose
+    /// slots share processes (H-18), else one process per slot.
+    pub fn of_table(name: &str, table: &HandlerConfig, config: &Config) -> Arc<dyn Handler> {
+        let h = PersistentHandler::new(name, table, config);
+        if h.spec.threads > 1 {
+            Arc::new(ThreadedHandler::new(h.spec))
+        } else {
+            Arc::new(h)
+        }
     }
 
     fn with_spec(spec: Arc<Spec>, no_starts: Arc<NoStarts>) -> PersistentHandler {
