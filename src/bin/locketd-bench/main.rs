@@ -21,6 +21,7 @@ mod scenarios;
 mod sidekiq;
 mod spawn;
 mod stats;
+mod threads;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -75,7 +76,13 @@ enum Scenario {
     /// rate-limits.md §4: 600 jobs at 20/s on one key by two daemons; 300 limited jobs among
     /// 3,000 free ones in one queue (the free jobs' time against alone, commands per job).
     Rates,
-    /// Everything above, then one Markdown table against the issue's targets (ruby, python and
+    /// Jobs that wait (issue 38): N jobs of 50 ms at concurrency 25 and 100 (`--slots C` for
+    /// one), the same Ruby app (ActiveSupport + ActiveJob, ~60 MB retained) under Sidekiq
+    /// `-c C` and locketd `--workers 1 --slots C` at `threads = C` and `threads = 1`, then a
+    /// Node and a Python app: jobs/s and the summed PSS of each process tree half-way. Not in
+    /// `all` (minutes, and gigabytes at `threads = 1`).
+    Threads,
+    /// Everything above except `threads`, then one Markdown table against the issue's targets (ruby, python and
     /// handler-latency only when their interpreters are installed).
     All,
 }
@@ -90,7 +97,7 @@ struct Opts {
     #[arg(value_enum)]
     scenario: Scenario,
     /// Jobs per drain (default: noop 200000, command 20000, starvation 50000 low jobs,
-    /// queues 50000, peers 20000, ruby and python 20000, handler-latency 10000; the
+    /// queues 50000, peers 20000, ruby and python 20000, handler-latency 10000, threads 2000; the
     /// exec-per-job baselines run min(100, N)).
     #[arg(long)]
     jobs: Option<usize>,
@@ -129,6 +136,9 @@ struct Opts {
     /// Seconds an idle worker is watched for its Redis commands (`idle`).
     #[arg(long, default_value_t = 15.0)]
     idle_secs: f64,
+    /// The apps of `threads` (ruby, node, python; default all three).
+    #[arg(long, value_delimiter = ',')]
+    langs: Vec<String>,
     /// Keep every CPU busy with lowest-priority (nice 19) spinning threads, so idle vCPUs do
     /// not halt between round trips (docs/performance.md, "Idle CPUs").
     #[arg(long)]
@@ -590,6 +600,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::Delayed => delayed::scenario_delayed(&opts, &exe, &mut rows)?,
         Scenario::HotKey => hotkey::scenario_hot_key(&opts, &exe, &mut rows)?,
         Scenario::Rates => rates::scenario_rates(&opts, &exe, &mut rows)?,
+        Scenario::Threads => threads::scenario_threads(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,

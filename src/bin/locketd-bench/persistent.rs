@@ -20,7 +20,7 @@ const EXEC_RATIO_TARGET: f64 = 50.0;
 const ADDED_P50_TARGET_MS: f64 = 0.3;
 
 /// A file of the source tree, as an absolute path (the daemon runs elsewhere).
-fn repo_file(rel: &str) -> Result<PathBuf> {
+pub(crate) fn repo_file(rel: &str) -> Result<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     if !p.is_file() {
         bail!(
@@ -31,7 +31,7 @@ fn repo_file(rel: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
-fn path_str(p: &Path) -> String {
+pub(crate) fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn ruby_command(app: &str) -> Result<Vec<String>> {
 
 /// The interpreter behind `python3` on PATH (`sys.executable`), so a pyenv-style shim does not
 /// add its own start-up to every exec-per-job run.
-fn python_exe(scratch: &Path) -> Result<String> {
+pub(crate) fn python_exe(scratch: &Path) -> Result<String> {
     if procs::on_path("python3").is_none() {
         bail!("python3 is not installed (apt-get install python3; see bench/README.md)");
     }
@@ -72,7 +72,7 @@ fn python_exe(scratch: &Path) -> Result<String> {
 }
 
 /// `[PYTHON, adapters/python/locketd_handler.py, MODULE]`.
-fn python_command(python: &str, module: &str) -> Result<Vec<String>> {
+pub(crate) fn python_command(python: &str, module: &str) -> Result<Vec<String>> {
     let adapter = repo_file("adapters/python/locketd_handler.py")?;
     Ok(vec![
         python.to_string(),

@@ -437,6 +437,59 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
+/// `Pss:` of `/proc/<pid>/smaps_rollup`, in KiB: the process's proportional share of every
+/// page it maps (a page shared by k processes counts 1/k to each), so the PSS of a set of
+/// processes sums to the memory they use together.
+pub fn pss_kib(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `root` and every process below it (children of any of its threads, recursively).
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        for k in children(out[i]) {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The summed PSS of some process trees at one moment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TreePss {
+    /// Sum of `Pss:` over the processes read, KiB.
+    pub kib: u64,
+    /// Processes whose `smaps_rollup` was read.
+    pub processes: usize,
+    /// How long reading them took.
+    pub took: Duration,
+}
+
+/// The summed PSS of the trees under `roots` (a process that ends meanwhile is not counted).
+pub fn tree_pss(roots: &[i32]) -> TreePss {
+    let t = Instant::now();
+    let mut r = TreePss::default();
+    for &root in roots {
+        for pid in process_tree(root) {
+            if let Some(k) = pss_kib(pid) {
+                r.kib += k;
+                r.processes += 1;
+            }
+        }
+    }
+    r.took = t.elapsed();
+    r
+}
+
 /// `name` as found on `PATH` (an executable file), like `command -v`.
 pub fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

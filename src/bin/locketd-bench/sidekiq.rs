@@ -23,7 +23,24 @@ pub(crate) struct PeerDrain {
     /// `stat:processed` after Sidekiq exited (it flushes its counters at exit).
     pub processed: u64,
     pub delta: Delta,
+    /// The summed PSS of the Sidekiq processes when half the queue was taken, when asked for.
+    pub mid_pss: Option<procs::TreePss>,
 }
+
+/// What Sidekiq runs: the file it requires (`-r`, relative to the source tree), the class
+/// `bench/sidekiq/enqueue.rb` pushes, and whether to sample the processes' PSS half-way.
+pub(crate) struct SidekiqJob {
+    pub require: &'static str,
+    pub class: &'static str,
+    pub sample_pss: bool,
+}
+
+/// The no-op peer of `ruby`, `ruby-floor` and `peers`.
+pub(crate) const NOOP_JOB: SidekiqJob = SidekiqJob {
+    require: "bench/sidekiq/job.rb",
+    class: "NoopJob",
+    sample_pss: false,
+};
 
 impl PeerDrain {
     pub(crate) fn cmds_per_job(&self) -> f64 {
@@ -68,10 +85,23 @@ pub(crate) fn sidekiq_drain(
     concurrency: usize,
     processes: usize,
 ) -> Result<PeerDrain> {
+    sidekiq_drain_job(ctx, &NOOP_JOB, n, concurrency, processes)
+}
+
+/// [`sidekiq_drain`] of `job`'s class, required from `job`'s file.
+pub(crate) fn sidekiq_drain_job(
+    ctx: &Ctx,
+    job: &SidekiqJob,
+    n: usize,
+    concurrency: usize,
+    processes: usize,
+) -> Result<PeerDrain> {
     let sidekiq = on_path("sidekiq").ok_or_else(|| {
         anyhow!("sidekiq is not installed (apt-get install ruby-sidekiq; see bench/README.md)")
     })?;
-    let job = bench_file("bench/sidekiq/job.rb")?;
+    let class = job.class;
+    let sample_pss = job.sample_pss;
+    let job = bench_file(job.require)?;
     let enqueue = bench_file("bench/sidekiq/enqueue.rb")?;
     // A redis-server of its own, in a directory of its own, flushed by enqueue.rb.
     let dir = ctx.dir.path().join("sidekiq");
@@ -81,7 +111,7 @@ pub(crate) fn sidekiq_drain(
 
     let mut cmd = Command::new("ruby");
     cmd.arg(&enqueue)
-        .args([redis.url(), n.to_string()])
+        .args([redis.url(), n.to_string(), class.to_string()])
         .env("RUBYOPT", "-W0");
     let (status, out, err) =
         procs::run_bounded(cmd, Duration::from_secs(120), &dir, "sidekiq-enqueue")?;
@@ -132,11 +162,16 @@ pub(crate) fn sidekiq_drain(
         }
         std::thread::sleep(Duration::from_millis(2));
     };
-    // Phase 2: until the queue is empty.
+    // Phase 2: until the queue is empty; the PSS when half of it is taken.
+    let mut mid_pss = None;
     let (t1, cpu1) = loop {
         check_interrupt()?;
         let len = llen(&mut conn)?;
         llens += 1;
+        if sample_pss && mid_pss.is_none() && len <= n as u64 / 2 {
+            let pids: Vec<i32> = peers.iter().map(|p| p.pid).collect();
+            mid_pss = Some(procs::tree_pss(&pids));
+        }
         if len == 0 {
             break (Instant::now(), cpu(&peers));
         }
@@ -152,7 +187,7 @@ pub(crate) fn sidekiq_drain(
         std::thread::sleep(Duration::from_millis(5));
     };
     let s1 = stats::snapshot(&mut conn)?;
-    // Up to 10 jobs may still be running when the list is empty; a moment lets them finish
+    // Up to `concurrency` jobs may still be running when the list is empty; a moment lets them finish
     // before the TERM (Sidekiq's own shutdown would wait for them too).
     sleep(Duration::from_millis(100))?;
     let cpu_end = cpu(&peers).max(cpu1);
@@ -181,5 +216,6 @@ pub(crate) fn sidekiq_drain(
         window_cpu_us_per_job: cpu1.saturating_sub(cpu0) as f64 / hz * 1e6 / n0.max(1) as f64,
         processed,
         delta: Delta::between(&s0, &s1, &[("llen", llens)]),
+        mid_pss,
     })
 }
