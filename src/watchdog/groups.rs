@@ -106,10 +106,16 @@ mod tests {
     use std::time::{Duration, Instant};
 
     /// A "handler" in a group of its own whose child `sleep` leads a group of its own
-    /// (`setsid`), as a threaded job's subprocess: the handler and the child's pid.
-    fn handler_with_job_group() -> (Child, i32) {
+    /// (`setsid`), as a threaded job's subprocess: the handler and the child's pid. `nested`:
+    /// the child's parent is another process of the handler's group, not its leader.
+    fn handler_with_job_group(nested: bool) -> (Child, i32) {
+        let script = if nested {
+            "sh -c 'setsid sleep 30 & echo $!; wait'"
+        } else {
+            "setsid sleep 30 & echo $!; wait"
+        };
         let mut handler = Command::new("sh")
-            .args(["-c", "setsid sleep 30 & echo $!; wait"])
+            .args(["-c", script])
             .process_group(0)
             .stdout(Stdio::piped())
             .spawn()
@@ -158,7 +164,7 @@ mod tests {
     /// H-18, L-9: the worker's watchdog kills a job's own group with the handler's.
     #[test]
     fn the_watchdog_kills_the_job_groups_with_the_handler() {
-        let (mut handler, child) = handler_with_job_group();
+        let (mut handler, child) = handler_with_job_group(false);
         let w = Watch::new();
         w.attach(handler.id() as i32);
         w.attach_job_group(child);
@@ -176,7 +182,14 @@ mod tests {
     /// child, and kills it with the handler's group.
     #[test]
     fn a_guard_takes_only_the_handlers_childrens_groups() {
-        let (handler, child) = handler_with_job_group();
+        let (nested, grandchild) = handler_with_job_group(true);
+        let guard = Watch::guard(std::process::id(), 2, nested.id() as i32).expect("ours");
+        assert!(
+            guard.guard_job_group(grandchild),
+            "a child of the handler's group"
+        );
+        cleanup(nested, grandchild);
+        let (handler, child) = handler_with_job_group(false);
         let pgid = handler.id() as i32;
         let me = std::process::id();
         let guard = Watch::guard(me, 1, pgid).expect("our child's group");

@@ -371,8 +371,9 @@ impl Watch {
     }
 
     /// The master's guard takes job group `pgid` of the run it guards (a [`LeaseNote::Group`])
-    /// if its leader lives, leads it, and is a child of the guarded handler (still the process
-    /// the guard was made for) or, the handler gone, this process's adopted one. Whether it
+    /// if its leader lives, leads it, and is a child of a process of the guarded handler's
+    /// group (whose leader is still the process the guard was made for: the group's members
+    /// are then that handler's) or, the handler gone, this process's adopted one. Whether it
     /// is guarded now.
     pub fn guard_job_group(&self, pgid: i32) -> bool {
         let Some(entry) = &self.entry else {
@@ -386,7 +387,12 @@ impl Watch {
             return false;
         };
         let handler_is_ours = || proc_identity(handler).is_some_and(|(_, _, s)| s == start);
-        let by_handler = i32::try_from(ppid).is_ok_and(|p| p == handler) && handler_is_ours();
+        let parent_in_handler = || match i32::try_from(ppid) {
+            Ok(p) if p == handler => true,
+            Ok(p) => proc_identity(p).is_some_and(|(_, g, _)| g == handler),
+            Err(_) => false,
+        };
+        let by_handler = handler > 0 && parent_in_handler() && handler_is_ours();
         if pgrp != pgid
             || pgid == handler
             || u32::try_from(pgid).is_ok_and(|p| p == worker)
