@@ -286,6 +286,17 @@ impl State {
             } => self.lease(pid, serial, pgid, until_ns),
             Ev::Report {
                 pid,
+                report: Report::Group { serial, pgid },
+            } => {
+                // H-18: a job group of a guarded run (none guarded: nothing to add it to).
+                if let Some(w) = self.leases.get(&(pid, serial)) {
+                    if !w.guard_job_group(pgid) {
+                        debug!(target: LOG_TARGET, pid, pgid, "a reported job group is not the handler's child's (gone already?): not guarded");
+                    }
+                }
+            }
+            Ev::Report {
+                pid,
                 report: Report::Forget { serial },
             } => {
                 self.leases.remove(&(pid, serial));
@@ -304,7 +315,10 @@ impl State {
                             since: Instant::now(),
                         });
                     }
-                    Report::Busy | Report::Lease { .. } | Report::Forget { .. } => {}
+                    Report::Busy
+                    | Report::Lease { .. }
+                    | Report::Group { .. }
+                    | Report::Forget { .. } => {}
                     Report::Leave => p.waiting = None,
                 }
             }

@@ -47,6 +47,14 @@ pub enum Report {
         /// The lease's local end.
         until_ns: Option<u64>,
     },
+    /// H-18: run `serial`'s job started process group `pgid` of its own: the master kills it
+    /// with the handler's group, before it.
+    Group {
+        /// The run's number in this process.
+        serial: u64,
+        /// The job's process group.
+        pgid: i32,
+    },
     /// Run `serial` is over: the master forgets its group.
     Forget {
         /// The run's number in this process.
@@ -67,6 +75,7 @@ impl From<crate::watchdog::LeaseNote> for Report {
                 pgid,
                 until_ns,
             },
+            LeaseNote::Group { serial, pgid } => Report::Group { serial, pgid },
             LeaseNote::Forget { serial } => Report::Forget { serial },
         }
     }
@@ -199,6 +208,10 @@ impl LeaseBatch {
                 serial, until_ns, ..
             } => {
                 self.ends.insert(serial, until_ns);
+                self.held.push(note.into());
+                self.flush()
+            }
+            LeaseNote::Group { .. } => {
                 self.held.push(note.into());
                 self.flush()
             }
@@ -337,6 +350,10 @@ mod tests {
                 serial: 4,
                 pgid: 78,
                 until_ns: None,
+            },
+            Report::Group {
+                serial: 4,
+                pgid: 79,
             },
             Report::Forget { serial: 3 },
         ] {

@@ -333,7 +333,8 @@ fn a_partition_kills_the_handler_group_before_the_lease_ends_by_redis_clock() {
 /// Finding #8: the worker process is frozen (SIGSTOP) while its handler, a process of its own,
 /// is not. Its master, told the handler's group and lease end on every ACQUIRE and EXTEND,
 /// kills the group before the lease ends by Redis's clock; a second daemon's job under the
-/// same limit-1 lock then runs, never beside it. `handler` is "command" or "persistent".
+/// same limit-1 lock then runs, never beside it. `handler` is "command", "persistent",
+/// "threaded" or "threaded_group" (its job starts a process group of its own, H-18).
 fn frozen_worker_case(handler: &str) {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
@@ -352,15 +353,16 @@ fn frozen_worker_case(handler: &str) {
         _ => format!(
             "[handlers.t]\nmode = \"persistent\"\ncommand = [\"{}\"]\nboot_timeout = \"20s\"\n\
              {}env = {{ EVENTS = \"{}\" }}\n\n[classes.\"Sleep\"]\nhandler = \"t\"\nlock = \"excl\"\n\
-             on_conflict = \"wait\"\nwait_timeout = \"20s\"\n",
+             on_conflict = \"wait\"\nwait_timeout = \"20s\"\n\n[classes.\"Group\"]\nhandler = \"t\"\n\
+             lock = \"excl\"\non_conflict = \"wait\"\nwait_timeout = \"20s\"\n",
             crate::support::manifest_dir()
-                .join(if handler == "threaded" {
+                .join(if handler.starts_with("threaded") {
                     "tests/it/fixtures/threaded_handler.py"
                 } else {
                     "tests/it/fixtures/protocol_handler.py"
                 })
                 .display(),
-            if handler == "threaded" {
+            if handler.starts_with("threaded") {
                 "threads = 2\n"
             } else {
                 ""
@@ -372,7 +374,7 @@ fn frozen_worker_case(handler: &str) {
         format!(
             "{}\n{table}",
             cfg(queue)
-                .top(if handler == "threaded" {
+                .top(if handler.starts_with("threaded") {
                     "slots = 2"
                 } else {
                     "slots = 1"
@@ -390,7 +392,15 @@ fn frozen_worker_case(handler: &str) {
     };
     let mut first = Daemon::start(&redis, &config("a"), &[]);
     let mut second = Daemon::start(&redis, &config("b"), &[]);
-    r.push("a", payload);
+    // H-18: the job starts `sleep 600` in a process group of its own.
+    r.push(
+        "a",
+        if handler == "threaded_group" {
+            r#"{"class":"Group","args":[600,60]}"#
+        } else {
+            payload
+        },
+    );
     let key = format!("{NS}:locket:lock:excl");
     let group: Vec<i32> = match handler {
         "command" => vec![
@@ -399,16 +409,28 @@ fn frozen_worker_case(handler: &str) {
         ],
         _ => {
             let mut pid = 0;
-            wait_until(LONG, "the persistent handler runs the job", || {
-                pid = read_lossy(&events)
+            let first_event = |kind: &str, field: &str| {
+                read_lossy(&events)
                     .lines()
                     .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                    .find(|e| e["event"] == "job")
-                    .and_then(|e| e["pid"].as_i64())
-                    .unwrap_or(0) as i32;
+                    .find(|e| e["event"] == kind)
+                    .and_then(|e| e[field].as_i64())
+                    .unwrap_or(0) as i32
+            };
+            wait_until(LONG, "the persistent handler runs the job", || {
+                pid = first_event("job", "pid");
                 pid > 0
             });
-            vec![pid]
+            if handler == "threaded_group" {
+                let mut child = 0;
+                wait_until(LONG, "the job's subprocess group starts", || {
+                    child = first_event("group", "child");
+                    child > 0
+                });
+                vec![pid, child]
+            } else {
+                vec![pid]
+            }
         }
     };
     wait_until(LONG, "the lock is held", || r.exists(&key));
@@ -468,7 +490,9 @@ fn frozen_worker_case(handler: &str) {
         -gap,
         first.log()
     );
-    assert!(crate::support::process_group_members(group[0]).is_empty());
+    for g in &group {
+        assert!(crate::support::process_group_members(*g).is_empty(), "{g}");
+    }
     // The second daemon takes the lock once the lease has ended, and runs its job.
     wait_until(LONG, "the second daemon's job runs", second_ran);
     assert!(
@@ -497,6 +521,14 @@ fn a_frozen_workers_persistent_handler_is_killed_by_its_master_before_the_lease_
 #[test]
 fn a_frozen_workers_threaded_handler_is_killed_by_the_master_before_its_lease_ends() {
     frozen_worker_case("threaded");
+}
+
+/// H-18, L-9: a threaded job's subprocess in a process group of its own (`group` frame) is
+/// killed by the frozen worker's master with the handler, before the lease ends, not left to
+/// outlive it (re-parented to the master).
+#[test]
+fn a_frozen_workers_threaded_job_group_is_killed_by_the_master_before_its_lease_ends() {
+    frozen_worker_case("threaded_group");
 }
 
 /// Finding #8, the other side: a locked job that ends is forgotten by the master, so the

@@ -42,8 +42,9 @@ impl Kill {
 struct Outstanding {
     thread: u32,
     tx: mpsc::UnboundedSender<Frame>,
-    /// H-18: the job's own process groups (`group` frames).
+    /// H-18: the job's own process groups (`group` frames), also put on its lease's `watch`.
     groups: Vec<i32>,
+    watch: crate::watchdog::Watch,
 }
 
 /// What changes while a process lives.
@@ -96,7 +97,11 @@ impl PProc {
     }
 
     /// A free thread, booked for `id`, with the receiver of its frames.
-    fn take_thread(&self, id: &str) -> Option<(u32, mpsc::UnboundedReceiver<Frame>)> {
+    fn take_thread(
+        &self,
+        id: &str,
+        watch: &crate::watchdog::Watch,
+    ) -> Option<(u32, mpsc::UnboundedReceiver<Frame>)> {
         self.state(|s| {
             if s.killed.is_some() || s.retiring || s.running.len() >= self.capacity as usize {
                 return None;
@@ -109,6 +114,7 @@ impl PProc {
                     thread,
                     tx,
                     groups: Vec::new(),
+                    watch: watch.clone(),
                 },
             );
             Some((thread, rx))
@@ -191,14 +197,18 @@ impl PProc {
     }
 
     /// H-18: job `id` started a process group of its own (ignored once the job ended).
+    /// It goes on the job's lease watchdog entry too (L-9's backstops).
     pub(super) fn add_group(&self, id: &str, pgid: i32) {
-        self.state(|s| {
-            if let Some(o) = s.running.get_mut(id) {
-                if !o.groups.contains(&pgid) {
-                    o.groups.push(pgid);
-                }
-            }
+        let watch = self.state(|s| {
+            let o = s.running.get_mut(id)?;
+            (!o.groups.contains(&pgid)).then(|| {
+                o.groups.push(pgid);
+                o.watch.clone()
+            })
         });
+        if let Some(w) = watch {
+            w.attach_job_group(pgid);
+        }
     }
 
     /// Forgets job `id` without waiting (a dropped job future).
@@ -252,11 +262,15 @@ impl Pool {
     }
 
     /// A free thread of a usable process, booked for `id`.
-    fn find(&self, id: &str) -> Option<(Arc<PProc>, u32, mpsc::UnboundedReceiver<Frame>)> {
+    fn find(
+        &self,
+        id: &str,
+        watch: &crate::watchdog::Watch,
+    ) -> Option<(Arc<PProc>, u32, mpsc::UnboundedReceiver<Frame>)> {
         self.procs()
             .into_iter()
             .filter(|p| p.usable())
-            .find_map(|p| p.take_thread(id).map(|(k, rx)| (p, k, rx)))
+            .find_map(|p| p.take_thread(id, watch).map(|(k, rx)| (p, k, rx)))
     }
 
     fn has_room(&self) -> bool {
@@ -277,18 +291,19 @@ impl Pool {
         self.boot(by).await
     }
 
-    /// A thread for `id`: of a process with room, or of one booted now.
+    /// A thread for `id` (its lease's `watch`): of a process with room, or of one booted now.
     pub(super) async fn acquire(
         self: &Arc<Pool>,
         id: &str,
+        watch: &crate::watchdog::Watch,
         by: &Arc<Shared>,
     ) -> Result<(Arc<PProc>, u32, mpsc::UnboundedReceiver<Frame>), String> {
         for _ in 0..8 {
-            if let Some(found) = self.find(id) {
+            if let Some(found) = self.find(id, watch) {
                 return Ok(found);
             }
             let _boot = self.boot_lock.lock().await;
-            if let Some(found) = self.find(id) {
+            if let Some(found) = self.find(id, watch) {
                 return Ok(found);
             }
             self.boot(by).await?;

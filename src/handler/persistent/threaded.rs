@@ -116,7 +116,7 @@ impl ThreadedHandler {
 
     async fn perform(self, job: JobContext, stop: CancellationToken) -> HandlerResult {
         let name = self.spec().name.clone();
-        let (p, thread, mut rx) = match self.pool.acquire(&job.id, &self.shared).await {
+        let (p, thread, mut rx) = match self.pool.acquire(&job.id, &job.watch, &self.shared).await {
             Ok(x) => x,
             Err(why) => {
                 return Err(JobFailure::new(
@@ -399,7 +399,11 @@ impl ThreadedHandler {
     /// Sends `failure_hooks` to a process with a free thread (booted if need be).
     async fn run_hook(&self, hook: Hook) {
         let name = &self.spec().name;
-        let (p, _, mut rx) = match self.pool.acquire(&hook.id, &self.shared).await {
+        let (p, _, mut rx) = match self
+            .pool
+            .acquire(&hook.id, &crate::watchdog::Watch::default(), &self.shared)
+            .await
+        {
             Ok(x) => x,
             Err(why) => {
                 warn!(target: LOG_TARGET, handler = %name, id = %hook.id, error = %why, "no handler process for a killed job's failure hooks");

@@ -21,6 +21,12 @@
 //! one entry of its own per reported run on this same list, of its own process
 //! ([`Watch::guard`]), and kills the group at that end if it still lives. Its entries carry the
 //! group leader's start time: a group id the kernel reused for another process is never killed.
+//!
+//! H-18: a job of a threaded handler may start process groups of its own; each is added to
+//! the job's entry ([`Watch::attach_job_group`]), reported as well, and killed with the
+//! handler's group, before it (`groups.rs` says how they are checked and bounded).
+
+mod groups;
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -48,6 +54,8 @@ struct Entry {
     reported_key: AtomicU64,
     /// Whose entry it is.
     role: Role,
+    /// H-18: the job's own process groups (none but in threaded mode).
+    groups: groups::Groups,
 }
 
 #[derive(Clone, Copy)]
@@ -71,6 +79,14 @@ pub enum LeaseNote {
         pgid: i32,
         /// The lease's local end.
         until_ns: Option<u64>,
+    },
+    /// H-18: run `serial`'s job started process group `pgid` of its own (its leader is a
+    /// child of the handler), to be killed with the handler's group.
+    Group {
+        /// The run's number in this process.
+        serial: u64,
+        /// The job's process group.
+        pgid: i32,
     },
     /// Run `serial` is over: its group is no longer the lease's.
     Forget {
@@ -230,6 +246,7 @@ impl Watch {
                 reported: AtomicU64::new(0),
                 reported_key: AtomicU64::new(0),
                 role,
+                groups: groups::Groups::default(),
             })),
         }
     }
@@ -260,7 +277,7 @@ impl Watch {
             return;
         }
         let ns = end.map_or(NEVER, |e| monotonic_ns(e).max(1));
-        entry.reported.store(ns, Ordering::SeqCst);
+        let first = entry.reported.swap(ns, Ordering::SeqCst) == 0;
         let pgid = entry.pgid.load(Ordering::SeqCst);
         if pgid > 0 {
             report(LeaseNote::Lease {
@@ -268,6 +285,15 @@ impl Watch {
                 pgid,
                 until_ns: end.map(|_| ns),
             });
+            if first {
+                // Job groups added before the run was first reported (H-18).
+                for g in entry.groups.pgids() {
+                    report(LeaseNote::Group {
+                        serial: entry.serial,
+                        pgid: g,
+                    });
+                }
+            }
         }
     }
 
@@ -323,6 +349,77 @@ impl Watch {
         }
     }
 
+    /// H-18: a process group the run's job started (a `group` frame), after the handler's
+    /// group was attached (else ignored): killed with it, before it, and reported to the
+    /// master. Within [`groups::MAX_GROUPS`] (`groups.rs`).
+    pub fn attach_job_group(&self, pgid: i32) {
+        let Some(entry) = &self.entry else { return };
+        let handler = entry.pgid.load(Ordering::SeqCst);
+        if pgid <= 1 || handler <= 0 || pgid == handler {
+            return;
+        }
+        let start = match proc_identity(pgid) {
+            Some((_, pgrp, start)) if pgrp == pgid => start,
+            _ => 0,
+        };
+        if self.add_group(entry, pgid, start) && entry.reported.load(Ordering::SeqCst) != 0 {
+            report(LeaseNote::Group {
+                serial: entry.serial,
+                pgid,
+            });
+        }
+    }
+
+    /// The master's guard takes job group `pgid` of the run it guards (a [`LeaseNote::Group`])
+    /// if its leader lives, leads it, and is a child of a process of the guarded handler's
+    /// group (whose leader is still the process the guard was made for: the group's members
+    /// are then that handler's) or, the handler gone, this process's adopted one. Whether it
+    /// is guarded now.
+    pub fn guard_job_group(&self, pgid: i32) -> bool {
+        let Some(entry) = &self.entry else {
+            return false;
+        };
+        let Role::Guard { worker, start } = entry.role else {
+            return false;
+        };
+        let handler = entry.pgid.load(Ordering::SeqCst);
+        let Some((ppid, pgrp, leader_start)) = proc_identity(pgid) else {
+            return false;
+        };
+        let handler_is_ours = || proc_identity(handler).is_some_and(|(_, _, s)| s == start);
+        let parent_in_handler = || match i32::try_from(ppid) {
+            Ok(p) if p == handler => true,
+            Ok(p) => proc_identity(p).is_some_and(|(_, g, _)| g == handler),
+            Err(_) => false,
+        };
+        let by_handler = handler > 0 && parent_in_handler() && handler_is_ours();
+        if pgrp != pgid
+            || pgid == handler
+            || u32::try_from(pgid).is_ok_and(|p| p == worker)
+            || !(by_handler || ppid == std::process::id())
+        {
+            return false;
+        }
+        self.add_group(entry, pgid, leader_start)
+    }
+
+    fn add_group(&self, entry: &Entry, pgid: i32, start: u64) -> bool {
+        match entry.groups.add(pgid, start) {
+            groups::Added::New => true,
+            groups::Added::Known => false,
+            groups::Added::Full(first) => {
+                if first {
+                    tracing::warn!(
+                        pgid,
+                        max = groups::MAX_GROUPS,
+                        "a job has too many live process groups of its own: the lease's backstops do not cover the newest (locketd still kills them at the job's end)"
+                    );
+                }
+                false
+            }
+        }
+    }
+
     /// Whether the watchdog killed this run's process group.
     pub fn fired(&self) -> bool {
         self.entry
@@ -333,6 +430,8 @@ impl Watch {
 
 /// Kills the group of an entry whose deadline passed.
 fn fire(e: &Entry, pgid: i32) {
+    // H-18: the job's own groups first; their leaders are the handler's children.
+    let jobs = e.groups.kill_all();
     match e.role {
         Role::Own => {
             // SAFETY: kill(2) with a negative pid signals that process group; no memory is
@@ -342,6 +441,7 @@ fn fire(e: &Entry, pgid: i32) {
             }
             tracing::error!(
                 pgid,
+                job_groups = jobs,
                 "the job lock's local deadline passed while the worker was stalled; the watchdog killed the handler's process group"
             );
         }
@@ -356,11 +456,12 @@ fn fire(e: &Entry, pgid: i32) {
             }
             // SAFETY: as above.
             let rc = unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            if rc == 0 {
+            if rc == 0 || jobs > 0 {
                 tracing::error!(
                     target: "locketd::master",
                     worker,
                     pgid,
+                    job_groups = jobs,
                     "a job lock's lease is about to end and its handler still runs (its worker frozen, stalled, or cut off from Redis): the master killed the handler's process group"
                 );
             }
@@ -398,167 +499,4 @@ fn watch_loop() {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
-    use std::process::{Child, Command};
-
-    /// A `sleep` in a process group of its own, as the command handler starts handlers.
-    fn group() -> Child {
-        Command::new("sleep")
-            .arg("30")
-            .process_group(0)
-            .spawn()
-            .expect("spawn sleep")
-    }
-
-    /// Waits (bounded) for the child to end; `None` if it still runs after `limit`.
-    fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-        let end = Instant::now() + limit;
-        while Instant::now() < end {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-
-    fn cleanup(mut child: Child) {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    #[test]
-    fn monotonic_times_round_trip() {
-        let at = Instant::now() + Duration::from_millis(1500);
-        let back = instant_of(monotonic_ns(at));
-        let diff = if back > at { back - at } else { at - back };
-        assert!(diff < Duration::from_millis(5), "{diff:?}");
-        let past = Instant::now() - Duration::from_millis(10);
-        assert!(instant_of(monotonic_ns(past)) <= Instant::now());
-    }
-
-    /// Finding #8: the master guards only a group whose leader is the worker's child or its
-    /// own (here the test is both "master" and "worker"), and never kills a group id that now names
-    /// another process (a leader with another start time).
-    #[test]
-    fn a_guard_checks_whose_group_it_is() {
-        let mut child = group();
-        let pgid = child.id() as i32;
-        // pid 1 leads its group, but is neither the worker's child nor ours.
-        assert!(Watch::guard(std::process::id(), 1, 1).is_none());
-        let stale = Watch::with_role(
-            Role::Guard {
-                worker: std::process::id(),
-                start: proc_identity(pgid).expect("stat").2 + 1,
-            },
-            2,
-        );
-        stale.attach(pgid);
-        stale.kill_at(Instant::now());
-        assert!(wait_for(&mut child, Duration::from_millis(1200)).is_none());
-        let guard = Watch::guard(std::process::id(), 3, pgid).expect("our child's group");
-        guard.kill_later(Instant::now() + Duration::from_millis(200));
-        // An older end reported late does not move the kill earlier.
-        guard.kill_later(Instant::now() + Duration::from_millis(50));
-        let status = wait_for(&mut child, Duration::from_secs(5)).expect("killed");
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        drop(stale);
-    }
-
-    /// Finding #8: an attached run reports its group and lease end once per change (the
-    /// supervisor re-arms on every turn of its loop), and its end when dropped.
-    #[test]
-    fn an_attached_run_reports_each_change_and_its_end() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        set_reporter(tx);
-        let child = group();
-        let pgid = child.id() as i32;
-        let w = Watch::new();
-        let serial = w.entry.as_ref().expect("entry").serial;
-        let end = Instant::now() + Duration::from_secs(60);
-        w.lease_ends(Some(end));
-        w.attach(pgid);
-        w.lease_ends(Some(end));
-        w.lease_ends(Some(end));
-        w.lease_ends(Some(end + Duration::from_secs(1)));
-        w.lease_ends(None);
-        drop(w);
-        let mut notes = Vec::new();
-        while let Ok(n) = rx.try_recv() {
-            let mine = match n {
-                LeaseNote::Lease { serial: s, .. } | LeaseNote::Forget { serial: s } => s,
-            };
-            if mine == serial {
-                notes.push(n);
-            }
-        }
-        let ends: Vec<Option<u64>> = notes
-            .iter()
-            .filter_map(|n| match n {
-                LeaseNote::Lease {
-                    pgid: p, until_ns, ..
-                } if *p == pgid => Some(*until_ns),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(ends.len(), 3, "{notes:?}");
-        let first = ends[0].expect("an end");
-        let ahead = instant_of(first).saturating_duration_since(Instant::now());
-        assert!(ahead > Duration::from_secs(58), "{ahead:?}");
-        assert!(ends[1].expect("an end") > first);
-        assert_eq!(ends[2], None);
-        assert_eq!(notes.last(), Some(&LeaseNote::Forget { serial }));
-        cleanup(child);
-    }
-
-    // No async runtime runs in these tests: the kill comes from the watchdog's thread alone.
-    #[test]
-    fn kills_the_attached_group_once_its_deadline_passes() {
-        let mut child = group();
-        let watch = Watch::new();
-        watch.attach(child.id() as i32);
-        let t0 = Instant::now();
-        watch.kill_at(t0 + Duration::from_millis(300));
-        let status = wait_for(&mut child, Duration::from_secs(5)).expect("killed");
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        assert!(
-            t0.elapsed() >= Duration::from_millis(300),
-            "not before its deadline"
-        );
-        assert!(watch.fired());
-    }
-
-    #[test]
-    fn a_moved_deadline_moves_the_kill() {
-        let mut child = group();
-        let watch = Watch::new();
-        watch.attach(child.id() as i32);
-        let t0 = Instant::now();
-        watch.kill_at(t0 + Duration::from_millis(300));
-        // An extension before the first deadline, as a lock heartbeat would.
-        watch.kill_at(t0 + Duration::from_millis(1500));
-        assert!(wait_for(&mut child, Duration::from_millis(900)).is_none());
-        let status = wait_for(&mut child, Duration::from_secs(5)).expect("killed");
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        assert!(t0.elapsed() >= Duration::from_millis(1500));
-    }
-
-    #[test]
-    fn a_dropped_or_unattached_entry_kills_nothing() {
-        let mut dropped = group();
-        let watch = Watch::new();
-        watch.attach(dropped.id() as i32);
-        watch.kill_at(Instant::now() + Duration::from_millis(200));
-        drop(watch);
-        let mut unattached = group();
-        let other = Watch::new();
-        other.kill_at(Instant::now());
-        assert!(wait_for(&mut dropped, Duration::from_millis(1200)).is_none());
-        assert!(wait_for(&mut unattached, Duration::from_millis(10)).is_none());
-        assert!(!other.fired());
-        cleanup(dropped);
-        cleanup(unattached);
-    }
-}
+mod tests;
