@@ -415,6 +415,14 @@ impl Config {
                      threads = 1)",
                 ));
             }
+            if h.threads > 1 && !h.command.iter().any(|a| names_threaded_adapter(a)) {
+                warnings.push(format!(
+                    "{setting}.threads = {} takes effect only if the handler says \"threads\" in \
+                     its ready (the shipped Ruby, Node and Python adapters do); any other runs \
+                     one job per process, as the log says at each boot",
+                    h.threads
+                ));
+            }
             if h.max_rss.is_some_and(|b| b.0 < 1024 * 1024) {
                 return Err(invalid(&format!("{setting}.max_rss"), "is below 1MiB"));
             }
@@ -448,6 +456,16 @@ fn is_loopback(host: &str) -> bool {
     h.eq_ignore_ascii_case("localhost")
         || h.parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether an argument of a handler's command names one of the adapters shipped in
+/// `adapters/`, each of which says "threads" in its `ready` when `LOCKETD_THREADS` > 1 (H-18).
+fn names_threaded_adapter(arg: &str) -> bool {
+    let file = arg.rsplit('/').next().unwrap_or(arg);
+    matches!(
+        file,
+        "locketd-ruby" | "locketd-handler.js" | "locketd_handler.py" | "locketd_handler"
+    )
 }
 
 #[cfg(test)]
@@ -549,7 +567,16 @@ mod tests {
             .unwrap()
         };
         assert_eq!(conf("", false).handlers["app"].threads, 1, "default");
-        assert!(conf("threads = 25", false).check().is_ok());
+        let w = conf("threads = 25", false).check().unwrap();
+        assert!(w.iter().all(|w| !w.contains("takes effect only")), "{w:?}");
+        let mut other = conf("threads = 4", false);
+        other.handlers.get_mut("app").unwrap().command = vec!["./my-adapter".into()];
+        let w = other.check().unwrap();
+        assert!(
+            w.iter()
+                .any(|w| w.contains("threads = 4 takes effect only")),
+            "{w:?}"
+        );
         assert!(conf("", true).check().is_ok(), "fork with one thread");
         let e = conf("threads = 2", true).check().unwrap_err().to_string();
         assert!(e.contains("threads") && e.contains("--fork"), "{e}");
