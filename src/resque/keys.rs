@@ -241,6 +241,11 @@ impl Keys {
     pub fn holding_plans(&self) -> String {
         self.locket("holding_plans")
     }
+    /// `<ns>:locket:push`: how a client calls PUSH (D-3a): `function` (its FCALL name),
+    /// `sha1` and `script` (the same script, for EVALSHA and SCRIPT LOAD).
+    pub fn push_entry(&self) -> String {
+        self.locket("push")
+    }
     /// `<ns>:locket:deps`: hold name → earliest field deadline.
     pub fn deps(&self) -> String {
         self.locket("deps")

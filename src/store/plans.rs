@@ -128,8 +128,8 @@ pub async fn compare<C: ConnectionLike + Send>(
     Ok(out)
 }
 
-/// Publishes every plan of `plans` (D-3a) and marks in `holding_plans` those that hold at
-/// enqueue, in one atomic step, and returns the plans it replaced
+/// Publishes every plan of `plans` (D-3a), marks in `holding_plans` those that hold at
+/// enqueue and names this build's PUSH in `<ns>:locket:push`, in one atomic step, and returns the plans it replaced
 /// that differed from its own (the caller logs them at warn).
 pub async fn publish<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -147,8 +147,19 @@ pub async fn publish<C: ConnectionLike + Send>(
     for p in &all {
         hset.arg(&p.field).arg(&p.json);
     }
+    let scripts = super::scripts::scripts();
     let mut pipe = redis::pipe();
     pipe.atomic().add_command(hset).ignore();
+    // D-3a: where clients outside locketd find PUSH (the shims under clients/).
+    pipe.cmd("HSET")
+        .arg(keys.push_entry())
+        .arg("function")
+        .arg(scripts.library.function("push"))
+        .arg("sha1")
+        .arg(scripts.push.get_hash())
+        .arg("script")
+        .arg(super::scripts::PUSH_SOURCE)
+        .ignore();
     for p in &all {
         pipe.cmd(if p.holding { "SADD" } else { "SREM" })
             .arg(keys.holding_plans())

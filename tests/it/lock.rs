@@ -549,6 +549,7 @@ const LOCKET_KEY_NAMES: &[&str] = &[
     "metrics:",
     "plans",
     "holding_plans",
+    "push",
     "unique:",
 ];
 
@@ -564,6 +565,7 @@ const WITHOUT_EXPIRY: &[&str] = &[
     "inflight:",
     "plans",
     "holding_plans",
+    "push",
 ];
 
 fn name_matches(rest: &str, names: &[&str]) -> bool {
