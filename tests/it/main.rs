@@ -37,6 +37,7 @@ mod s6_sweep;
 mod scheduler;
 mod sentinel;
 mod service;
+mod shims;
 mod stalled_log;
 mod stories;
 mod supervision;

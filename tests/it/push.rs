@@ -39,11 +39,11 @@ fn fcall(r: &mut R, f: &str, queue: &str, payload: &str) -> redis::RedisResult<V
         .query(&mut r.0)
 }
 
-fn plans(r: &mut R) -> HashMap<String, String> {
+pub(crate) fn plans(r: &mut R) -> HashMap<String, String> {
     r.cmd(&["HGETALL", &format!("{NS}:locket:plans")])
 }
 
-fn logger(dir: &Path, name: &str, log: &Path, body: &str) -> std::path::PathBuf {
+pub(crate) fn logger(dir: &Path, name: &str, log: &Path, body: &str) -> std::path::PathBuf {
     write_script(
         dir,
         name,
@@ -56,7 +56,7 @@ fn logger(dir: &Path, name: &str, log: &Path, body: &str) -> std::path::PathBuf 
 }
 
 /// (event, handler, time ns, the order number args[0]) of each log line.
-fn events(log: &Path) -> Vec<(String, String, u128, u64)> {
+pub(crate) fn events(log: &Path) -> Vec<(String, String, u128, u64)> {
     read_lossy(log)
         .lines()
         .map(|l| {
