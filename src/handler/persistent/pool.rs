@@ -27,6 +27,15 @@ pub(super) enum Kill {
 }
 
 impl Kill {
+    /// Whether locketd killed the process to stop or unwedge a job other than `id`: `id`
+    /// is then a sibling that did nothing wrong (H-18).
+    pub(super) fn for_another(&self, id: &str) -> bool {
+        match self {
+            Kill::Stopped(k) | Kill::NoStart(k) => k != id,
+            Kill::Protocol(_) | Kill::Retired => false,
+        }
+    }
+
     /// The restart reason booked for it.
     fn reason(&self) -> &'static str {
         match self {

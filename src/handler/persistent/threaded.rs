@@ -210,8 +210,10 @@ impl ThreadedHandler {
         match end {
             End::Done(d) => self.done(&p, &job, d).await,
             End::Exited(status) => {
-                // H-10: a `done` already written still counts (a crash only).
-                let late = if p.killed().is_none() {
+                // H-10: a `done` already written still counts, after a crash and for a
+                // sibling whose process was killed to stop another job (its work is done:
+                // returning it would run it twice); not for the job the kill stopped.
+                let late = if p.killed().is_none_or(|k| k.for_another(&job.id)) {
                     late_done(&mut rx, &job, &mut started).await
                 } else {
                     None
