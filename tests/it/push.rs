@@ -84,22 +84,7 @@ fn seed_001_b_never_starts_before_a_pushed_through_the_function_succeeded() {
     let log = work.path().join("runs.log");
     let a = logger(work.path(), "a.sh", &log, "sleep 0.3");
     let b = logger(work.path(), "b.sh", &log, "true");
-    let config_for = |workers: usize| {
-        cfg("b,a")
-            .top(&format!("workers = {workers}"))
-            .class(
-                "Webhook::Receive",
-                &a,
-                "holds = [ { name = \"order:{args[0]}\", when = \"enqueue\" } ]",
-            )
-            .class(
-                "Order::CancelUnshipped",
-                &b,
-                "locked_by = [ \"order:{args[0]}\" ]\non_dependency_conflict = \"delay\"\n\
-             delay_base = \"100ms\"\ndelay_max = \"300ms\"",
-            )
-            .render()
-    };
+    let config_for = |workers: usize| seed_001_cfg(&a, &b, workers).render();
     let f = push_function(&mut r);
     let mut n: u64 = 0;
     for workers in [1, 2] {
@@ -130,7 +115,32 @@ fn seed_001_b_never_starts_before_a_pushed_through_the_function_succeeded() {
         });
         assert_eq!(d.terminate(LONG).code(), Some(0));
     }
-    let ev = events(&log);
+    assert_b_after_a(&mut r, &log, n);
+}
+
+/// Seed 001's classes: `Webhook::Receive` (A, `a`) places the hold `order:{args[0]}` at
+/// enqueue; `Order::CancelUnshipped` (B, `b`), on the queue the workers take first, is
+/// `locked_by` it and delayed while it is held.
+pub(crate) fn seed_001_cfg(a: &Path, b: &Path, workers: usize) -> crate::daemon::Cfg {
+    cfg("b,a")
+        .top(&format!("workers = {workers}"))
+        .class(
+            "Webhook::Receive",
+            a,
+            "holds = [ { name = \"order:{args[0]}\", when = \"enqueue\" } ]",
+        )
+        .class(
+            "Order::CancelUnshipped",
+            b,
+            "locked_by = [ \"order:{args[0]}\" ]\non_dependency_conflict = \"delay\"\n\
+             delay_base = \"100ms\"\ndelay_max = \"300ms\"",
+        )
+}
+
+/// Seed 001's outcome for orders 1..=n: B n started only after A n ended, no hold is left,
+/// nothing failed.
+pub(crate) fn assert_b_after_a(r: &mut R, log: &Path, n: u64) {
+    let ev = events(log);
     for i in 1..=n {
         let a_end = ev
             .iter()

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::daemon::{cfg, workdir, NS, R};
-use crate::push::{events, logger, plans};
+use crate::daemon::{workdir, NS, R};
+use crate::push::{assert_b_after_a, events, logger, plans, seed_001_cfg};
 use crate::support::{manifest_dir, node_resque_dir, run_node, wait_until, Daemon, RedisServer};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -95,19 +95,7 @@ fn seed_001_story(enqueue: &Enqueue) {
     let a = logger(work.path(), "a.sh", &log, "sleep 0.3");
     let b = logger(work.path(), "b.sh", &log, "true");
     let config_for = |workers: usize| {
-        cfg("b,a")
-            .top(&format!("workers = {workers}"))
-            .class(
-                "Webhook::Receive",
-                &a,
-                "holds = [ { name = \"order:{args[0]}\", when = \"enqueue\" } ]",
-            )
-            .class(
-                "Order::CancelUnshipped",
-                &b,
-                "locked_by = [ \"order:{args[0]}\" ]\non_dependency_conflict = \"delay\"\n\
-                 delay_base = \"100ms\"\ndelay_max = \"300ms\"",
-            )
+        seed_001_cfg(&a, &b, workers)
             .class(
                 "Sync",
                 &b,
@@ -148,27 +136,7 @@ fn seed_001_story(enqueue: &Enqueue) {
         });
         assert_eq!(d.terminate(LONG).code(), Some(0));
     }
-    let ev = events(&log);
-    for i in 1..=n {
-        let end_a = ev
-            .iter()
-            .find(|e| e.0 == "end" && e.1 == "a.sh" && e.3 == i);
-        let start_b = ev
-            .iter()
-            .find(|e| e.0 == "start" && e.1 == "b.sh" && e.3 == i);
-        let (Some(end_a), Some(start_b)) = (end_a, start_b) else {
-            panic!("A or B {i} did not run: {ev:?}");
-        };
-        assert!(
-            start_b.2 >= end_a.2,
-            "B {i} started before A {i} ended: {ev:?}"
-        );
-    }
-    assert!(
-        r.keys(&format!("{NS}:locket:dep:*")).is_empty(),
-        "holds left"
-    );
-    assert_eq!(r.failures().len(), 0);
+    assert_b_after_a(&mut r, &log, n);
     // U-1: a duplicate within unique_ttl is refused (false), other args are pushed.
     let sync = |k: u64| json!({"queue": "u", "class": "Sync", "args": [k]});
     let replies = enqueue(port, &json!([sync(7), sync(7), sync(8)]));
