@@ -90,7 +90,7 @@ pub(super) fn still_ours(pgid: i32, start: u64) -> bool {
 }
 
 /// Whether any process is in group `pgid`.
-fn has_members(pgid: i32) -> bool {
+pub(crate) fn has_members(pgid: i32) -> bool {
     // SAFETY: kill(2) with signal 0 only checks.
     let rc = unsafe { libc::kill(-pgid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

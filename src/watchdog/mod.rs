@@ -27,6 +27,7 @@
 //! handler's group, before it (`groups.rs` says how they are checked and bounded).
 
 mod groups;
+pub(crate) use groups::has_members;
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};

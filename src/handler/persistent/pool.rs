@@ -211,6 +211,11 @@ impl PProc {
         let watch = self.state(|s| {
             let o = s.running.get_mut(id)?;
             (!o.groups.contains(&pgid)).then(|| {
+                if o.groups.len() >= PRUNE_GROUPS_AT {
+                    // A job that runs many commands announces a group for each: those with no
+                    // process left are dropped (their number may be reused by another group).
+                    o.groups.retain(|&g| crate::watchdog::has_members(g));
+                }
                 o.groups.push(pgid);
                 o.watch.clone()
             })
@@ -225,6 +230,9 @@ impl PProc {
         self.state(|s| s.running.remove(id));
     }
 }
+
+/// A job's recorded groups past which the empty ones are dropped at its next `group` frame.
+const PRUNE_GROUPS_AT: usize = 64;
 
 /// The processes of one handler in one worker, and their boots.
 pub(super) struct Pool {
