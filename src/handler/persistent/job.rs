@@ -55,6 +55,25 @@ pub struct JobFrame<'a> {
     pub deadline_ms: Option<u64>,
 }
 
+impl<'a> JobFrame<'a> {
+    /// The `job` frame of `job`, its deadline counted from now.
+    pub(super) fn of(job: &'a JobContext) -> JobFrame<'a> {
+        JobFrame {
+            t: "job",
+            id: &job.id,
+            payload: &job.payload,
+            queue: &job.queue,
+            class: &job.class,
+            worker: &job.worker,
+            lock_keys: &job.lock_keys,
+            lock_token: &job.lock_token,
+            deadline_ms: job
+                .timeout
+                .map(|t| unix_ms(std::time::SystemTime::now() + t)),
+        }
+    }
+}
+
 pub(super) fn line_of(value: &impl Serialize) -> Vec<u8> {
     // Compact JSON holds no raw newline (H-4).
     let mut v = serde_json::to_vec(value).unwrap_or_default();
@@ -62,7 +81,7 @@ pub(super) fn line_of(value: &impl Serialize) -> Vec<u8> {
     v
 }
 
-pub(super) fn unix_ms(t: std::time::SystemTime) -> u64 {
+fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
@@ -103,19 +122,7 @@ impl Parts {
         let pgid = p.pgid();
         job.watch.attach(pgid);
         let mut kill = KillOnDrop { pgid, armed: true };
-        let line = line_of(&JobFrame {
-            t: "job",
-            id: &job.id,
-            payload: &job.payload,
-            queue: &job.queue,
-            class: &job.class,
-            worker: &job.worker,
-            lock_keys: &job.lock_keys,
-            lock_token: &job.lock_token,
-            deadline_ms: job
-                .timeout
-                .map(|t| unix_ms(std::time::SystemTime::now() + t)),
-        });
+        let line = line_of(&JobFrame::of(&job));
         let (end, stopping, mut started) = wait_for_end(spec, p, &job, line, &stop).await;
         let done = match &end {
             End::Done(d) => Some(d.clone()),

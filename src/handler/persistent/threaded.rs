@@ -14,7 +14,7 @@
 //! A death locketd did not cause is each running job's death failure, as with `threads = 1`.
 
 use super::frame::{Done, Frame};
-use super::job::{death_failure, line_of, note_recorded, result_of_done, unix_ms, JobFrame};
+use super::job::{death_failure, line_of, note_recorded, result_of_done, JobFrame};
 use super::pool::{Kill, PProc, Pool};
 use super::siblings::{Returns, MAX_SIBLING_RETURNS};
 use super::*;
@@ -143,19 +143,7 @@ impl ThreadedHandler {
             armed: true,
         };
         let line = line_of(&ThreadedJobFrame {
-            job: JobFrame {
-                t: "job",
-                id: &job.id,
-                payload: &job.payload,
-                queue: &job.queue,
-                class: &job.class,
-                worker: &job.worker,
-                lock_keys: &job.lock_keys,
-                lock_token: &job.lock_token,
-                deadline_ms: job
-                    .timeout
-                    .map(|t| unix_ms(std::time::SystemTime::now() + t)),
-            },
+            job: JobFrame::of(&job),
             thread,
         });
         debug!(target: LOG_TARGET, handler = %name, pid = p.pid, thread, class = %job.class, "job to a threaded handler");
