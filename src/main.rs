@@ -98,6 +98,10 @@ enum Command {
     },
     /// List, show, retry, remove or clear Resque failures (as resque-web does).
     Failed(locketd::ops::failed::FailedArgs),
+    /// The configuration's settings: `config reference` prints each one's type, default and
+    /// meaning.
+    #[command(subcommand)]
+    Config(locketd::config::reference::ConfigCommand),
     /// Operator commands: enqueue, locks, counters, holds, delayed, stats, schedule (src/admin/).
     #[command(flatten)]
     Admin(locketd::admin::AdminCommand),
@@ -329,6 +333,9 @@ fn run(
     args: Vec<std::ffi::OsString>,
     retitle_error: Option<std::io::Error>,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(Command::Config(cmd)) = &cli.command {
+        return Ok(cmd.run());
+    }
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let path = file.clone().or_else(|| cli.config.clone());
         let path = path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));

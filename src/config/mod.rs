@@ -1,5 +1,6 @@
 //! The TOML configuration: defaults, parsing and the start-up check (locking-semantics.md §3,
-//! C-1, C-2). The commented example lives in `config/locketd.toml` and a test loads it.
+//! C-1, C-2). Every setting is described in `reference` (the table `locketd config reference`
+//! prints), which `config/locketd.toml` and docs/reference/config.md are generated from.
 
 use crate::resque::failure::FailureBackend;
 use serde::Deserialize;
@@ -13,6 +14,7 @@ pub mod hosts;
 pub mod plans;
 pub mod published;
 pub mod rates;
+pub mod reference;
 pub mod schedule;
 mod values;
 
