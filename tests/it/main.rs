@@ -30,6 +30,7 @@ mod policies;
 mod push;
 mod rates;
 mod redis_url;
+mod reference;
 mod refusals;
 mod render;
 mod replies;
