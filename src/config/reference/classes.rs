@@ -32,7 +32,7 @@ pub(super) const SETTINGS: &[Setting] = &[
     set(CLASS, "dir", "string (path)", Means("the daemon's working directory"), &[],
         "Working directory of the command (/var/lib/locketd under the packaged unit).")
         .ex("\"/srv/billing\""),
-    set(CLASS, "env", "table of strings", Means("{}"), &[],
+    set(CLASS, "env", "table of strings", Value("{}"), &[],
         "Extra environment for the command, beside the LOCKETD_* variables.")
         .ex("{ BILLING_ENV = \"production\" }"),
     set(CLASS, "timeout", "duration", Means("none (no limit)"), &["A-12"],
@@ -93,10 +93,10 @@ pub(super) const SETTINGS: &[Setting] = &[
     set(CLASS, "on_park_full", FALLBACK, LOCKET, &["PK-7"],
         "Overrides [locket] on_park_full.")
         .ex("\"delay\""),
-    set(CLASS, "holds", "array of hold entries", Means("[]"), &["D-3"],
+    set(CLASS, "holds", "array of hold entries", Value("[]"), &["D-3"],
         "Dependency holds this class places (locking-semantics.md §8).")
         .ex("[ { name = \"order:{args[0]}\", when = \"enqueue\", release_on = \"success\" } ]"),
-    set(CLASS, "locked_by", "list of strings (hold templates)", Means("[]"), &["D-5"],
+    set(CLASS, "locked_by", "list of strings (hold templates)", Value("[]"), &["D-5"],
         "Hold names that must be free before a job of this class starts; a live one is a \
          conflict handled by on_dependency_conflict.")
         .ex("[ \"order:{args[0]}\" ]"),
@@ -163,7 +163,7 @@ pub(super) const SETTINGS: &[Setting] = &[
     set(HANDLER, "dir", "string (path)", Means("the daemon's working directory"), &[],
         "Working directory of the command.")
         .ex("\"/srv/app\""),
-    set(HANDLER, "env", "table of strings", Means("{}"), &[],
+    set(HANDLER, "env", "table of strings", Value("{}"), &[],
         "Extra environment for the command.")
         .ex("{ RAILS_ENV = \"production\" }"),
     set(HANDLER, "boot_timeout", "duration", Value("\"60s\""), &["H-8"],

@@ -30,7 +30,7 @@ pub(super) const SETTINGS: &[Setting] = &[
         "Queues in priority order, with Resque's patterns: \"*\", globs (\"mail_*\"), \"!skip\"; \
          an array or one comma-separated string. Also --queues / QUEUES. check-config refuses \
          a config that gives none.")
-        .ex("[\"default\"]"),
+        .set_to("[\"default\"]"),
     set(TOP, "interval", "duration", Value("5"), &["A-16"],
         "After a pass that found nothing, the longest wait before the next pass (Resque's \
          INTERVAL); a job pushed to any of the queues wakes an idle worker at once. 0 = drain \
@@ -81,7 +81,8 @@ pub(super) const SETTINGS: &[Setting] = &[
     set(TOP, "http_allowed_hosts", "list of strings (host or host:port)", Value("[]"), &[],
         "Names the listener answers for besides its own address, localhost, 127.0.0.1, [::1] \
          and the machine's host name; a request with any other Host gets 421 and no data (DNS \
-         rebinding). A name without a port matches any port."),
+         rebinding). A name without a port matches any port.")
+        .ex("[\"metrics.example.com\", \"10.0.0.5:9187\"]"),
     set(TOP, "resque_web_url", "string (URL)", NONE, &[],
         "resque-web's address: the web page links its failures there.")
         .ex("\"http://127.0.0.1:5678\""),

@@ -37,9 +37,11 @@ pub struct Setting {
     pub ty: &'static str,
     /// Its default.
     pub absent: Absent,
-    /// A value to show, as TOML: the commented configs show it where there is no default
-    /// value; a top-level setting with both is set to the example there (`queues`).
+    /// A value to show, as TOML: the commented configs show it as a commented line.
     pub example: Option<&'static str>,
+    /// The commented configs set the setting to `example` rather than show it commented
+    /// (`queues`, which check-config refuses to go without).
+    pub example_set: bool,
     /// Spec rules the setting belongs to (`"L-9"`, `"RL-4"`).
     pub rules: &'static [&'static str],
     /// What it does.
@@ -50,6 +52,13 @@ impl Setting {
     /// The same setting with an example value.
     pub(crate) const fn ex(mut self, example: &'static str) -> Setting {
         self.example = Some(example);
+        self
+    }
+
+    /// The same setting with an example value the commented configs set.
+    pub(crate) const fn set_to(mut self, example: &'static str) -> Setting {
+        self.example = Some(example);
+        self.example_set = true;
         self
     }
 
@@ -79,6 +88,7 @@ pub(crate) const fn set(
         ty,
         absent,
         example: None,
+        example_set: false,
         rules,
         meaning,
     }

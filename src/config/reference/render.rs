@@ -126,27 +126,37 @@ fn toml(deb: bool) -> String {
     out
 }
 
+/// One setting of a commented config: its meaning, then its line. In a plain table a setting
+/// with a default value is set to it (commented out, `#key`, in the packaged config), one the
+/// table says to set is set to its example, and any other example is a commented line; in a
+/// table per name every line is commented.
 fn toml_setting(out: &mut String, sec: &Section, s: &Setting, deb: bool) {
     let live = matches!(sec.kind, Kind::Top | Kind::Table);
-    let note = match (live, s.absent, s.example) {
+    let note = match (live, s.absent) {
+        (true, Absent::Value(v)) if s.example_set => format!(" Example; default: {v}."),
         // The line shows the default.
-        (true, Absent::Value(_), None) => String::new(),
-        (true, Absent::Value(v), Some(_)) => format!(" Example; default: {v}."),
+        (true, Absent::Value(_)) => String::new(),
         _ => format!(" {}", absent_note(s)),
     };
-    comment(
-        out,
-        &format!("{}{}{}", s.meaning, note.trim_end(), rules_note(s.rules)),
-        "",
-    );
-    let Some(value) = s.shown() else { return };
-    let prefix = match (live, s.absent, s.example) {
-        (true, Absent::Value(_), Some(_)) => "",
-        (true, Absent::Value(_), None) if deb => "#",
-        (true, Absent::Value(_), None) => "",
-        _ => "# ",
-    };
-    let _ = writeln!(out, "{prefix}{} = {value}", s.key);
+    let text = format!("{}{}{}", s.meaning, note.trim_end(), rules_note(s.rules));
+    comment(out, &text, "");
+    let key = s.key;
+    match (live, s.absent, s.example) {
+        (true, _, Some(e)) if s.example_set => {
+            let _ = writeln!(out, "{key} = {e}");
+        }
+        (true, Absent::Value(v), example) => {
+            let _ = writeln!(out, "{}{key} = {v}", if deb { "#" } else { "" });
+            if let Some(e) = example {
+                let _ = writeln!(out, "# {key} = {e}");
+            }
+        }
+        _ => {
+            if let Some(v) = s.shown() {
+                let _ = writeln!(out, "# {key} = {v}");
+            }
+        }
+    }
 }
 
 /// Markdown text outside code spans with the characters that would be read as markup escaped.
