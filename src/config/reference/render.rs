@@ -110,7 +110,11 @@ fn toml(deb: bool) -> String {
                     "",
                 );
                 for s in &mine {
-                    let note = absent_note(s).trim_end_matches('.').to_lowercase();
+                    let note = match s.absent {
+                        Absent::Value(v) => format!("default {v}"),
+                        Absent::Means(m) => format!("default {m}"),
+                        Absent::Required => "required".to_string(),
+                    };
                     let text = format!("{} ({}; {}): {}", s.key, s.ty, note, s.meaning);
                     comment(&mut out, &format!("{text}{}", rules_note(s.rules)), "  ");
                 }

@@ -176,6 +176,26 @@ fn every_key_in_the_table_parses_and_its_default_is_the_parsers() {
     }
 }
 
+// A second name the parser takes spells the same setting, and the table's meaning names it.
+#[test]
+fn each_alias_is_its_setting_under_another_name() {
+    for (section, alias, key) in ALIASES {
+        let s = settings()
+            .into_iter()
+            .find(|s| s.section == *section && s.key == *key)
+            .unwrap();
+        assert!(
+            s.meaning.contains(alias),
+            "{key}'s meaning does not name {alias}"
+        );
+        let value = s.shown().unwrap();
+        let by_key = Config::parse(&config_with(section, key, Some(value)), "key").unwrap();
+        let text = config_with(section, key, None) + &format!("\n{alias} = {value}");
+        let by_alias = Config::parse(&text, "alias").unwrap();
+        assert_eq!(format!("{by_key:#?}"), format!("{by_alias:#?}"), "{alias}");
+    }
+}
+
 #[test]
 fn the_rules_cited_are_defined_in_the_spec() {
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/spec");
