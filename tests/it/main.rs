@@ -28,6 +28,7 @@ mod persistent;
 mod pickup;
 mod policies;
 mod push;
+mod push_at;
 mod rates;
 mod redis_url;
 mod refusals;
