@@ -34,6 +34,7 @@ mod redis_url;
 mod refusals;
 mod render;
 mod replies;
+mod ruby_shim;
 mod s6_sweep;
 mod scheduler;
 mod sentinel;
