@@ -249,8 +249,10 @@ pub(crate) fn delayed_story(enqueue: &Enqueue) {
     let mut jobs: Vec<Value> = (1..=3)
         .map(|i| json!({"queue": "a", "class": "Webhook::Receive", "args": [i, {"event": "paid"}], "at": at}))
         .collect();
-    for k in [7, 7, 8] {
-        jobs.push(json!({"queue": "u", "class": "Sync", "args": [k], "at": later}));
+    // The duplicate a second later: node-resque itself refuses the same item at the same
+    // second, before any push.
+    for (k, t) in [(7, later), (7, later + 1), (8, later)] {
+        jobs.push(json!({"queue": "u", "class": "Sync", "args": [k], "at": t}));
     }
     assert_eq!(
         enqueue(redis.port(), &Value::from(jobs)),
@@ -267,7 +269,14 @@ pub(crate) fn delayed_story(enqueue: &Enqueue) {
         );
     }
     assert_eq!(r.llen(&format!("{NS}:delayed:{at}")), 3);
-    assert_eq!(r.llen(&format!("{NS}:delayed:{later}")), 2, "the duplicate wrote nothing");
+    assert_eq!(r.llen(&format!("{NS}:delayed:{later}")), 2);
+    let second = later + 1;
+    assert!(
+        !r.exists(&format!("{NS}:delayed:{second}")),
+        "the duplicate wrote nothing"
+    );
+    let scheduled: i64 = r.cmd(&["ZCARD", &format!("{NS}:delayed_queue_schedule")]);
+    assert_eq!(scheduled, 2, "the duplicate wrote nothing");
     assert_eq!(r.llen(&format!("{NS}:queue:a")), 0);
     let mut d = Daemon::start(&redis, &config, &[]);
     wait_until(LONG, "every job ran", || {
