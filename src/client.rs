@@ -236,14 +236,12 @@ impl Client {
             None => push(conn, mode, keys, queue, &payload).await,
         };
         let done = done.map_err(|e| match e.code() {
-                Some("LOCKET_RENDER") | Some("LOCKET_PLAN") => {
-                    Error::Enqueue(e.detail().map_or_else(
-                        || e.to_string(),
-                        |d| format!("{}: {d}", e.code().unwrap_or_default()),
-                    ))
-                }
-                _ => Error::from(e),
-            })?;
+            Some("LOCKET_RENDER") | Some("LOCKET_PLAN") => Error::Enqueue(e.detail().map_or_else(
+                || e.to_string(),
+                |d| format!("{}: {d}", e.code().unwrap_or_default()),
+            )),
+            _ => Error::from(e),
+        })?;
         Ok(Enqueued {
             payload,
             digest,

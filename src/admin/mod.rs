@@ -139,7 +139,8 @@ pub struct EnqueueArgs {
     #[arg(long)]
     pub print_script: bool,
     /// Deliver at this time (Unix seconds or RFC 3339, e.g. 2026-11-25T10:00:00Z) through
-    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2).
+    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2); the
+    /// enqueue-time holds and `unique` key are placed now (D-3b).
     #[arg(long, value_name = "TIME", conflicts_with = "in_")]
     pub at: Option<String>,
     /// Deliver after this long ("300", "5m", "1h"), as `Resque.enqueue_in` does.
@@ -366,7 +367,9 @@ impl Admin {
                     println!("hold added: {h}");
                 }
             } else {
-                println!("not scheduled: a duplicate of a {class} job pushed within its unique_ttl");
+                println!(
+                    "not scheduled: a duplicate of a {class} job pushed within its unique_ttl"
+                );
             }
         } else if a.json {
             let mut out = json!({

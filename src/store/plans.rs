@@ -259,11 +259,7 @@ pub(crate) async fn push_at<C: ConnectionLike + Send>(
 /// The reply of PUSH or PUSH_AT: `{pushed, length, hold...}`.
 fn pushed_of(reply: redis::Value, what: &'static str) -> RedisResult<Pushed> {
     let items: Vec<String> = redis::from_redis_value(reply).map_err(|e| {
-        redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            what,
-            e.to_string(),
-        ))
+        redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, what, e.to_string()))
     })?;
     let mut it = items.into_iter();
     let pushed = it.next().is_some_and(|p| p == "1");

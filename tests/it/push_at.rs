@@ -142,11 +142,7 @@ fn a_delayed_duplicate_is_refused_and_remove_delayed_finds_the_item() {
     // S-6: the index key of another type: refused, no hold, no unique key, no item.
     let item9 = r#"{"class":"Sync","args":[9],"queue":"u"}"#;
     let _: () = r.cmd(&["SET", &format!("{NS}:timestamps:{item9}"), "x"]);
-    let out = cli(
-        &redis,
-        &config,
-        &["enqueue", "u", "Sync", "9", "--at", &at],
-    );
+    let out = cli(&redis, &config, &["enqueue", "u", "Sync", "9", "--at", &at]);
     assert!(!out.status.success(), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("WRONGTYPE"),

@@ -130,7 +130,10 @@ pub(crate) fn seed_001_story(enqueue: &Enqueue, redis_args: &[&str]) {
         assert_eq!(d.terminate(LONG).code(), Some(0), "{}", d.log());
         let entry: std::collections::HashMap<String, String> =
             r.cmd(&["HGETALL", &format!("{NS}:locket:push")]);
-        assert!(entry.contains_key("sha1") && entry.contains_key("sha1_at"), "{entry:?}");
+        assert!(
+            entry.contains_key("sha1") && entry.contains_key("sha1_at"),
+            "{entry:?}"
+        );
         // Without FUNCTION, no FCALL name is published: clients go straight to EVALSHA.
         assert_eq!(entry.contains_key("function"), !redis6, "{entry:?}");
         if workers == 2 {

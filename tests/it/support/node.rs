@@ -135,9 +135,7 @@ pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> (ExitStatus, String,
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     let stdout = drain(child.stdout.take().expect("stdout pipe"));
     let stderr = drain(child.stderr.take().expect("stderr pipe"));
     let status = wait_bounded(&mut child, timeout);
