@@ -21,7 +21,9 @@
 #
 # `enqueue`, `enqueue_to` and `enqueue_at*` return false for a duplicate, and its
 # after_enqueue (after_schedule) hooks do not run; `Resque.push` and `Job.create` called
-# directly return false. PUSH is found in `<ns>:locket:push`, written by every locketd daemon at
+# directly return false. (`enqueue_at` with a time not in the future is the gem's
+# `enqueue_to`, whose answer it does not pass on: a duplicate is not pushed, but the gem's
+# after_schedule hooks run and it returns as for a push.) PUSH is found in `<ns>:locket:push`, written by every locketd daemon at
 # start and on HUP; until one has, pushes are Resque's own (no holds) with one warning.
 # Required before resque, it defines only Locketd::Pusher (PUSH and PUSH_AT on any redis-rb
 # client) and says so; `Locketd.install!` then installs the wrappers.
@@ -159,14 +161,13 @@ module Locketd
     false
   end
 
-  # Runs an enqueue; false when its push was a duplicate.
+  # Runs an enqueue; false when its own push was a duplicate. An enqueue made inside it (by a
+  # hook) is one of its own, and answers for its own push only.
   def self.enqueue
     outer = Thread.current[:locketd_enqueue]
     Thread.current[:locketd_enqueue] = true
     yield
   rescue Duplicate
-    raise if outer
-
     false
   ensure
     Thread.current[:locketd_enqueue] = outer
