@@ -55,10 +55,12 @@ fn ruby_pusher_places_holds_refuses_duplicates_and_falls_back_to_evalsha() {
     seed_001_story(&pusher_enqueue, REDIS_6);
 }
 
-/// PUSH_AT through `Locketd::Pusher`: holds placed when scheduled, B waits for A.
+/// PUSH_AT through `Locketd::Pusher`: holds placed when scheduled, B waits for A; then the
+/// same on a Redis without FUNCTION.
 #[test]
 fn ruby_pusher_push_at_places_holds_when_scheduled() {
-    delayed_story(&pusher_enqueue);
+    delayed_story(&pusher_enqueue, &[]);
+    delayed_story(&pusher_enqueue, REDIS_6);
 }
 
 /// resque's lib dir (and resque-scheduler's with `scheduler`), or None (said on stderr).
@@ -148,7 +150,7 @@ fn resque_enqueue_at_through_the_shim_places_holds_when_scheduled() {
     let Some(libs) = resque_libs(true) else {
         return;
     };
-    delayed_story(&resque_enqueue(libs.clone(), true));
+    delayed_story(&resque_enqueue(libs.clone(), true), &[]);
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();

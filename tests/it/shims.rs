@@ -186,11 +186,13 @@ fn pyres_through_the_shim_places_holds_and_refuses_duplicates() {
 
 /// The Redis-6 path: a redis-server without FUNCTION, FCALL and FCALL_RO. The daemon runs its
 /// job path by EVALSHA and publishes PUSH without an FCALL name; node-resque and pyres push
-/// through the shims with their holds by EVALSHA (and SCRIPT LOAD after a SCRIPT FLUSH);
+/// through the shims with their holds by EVALSHA (and SCRIPT LOAD after a SCRIPT FLUSH), and
+/// node-resque's enqueueAt schedules through PUSH_AT by EVALSHA;
 /// `locketd enqueue`, now and `--in`, places its holds the same way.
 #[test]
 fn without_functions_the_daemon_the_cli_and_the_shims_push_by_evalsha() {
     seed_001_story(&node_enqueue, REDIS_6);
+    delayed_story(&node_enqueue, REDIS_6);
     if let Some(python) = pyres_python() {
         seed_001_story(&pyres_enqueue(python), REDIS_6);
     }
@@ -221,9 +223,9 @@ fn without_functions_the_daemon_the_cli_and_the_shims_push_by_evalsha() {
 /// hold placed when it is scheduled; B (`locked_by` it) is pushed plainly to the queue the
 /// workers take first, reserved long before A is due, and must not start before A (delivered
 /// by locketd's scheduler) succeeded. A `unique` duplicate scheduled returns false and writes
-/// nothing.
-pub(crate) fn delayed_story(enqueue: &Enqueue) {
-    let redis = RedisServer::start();
+/// nothing. `redis_args` start the redis-server, as for [`seed_001_story`].
+pub(crate) fn delayed_story(enqueue: &Enqueue, redis_args: &[&str]) {
+    let redis = RedisServer::start_with(redis_args);
     let mut r = R::new(&redis);
     let work = workdir();
     let log = work.path().join("runs.log");
@@ -291,5 +293,5 @@ pub(crate) fn delayed_story(enqueue: &Enqueue) {
 
 #[test]
 fn node_resque_enqueue_at_through_the_shim_places_holds_when_scheduled() {
-    delayed_story(&node_enqueue);
+    delayed_story(&node_enqueue, &[]);
 }
