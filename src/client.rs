@@ -22,7 +22,8 @@
 //! Clients in other languages call the same function: `FCALL locketd_<build>_push 3 ...` where
 //! the daemon's library is loaded, else the same script by EVALSHA (printed by
 //! `locketd enqueue --print-script`); `src/store/lua/push.lua`'s header lists its keys and
-//! arguments.
+//! arguments. [`Client::enqueue_at`] schedules a job in resque-scheduler's delayed queue through
+//! PUSH's delayed form, PUSH_AT (`src/store/lua/push_at.lua`), its holds placed at once.
 
 use crate::config::plans::Plans;
 use crate::config::published::publish_all;
@@ -31,7 +32,7 @@ use crate::conn::Manager;
 use crate::error::{Error, Result};
 use crate::locks::canonical;
 use crate::resque::keys::Keys;
-use crate::store::plans::push;
+use crate::store::plans::{push, push_at};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,6 +50,10 @@ pub struct Enqueued {
     pub queue_length: u64,
     /// False for a duplicate that the class's `unique` refused (U-1): nothing was written.
     pub pushed: bool,
+    /// For [`enqueue_at`](Client::enqueue_at) with a time in the future: the Unix second it is
+    /// scheduled for (`payload` is then resque-scheduler's item and `queue_length` the length
+    /// of `delayed:<ts>`). None for a job pushed to its queue.
+    pub scheduled_at: Option<i64>,
 }
 
 /// Pushes jobs with their holds.
@@ -106,6 +111,20 @@ pub fn minify_json(text: &str) -> String {
     out
 }
 
+/// Arguments given as JSON text: their values (for the digest) and their texts, kept as
+/// written minus insignificant whitespace.
+fn parse_args(args_json: &[String]) -> Result<(Value, Vec<String>)> {
+    let mut args = Vec::with_capacity(args_json.len());
+    let mut texts = Vec::with_capacity(args_json.len());
+    for (i, t) in args_json.iter().enumerate() {
+        let v: Value = serde_json::from_str(t)
+            .map_err(|e| Error::Enqueue(format!("argument {} is not JSON ({e}): {t}", i + 1)))?;
+        args.push(v);
+        texts.push(minify_json(t));
+    }
+    Ok((Value::Array(args), texts))
+}
+
 /// The script a client in another language loads to enqueue with holds: PUSH, the same Lua
 /// as the daemon's library function (the shared helpers, the renderer, PUSH, and the write of
 /// its O-3 counts). Keys: `<ns>:queue:<q>`, `<ns>:queues`, `<ns>:locket:plans`; arguments:
@@ -137,7 +156,7 @@ impl Client {
     /// A hold template that cannot be rendered for these args is an error and nothing is pushed.
     pub async fn enqueue(&mut self, queue: &str, class: &str, args: &[Value]) -> Result<Enqueued> {
         let payload = resque_payload(class, args);
-        self.push(queue, class, Value::Array(args.to_vec()), payload)
+        self.push(queue, class, Value::Array(args.to_vec()), payload, None)
             .await
     }
 
@@ -149,21 +168,51 @@ impl Client {
         class: &str,
         args_json: &[String],
     ) -> Result<Enqueued> {
-        let mut args = Vec::with_capacity(args_json.len());
-        let mut texts = Vec::with_capacity(args_json.len());
-        for (i, t) in args_json.iter().enumerate() {
-            let v: Value = serde_json::from_str(t).map_err(|e| {
-                Error::Enqueue(format!("argument {} is not JSON ({e}): {t}", i + 1))
-            })?;
-            args.push(v);
-            texts.push(minify_json(t));
-        }
+        let (args, texts) = parse_args(args_json)?;
         let payload = format!(
             "{{\"class\":{},\"args\":[{}]}}",
             Value::from(class),
             texts.join(",")
         );
-        self.push(queue, class, Value::Array(args), payload).await
+        self.push(queue, class, args, payload, None).await
+    }
+
+    /// Schedules one job for Unix second `at` as resque-scheduler's `Resque.enqueue_at` does
+    /// (its delayed queue, its item format: scheduler-protocol.md SC-1, SC-2), with the
+    /// enqueue-time holds and `unique` key of its class placed now, in the same step (PUSH_AT,
+    /// D-3b); the scheduler (locketd's or the gem's) delivers it. A time not in the future
+    /// pushes at once, as `enqueue_at` does.
+    pub async fn enqueue_at(
+        &mut self,
+        queue: &str,
+        class: &str,
+        args: &[Value],
+        at: i64,
+    ) -> Result<Enqueued> {
+        let texts: Vec<String> = args.iter().map(Value::to_string).collect();
+        self.enqueue_json_at(queue, class, &texts, at).await
+    }
+
+    /// [`enqueue_at`](Self::enqueue_at) with each argument given as JSON text, kept as written
+    /// minus insignificant whitespace.
+    pub async fn enqueue_json_at(
+        &mut self,
+        queue: &str,
+        class: &str,
+        args_json: &[String],
+        at: i64,
+    ) -> Result<Enqueued> {
+        if at <= crate::scheduler::unix_now() {
+            return self.enqueue_json(queue, class, args_json).await;
+        }
+        let (args, texts) = parse_args(args_json)?;
+        let item = format!(
+            "{{\"class\":{},\"args\":[{}],\"queue\":{}}}",
+            Value::from(class),
+            texts.join(","),
+            Value::from(queue)
+        );
+        self.push(queue, class, args, item, Some(at)).await
     }
 
     async fn push(
@@ -172,6 +221,7 @@ impl Client {
         class: &str,
         args_value: Value,
         payload: String,
+        at: Option<i64>,
     ) -> Result<Enqueued> {
         if queue.is_empty() || class.is_empty() {
             return Err(Error::Enqueue("queue and class must not be empty".into()));
@@ -180,23 +230,25 @@ impl Client {
             self.offer_plans().await?;
         }
         let digest = canonical::digest(class, &args_value);
-        let done = push(&mut self.conn, &self.mode, &self.keys, queue, &payload)
-            .await
-            .map_err(|e| match e.code() {
-                Some("LOCKET_RENDER") | Some("LOCKET_PLAN") => {
-                    Error::Enqueue(e.detail().map_or_else(
-                        || e.to_string(),
-                        |d| format!("{}: {d}", e.code().unwrap_or_default()),
-                    ))
-                }
-                _ => Error::from(e),
-            })?;
+        let (conn, mode, keys) = (&mut self.conn, &self.mode, &self.keys);
+        let done = match at {
+            Some(ts) => push_at(conn, mode, keys, queue, &payload, ts).await,
+            None => push(conn, mode, keys, queue, &payload).await,
+        };
+        let done = done.map_err(|e| match e.code() {
+            Some("LOCKET_RENDER") | Some("LOCKET_PLAN") => Error::Enqueue(e.detail().map_or_else(
+                || e.to_string(),
+                |d| format!("{}: {d}", e.code().unwrap_or_default()),
+            )),
+            _ => Error::from(e),
+        })?;
         Ok(Enqueued {
             payload,
             digest,
             holds: done.holds,
             queue_length: done.queue_length,
             pushed: done.pushed,
+            scheduled_at: at,
         })
     }
 

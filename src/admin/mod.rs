@@ -139,7 +139,8 @@ pub struct EnqueueArgs {
     #[arg(long)]
     pub print_script: bool,
     /// Deliver at this time (Unix seconds or RFC 3339, e.g. 2026-11-25T10:00:00Z) through
-    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2).
+    /// resque-scheduler's delayed queue (`Resque.enqueue_at`'s format, SC-1, SC-2); the
+    /// enqueue-time holds and `unique` key are placed now (D-3b).
     #[arg(long, value_name = "TIME", conflicts_with = "in_")]
     pub at: Option<String>,
     /// Deliver after this long ("300", "5m", "1h"), as `Resque.enqueue_in` does.
@@ -352,23 +353,38 @@ impl Admin {
         let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
             bail!("enqueue needs QUEUE and CLASS");
         };
-        if let Some(ts) = schedule::delayed_at(a)? {
-            if ts > crate::scheduler::unix_now() {
-                return self.enqueue_delayed(a, queue, class, ts).await;
-            }
-            // enqueue_at with a time not in the future pushes at once (SC-2).
-        }
         let mut client = Client::with_connection(self.conn.clone(), config)?;
-        let done = client.enqueue_json(queue, class, &a.args).await?;
-        if a.json {
-            print_json(&json!({
+        // D-3b: a delayed push places its holds now, through PUSH_AT; a time not in the
+        // future pushes at once, as `enqueue_at` does (SC-2).
+        let done = match schedule::delayed_at(a)? {
+            Some(ts) => client.enqueue_json_at(queue, class, &a.args, ts).await?,
+            None => client.enqueue_json(queue, class, &a.args).await?,
+        };
+        if let (Some(ts), false) = (done.scheduled_at, a.json) {
+            if done.pushed {
+                println!("scheduled {class} on {queue} at {ts} (delayed:{ts})");
+                for h in &done.holds {
+                    println!("hold added: {h}");
+                }
+            } else {
+                println!(
+                    "not scheduled: a duplicate of a {class} job pushed within its unique_ttl"
+                );
+            }
+        } else if a.json {
+            let mut out = json!({
                 "queue": queue,
                 "payload": done.payload,
                 "digest": done.digest,
                 "holds": done.holds,
                 "queue_length": done.queue_length,
                 "pushed": done.pushed,
-            }));
+            });
+            if let Some(ts) = done.scheduled_at {
+                out["at"] = json!(ts);
+                out["item"] = json!(done.payload);
+            }
+            print_json(&out);
         } else if !done.pushed {
             println!(
                 "not pushed: a duplicate of a {class} job pushed within its unique_ttl (length {})",

@@ -92,33 +92,4 @@ impl Admin {
         }
         Ok(ExitCode::SUCCESS)
     }
-
-    /// SC-1, SC-2: `{"class":…,"args":[…],"queue":…}` into the delayed queue.
-    pub(super) async fn enqueue_delayed(
-        &mut self,
-        a: &EnqueueArgs,
-        queue: &str,
-        class: &str,
-        ts: i64,
-    ) -> anyhow::Result<ExitCode> {
-        let mut args = Vec::with_capacity(a.args.len());
-        for (i, text) in a.args.iter().enumerate() {
-            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(text)
-                .with_context(|| format!("argument {} is not one JSON value: {text}", i + 1))?;
-            args.push(raw.get().trim().to_string());
-        }
-        let item = format!(
-            "{{\"class\":{},\"args\":[{}],\"queue\":{}}}",
-            Value::String(class.to_string()),
-            args.join(","),
-            Value::String(queue.to_string())
-        );
-        crate::store::schedule::schedule_item(&mut self.conn, &self.keys, ts, &item).await?;
-        if a.json {
-            print_json(&json!({"queue": queue, "item": item, "at": ts}));
-        } else {
-            println!("scheduled {class} on {queue} at {ts} (delayed:{ts})");
-        }
-        Ok(ExitCode::SUCCESS)
-    }
 }

@@ -241,8 +241,9 @@ impl Keys {
     pub fn holding_plans(&self) -> String {
         self.locket("holding_plans")
     }
-    /// `<ns>:locket:push`: how a client calls PUSH (D-3a): `function` (its FCALL name),
-    /// `sha1` and `script` (the same script, for EVALSHA and SCRIPT LOAD).
+    /// `<ns>:locket:push`: how a client calls PUSH (D-3a): `function` (its FCALL name, where
+    /// Redis has FUNCTION), `sha1` and `script` (the same script, for EVALSHA and SCRIPT LOAD);
+    /// and PUSH_AT (D-3b): `function_at`, `sha1_at`, `script_at`.
     pub fn push_entry(&self) -> String {
         self.locket("push")
     }

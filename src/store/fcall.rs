@@ -58,7 +58,7 @@ impl Mode {
     }
 
     /// Calls job-path script `op` ("reserve", "acquire", "finish", "finish_reserve",
-    /// "batch", or "push"); `fill` writes what follows the function's name or the script's SHA1 (the
+    /// "batch", "push", or "push_at"); `fill` writes what follows the function's name or the script's SHA1 (the
     /// number of keys, the keys, the arguments). A refusal comes back as an error.
     pub(crate) async fn call<C: ConnectionLike + Send>(
         &self,
@@ -94,6 +94,19 @@ impl Mode {
             }
             other => other,
         }
+    }
+
+    /// Loads the library unless this connection's Redis was tried already: whether job-path
+    /// calls (and the clients' PUSH, PUSH_AT) can go out as FCALL. False on a Redis without
+    /// FUNCTION (Redis 6, a `rename-command FUNCTION ""`) or an ACL that refuses it.
+    pub(crate) async fn ensure_loaded<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+    ) -> RedisResult<bool> {
+        if self.get() == UNKNOWN {
+            self.load(conn).await?;
+        }
+        Ok(self.functions())
     }
 
     /// `FUNCTION LOAD` of the library: FCALL from now on when it loads (or was loaded by
@@ -245,6 +258,7 @@ pub(crate) fn tallied_script(op: &str) -> &'static redis::Script {
         "finish" => &s.finish,
         "batch" => &s.batch,
         "push" => &scripts().push,
+        "push_at" => &scripts().push_at,
         _ => &s.finish_reserve,
     }
 }

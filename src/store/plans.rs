@@ -129,8 +129,9 @@ pub async fn compare<C: ConnectionLike + Send>(
 }
 
 /// Publishes every plan of `plans` (D-3a), marks in `holding_plans` those that hold at
-/// enqueue and names this build's PUSH in `<ns>:locket:push`, in one atomic step, and returns the plans it replaced
-/// that differed from its own (the caller logs them at warn).
+/// enqueue and names this build's PUSH and PUSH_AT in `<ns>:locket:push` (their FCALL names
+/// only where the library loads), in one atomic step, and returns the plans it replaced that
+/// differed from its own (the caller logs them at warn).
 pub async fn publish<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
@@ -148,18 +149,39 @@ pub async fn publish<C: ConnectionLike + Send>(
         hset.arg(&p.field).arg(&p.json);
     }
     let scripts = super::scripts::scripts();
+    // The library loaded now, so a client's first FCALL finds it; a Redis without FUNCTION
+    // (Redis 6) gets no function names: its clients go straight to EVALSHA.
+    let functions = Mode::default().ensure_loaded(conn).await?;
     let mut pipe = redis::pipe();
     pipe.atomic().add_command(hset).ignore();
-    // D-3a: where clients outside locketd find PUSH (the shims under clients/).
+    // D-3a, D-3b: where clients outside locketd find PUSH and PUSH_AT (the shims under
+    // clients/).
     pipe.cmd("HSET")
         .arg(keys.push_entry())
-        .arg("function")
-        .arg(scripts.library.function("push"))
         .arg("sha1")
         .arg(scripts.push.get_hash())
         .arg("script")
         .arg(super::scripts::PUSH_SOURCE)
+        .arg("sha1_at")
+        .arg(scripts.push_at.get_hash())
+        .arg("script_at")
+        .arg(super::scripts::PUSH_AT_SOURCE)
         .ignore();
+    if functions {
+        pipe.cmd("HSET")
+            .arg(keys.push_entry())
+            .arg("function")
+            .arg(scripts.library.function("push"))
+            .arg("function_at")
+            .arg(scripts.library.function("push_at"))
+            .ignore();
+    } else {
+        pipe.cmd("HDEL")
+            .arg(keys.push_entry())
+            .arg("function")
+            .arg("function_at")
+            .ignore();
+    }
     for p in &all {
         pipe.cmd(if p.holding { "SADD" } else { "SREM" })
             .arg(keys.holding_plans())
@@ -202,12 +224,42 @@ pub(crate) async fn push<C: ConnectionLike + Send>(
                 .arg(keys.locket_prefix());
         })
         .await?;
+    pushed_of(reply, "unexpected PUSH reply")
+}
+
+/// PUSH_AT (push_at.lua, D-3b): `item` (resque-scheduler's `{"class":…,"args":[…],"queue":…}`,
+/// kept byte for byte) into the delayed queue at `ts` (Unix seconds) with the holds and
+/// `unique` key its class's published plan names, placed now, in one step. The reply's length
+/// is the bucket's (`delayed:<ts>`).
+pub(crate) async fn push_at<C: ConnectionLike + Send>(
+    conn: &mut C,
+    mode: &Mode,
+    keys: &Keys,
+    queue: &str,
+    item: &str,
+    ts: i64,
+) -> RedisResult<Pushed> {
+    let t = ts.to_string();
+    let reply = mode
+        .call(conn, "push_at", |cmd| {
+            cmd.arg(4)
+                .arg(keys.delayed_bucket(&t))
+                .arg(keys.delayed_index(item))
+                .arg(keys.delayed_schedule())
+                .arg(keys.plans())
+                .arg(queue)
+                .arg(item)
+                .arg(&t)
+                .arg(keys.locket_prefix());
+        })
+        .await?;
+    pushed_of(reply, "unexpected PUSH_AT reply")
+}
+
+/// The reply of PUSH or PUSH_AT: `{pushed, length, hold...}`.
+fn pushed_of(reply: redis::Value, what: &'static str) -> RedisResult<Pushed> {
     let items: Vec<String> = redis::from_redis_value(reply).map_err(|e| {
-        redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected PUSH reply",
-            e.to_string(),
-        ))
+        redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, what, e.to_string()))
     })?;
     let mut it = items.into_iter();
     let pushed = it.next().is_some_and(|p| p == "1");

@@ -223,31 +223,3 @@ pub async fn lock_release<C: ConnectionLike + Send>(
         .await?;
     Ok(n == 1)
 }
-
-/// Writes a delayed item as resque-scheduler's `enqueue_at` does (SC-2), in one MULTI:
-/// `RPUSH delayed:<ts>`, `SADD timestamps:<item> delayed:<ts>`, `ZADD delayed_queue_schedule`.
-pub async fn schedule_item<C: ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &Keys,
-    ts: i64,
-    item: &str,
-) -> RedisResult<()> {
-    let t = ts.to_string();
-    redis::pipe()
-        .atomic()
-        .cmd("RPUSH")
-        .arg(keys.delayed_bucket(&t))
-        .arg(item)
-        .ignore()
-        .cmd("SADD")
-        .arg(keys.delayed_index(item))
-        .arg(format!("delayed:{t}"))
-        .ignore()
-        .cmd("ZADD")
-        .arg(keys.delayed_schedule())
-        .arg(ts)
-        .arg(&t)
-        .ignore()
-        .query_async(conn)
-        .await
-}

@@ -117,21 +117,34 @@ fn job_path_parts() -> String {
 /// the differential test runs it beside the Rust renderer.
 pub const RENDER_LUA: &str = include_str!("lua/render.lua");
 
+/// PUSH or PUSH_AT as an EVAL script: the shared helpers, the renderer, the plans and
+/// push_lib.lua, then the body, counts written in the step.
+macro_rules! push_script {
+    ($file:literal) => {
+        concat!(
+            replicate!(),
+            include_str!("lua/lib.lua"),
+            include_str!("lua/lib_park.lua"),
+            include_str!("lua/rate.lua"),
+            include_str!("lua/render.lua"),
+            include_str!("lua/plans.lua"),
+            include_str!("lua/push_lib.lua"),
+            "local function main_part(KEYS, ARGV)\n",
+            include_str!(concat!("lua/", $file)),
+            "\nend\n",
+            run_and_flush!("main_part")
+        )
+    };
+}
+
 /// PUSH (push.lua, D-3a) as an EVAL script: the same Lua as the library's `push` function,
 /// counts written in the step. What a Redis without FUNCTION runs, and what
 /// `locketd enqueue --print-script` prints for clients that cannot send FCALL.
-pub const PUSH_SOURCE: &str = concat!(
-    replicate!(),
-    include_str!("lua/lib.lua"),
-    include_str!("lua/lib_park.lua"),
-    include_str!("lua/rate.lua"),
-    include_str!("lua/render.lua"),
-    include_str!("lua/plans.lua"),
-    "local function main_part(KEYS, ARGV)\n",
-    include_str!("lua/push.lua"),
-    "\nend\n",
-    run_and_flush!("main_part")
-);
+pub const PUSH_SOURCE: &str = push_script!("push.lua");
+
+/// PUSH_AT (push_at.lua, D-3b), PUSH's delayed form, as an EVAL script: the same Lua as the
+/// library's `push_at` function.
+pub const PUSH_AT_SOURCE: &str = push_script!("push_at.lua");
 
 /// The job-path scripts as one Redis 7 FUNCTION library (`FUNCTION LOAD`, then `FCALL`): the
 /// same parts and the same tallied ending as the `tallied` scripts, but loaded once. An EVALSHA
@@ -151,8 +164,9 @@ pub struct JobLibrary {
 impl JobLibrary {
     fn new() -> JobLibrary {
         let body = format!(
-            "{}\n{}\n{}\n\
+            "{}\n{}\n{}\n{}\n\
              local function push_part(KEYS, ARGV)\n{}\nend\n\
+             local function push_at_part(KEYS, ARGV)\n{}\nend\n\
              local function entry(f)\n\
              return function(KEYS, ARGV)\n\
              reset_run()\n\
@@ -168,7 +182,9 @@ impl JobLibrary {
             job_path_parts(),
             RENDER_LUA,
             include_str!("lua/plans.lua"),
+            include_str!("lua/push_lib.lua"),
             include_str!("lua/push.lua"),
+            include_str!("lua/push_at.lua"),
             run_and_reply!("ENTRY"),
             run_and_flush!("ENTRY"),
         );
@@ -181,14 +197,16 @@ impl JobLibrary {
             ));
         }
         // PUSH writes its counts in the step: its callers are clients, not a worker's tally.
-        source.push_str(&format!(
-            "redis.register_function('{name}_push', entry_flush(push_part))\n"
-        ));
+        for op in ["push", "push_at"] {
+            source.push_str(&format!(
+                "redis.register_function('{name}_{op}', entry_flush({op}_part))\n"
+            ));
+        }
         JobLibrary { name, source }
     }
 
     /// The name of job-path function `op` ("reserve", "acquire", "finish", "finish_reserve",
-    /// "batch", or "push": PUSH, D-3a).
+    /// "batch", "push": PUSH, D-3a, or "push_at": PUSH_AT, D-3b).
     pub fn function(&self, op: &str) -> String {
         format!("{}_{op}", self.name)
     }
@@ -239,6 +257,8 @@ pub struct Scripts {
     pub cancel_parked: Script,
     /// Push a job with the holds its class's published plan names, rendered in Lua (D-3a).
     pub push: Script,
+    /// Schedule a job in resque-scheduler's layout with those holds, placed now (D-3b).
+    pub push_at: Script,
     /// The job-path scripts that write their O-3 counts themselves.
     pub direct: JobScripts,
     /// The same, handing their O-3 counts back with the reply: what a worker's connection
@@ -305,6 +325,7 @@ pub fn scripts() -> &'static Scripts {
         cancel: Script::new(script!("cancel.lua")),
         cancel_parked: Script::new(script!("cancel_parked.lua")),
         push: Script::new(PUSH_SOURCE),
+        push_at: Script::new(PUSH_AT_SOURCE),
         direct: JobScripts::new(false),
         tallied: JobScripts::new(true),
         library: JobLibrary::new(),
@@ -315,9 +336,10 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 28] {
+pub fn sources() -> [(&'static str, &'static str); 29] {
     [
         ("push.lua", PUSH_SOURCE),
+        ("push_at.lua", PUSH_AT_SOURCE),
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
         ("acquire.lua", script!("acquire.lua")),

@@ -31,6 +31,10 @@ enum Step {
     Return,
     /// ENQUEUE with a hold (D-3).
     Enqueue,
+    /// PUSH of a class whose published plan places a hold and a unique key (D-3a, U-1).
+    Push,
+    /// PUSH_AT of that class (D-3b): the delayed layout, the hold and the unique key.
+    PushAt,
     /// FINISH of a failed job: a failure record.
     FinishFailure,
     /// FINISH of a rescheduled job: back to its queue.
@@ -88,6 +92,15 @@ const LOCK_VALUE: &str = "locketd-sweep:1";
 const STEPS: &[(Step, &[&str])] = &[
     (Step::Return, &["queue:q", "queues"]),
     (Step::Enqueue, &["queue:q", "queues"]),
+    (Step::Push, &["queue:q", "queues"]),
+    (
+        Step::PushAt,
+        &[
+            "delayed:100",
+            r#"timestamps:{"class":"Sweep","args":["s6"],"queue":"q"}"#,
+            "delayed_queue_schedule",
+        ],
+    ),
     (Step::FinishFailure, &["failed"]),
     (Step::FinishRequeue, &["queue:q", "queues"]),
     (Step::AcquireRequeue, &["queue:q", "queues"]),
@@ -134,6 +147,10 @@ const STEPS: &[(Step, &[&str])] = &[
 const OWN_KEYS: &[(Step, &[&str])] = &[
     (Step::Return, &["locket:counter:q"]),
     (Step::Enqueue, &["locket:deps", "locket:dep:h"]),
+    // Their unique key (`locket:unique:u:s6`) is not in these rows: taken, by a value of any
+    // type, it refuses the push as a duplicate (nothing written, U-1).
+    (Step::Push, &["locket:deps", "locket:dep:h"]),
+    (Step::PushAt, &["locket:deps", "locket:dep:h"]),
     (
         Step::FinishFailure,
         &[
@@ -314,6 +331,18 @@ async fn prepare(c: &mut Conn, k: &Keys, step: Step) -> Prepared {
     };
     match step {
         Step::Enqueue | Step::Fire | Step::LockAcquire => Prepared::default(),
+        Step::Push | Step::PushAt => {
+            let config = Config::parse(
+                "queues = \"q\"\n[classes.\"Sweep\"]\ncommand = [\"/bin/true\"]\n\
+                 holds = [ { name = \"h\", when = \"enqueue\" } ]\n\
+                 unique = \"until_expired\"\nunique_ttl = \"60s\"\nunique_key = \"u:{args[0]}\"\n",
+                "sweep",
+            )
+            .unwrap();
+            let plans = locketd::config::plans::Plans::compile(&config).unwrap();
+            store::plans::publish(c, k, &plans).await.unwrap();
+            Prepared::default()
+        }
         Step::Deliver => {
             cmd(c, &["RPUSH", &k.delayed_bucket(TS), ITEM]).await;
             cmd(
@@ -465,6 +494,31 @@ async fn run(c: &mut Conn, k: &Keys, step: Step, p: &Prepared) -> Result<(), Str
         )
         .await
         .map(drop),
+        // The scripts a client sends by EVALSHA (D-3a, D-3b).
+        Step::Push => store::scripts::scripts()
+            .push
+            .key(k.queue("q"))
+            .key(k.queues())
+            .key(k.plans())
+            .arg("q")
+            .arg(PAYLOAD)
+            .arg(k.locket_prefix())
+            .invoke_async::<redis::Value>(c)
+            .await
+            .map(drop),
+        Step::PushAt => store::scripts::scripts()
+            .push_at
+            .key(k.delayed_bucket(TS))
+            .key(k.delayed_index(ITEM))
+            .key(k.delayed_schedule())
+            .key(k.plans())
+            .arg("q")
+            .arg(ITEM)
+            .arg(TS)
+            .arg(k.locket_prefix())
+            .invoke_async::<redis::Value>(c)
+            .await
+            .map(drop),
         Step::FinishFailure => {
             let record = format!("{{\"exception\":\"E\",\"payload\":{PAYLOAD}}}");
             finish(Finish::Failure(record)).await
@@ -645,9 +699,9 @@ async fn check_with(step: Step, what: &str, atomic: bool, spoil: impl AsyncFnOnc
         );
     }
     let visible = places(c).await;
-    // Enqueue and Fire have no job before they run; every other step keeps its one job (or,
+    // Enqueue, Push, PushAt and Fire have no job before they run; every other step keeps its one job (or,
     // the lock's steps, none) visible.
-    let want = if matches!(step, Step::Enqueue | Step::Fire) {
+    let want = if matches!(step, Step::Enqueue | Step::Push | Step::PushAt | Step::Fire) {
         usize::from(result.is_ok())
     } else {
         visible_before

@@ -2,8 +2,9 @@
 // Enqueues jobs through locketd's node-resque shim (clients/node/locketd-resque.js).
 //
 // Config: { "port": P, "namespace": "resque",
-//           "jobs": [ { "queue": "q", "class": "Job", "args": [1, "x"] } ] }
-// Prints {"ok":true,"pushed":[true|false, ...]}: each enqueue's return value.
+//           "jobs": [ { "queue": "q", "class": "Job", "args": [1, "x"], "at": <unix secs> } ] }
+// A job with `at` is scheduled with enqueueAt. Prints {"ok":true,"pushed":[true|false, ...]}:
+// each enqueue's return value.
 
 const path = require("path");
 const { main } = require("./common");
@@ -13,7 +14,9 @@ main(async (queue, config) => {
   withLocketd(queue);
   const pushed = [];
   for (const job of config.jobs || []) {
-    pushed.push(await queue.enqueue(job.queue, job.class, job.args || []));
+    pushed.push(job.at === undefined
+      ? await queue.enqueue(job.queue, job.class, job.args || [])
+      : await queue.enqueueAt(job.at * 1000, job.queue, job.class, job.args || []));
   }
   return { ok: true, pushed };
 });

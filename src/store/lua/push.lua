@@ -1,7 +1,8 @@
 -- PUSH a job the way Resque pushes it, with the enqueue-time holds (`when = "enqueue"`) that
 -- its class's published plan names, rendered here from the exact payload bytes (locking-
--- semantics.md D-3, D-3a; render.lua). The one enqueue path: `locketd enqueue`, the Rust
--- client, and any client that can send FCALL (or EVALSHA of the same script) use it.
+-- semantics.md D-3, D-3a; render.lua, push_lib.lua). The one enqueue path: `locketd enqueue`,
+-- the Rust client, and any client that can send FCALL (or EVALSHA of the same script) use it.
+-- PUSH_AT (push_at.lua, D-3b) is its delayed form.
 --
 -- KEYS[1]  <ns>:queue:<q>
 -- KEYS[2]  <ns>:queues
@@ -25,7 +26,8 @@
 --                      template names a path the args do not have (T-6); while no plan acts
 --                      at enqueue, any payload is pushed unread, as Resque pushes it;
 --   LOCKET_PLAN ...    the class's plan is of a version this script does not know;
---   LOCKET_STORE ...   the queue key is not a list or `queues` not a set (S-6).
+--   LOCKET_STORE ...   the queue key is not a list, `queues` not a set, or a hold's key not a
+--                      hash (S-6).
 
 -- Resque's own push, atomic without a TYPE call each: RPUSH first (a queue key of another
 -- type raises before anything is written), then SADD; should `queues` be of another type,
@@ -40,45 +42,20 @@ local function resque_push()
   return {1, len}
 end
 
--- No published plan acts at enqueue: Resque's own push, the payload unread.
-if redis.call('SCARD', ARGV[3] .. 'holding_plans') == 0 then
-  return resque_push()
-end
-local job = render_payload(ARGV[2], ARGV[1])
-local found = redis.call('HMGET', KEYS[3], job.class, '*', '')
-local text = found[1] or found[2] or found[3]
-local holds = {}
-local ttl = 0
-local unique, unique_ttl = nil, 0
-if text then
-  local plan = push_plan(text)
-  ttl = plan.hold_ttl_ms
-  for _, h in ipairs(plan.holds) do
-    if h.when == 'enqueue' then
-      holds[#holds + 1] = (render_template(h.name, job))
-    end
-  end
-  if plan.unique then
-    unique = ARGV[3] .. 'unique:' .. render_template(plan.unique.key, job)
-    unique_ttl = plan.unique.ttl_ms
-  end
-end
-if #holds == 0 and not unique then
+local it = push_intent(KEYS[3], ARGV[3], ARGV[2], ARGV[1])
+if not push_acts(it) then
   return resque_push()
 end
 must_be('push', KEYS[1], 'list')
 must_be('push', KEYS[2], 'set')
+push_checks(ARGV[3], it)
 local now = now_ms()
-local digest = render_digest(job)
--- U-1: a duplicate within unique_ttl of the push that took the key is not pushed.
-if unique and not redis.call('SET', unique, digest, 'NX', 'PX', unique_ttl) then
+local digest = render_digest(it.job)
+if not push_take_unique(it, digest) then
   return {0, redis.call('LLEN', KEYS[1])}
 end
-for _, name in ipairs(holds) do
-  hold_add(ARGV[3], name, digest, ttl, now)
-end
-count(ARGV[3], now, 'holds_added', '', #holds)
+push_place_holds(ARGV[3], it, digest, now)
 redis.call('SADD', KEYS[2], ARGV[1])
 local reply = {1, redis.call('RPUSH', KEYS[1], ARGV[2])}
-for _, name in ipairs(holds) do reply[#reply + 1] = name end
+for _, name in ipairs(it.holds) do reply[#reply + 1] = name end
 return reply

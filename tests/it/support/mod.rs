@@ -20,7 +20,7 @@ mod reply_proxy;
 mod sentinel;
 
 pub use daemon::{Daemon, DaemonBuilder};
-pub use node::{node_dir, node_resque_dir, run_node, run_node_json};
+pub use node::{node_dir, node_resque_dir, run_bounded, run_node, run_node_json};
 pub use redis_server::RedisServer;
 pub use reply_proxy::{is_fcall_of, ReplyProxy, Tamper};
 pub use sentinel::{SentinelSetup, SERVICE as SENTINEL_SERVICE};

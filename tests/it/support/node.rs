@@ -128,6 +128,27 @@ pub fn run_node_json(
     })
 }
 
+/// Runs `cmd` (stdin closed, stdout and stderr captured) for at most `timeout`; panics, with
+/// its output, when it runs longer (it is killed and reaped). For the other languages' client
+/// tests (tests/it/ruby_shim.rs).
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> (ExitStatus, String, String) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stdout = drain(child.stdout.take().expect("stdout pipe"));
+    let stderr = drain(child.stderr.take().expect("stderr pipe"));
+    let status = wait_bounded(&mut child, timeout);
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    match status {
+        Some(status) => (status, stdout, stderr),
+        None => panic!(
+            "{cmd:?} timed out after {timeout:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        ),
+    }
+}
+
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
