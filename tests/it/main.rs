@@ -47,4 +47,5 @@ mod threaded_adapters;
 mod threads;
 mod threads_chaos;
 mod threads_visible;
+mod unique;
 mod web;

@@ -14,8 +14,9 @@
 -- ARGV[3]  locket key prefix "<ns>:locket:"
 --
 -- Reply: {pushed, queue length, hold name...}: pushed is 1, or 0 for a duplicate the class's
--- `unique` refuses (U-1: its key `<ns>:locket:unique:<rendered unique_key>` is taken; nothing
--- is written), then the queue's length (after the push) and the holds added with it.
+-- `unique` refuses (U-1..U-4: its key `<ns>:locket:unique:<rendered unique_key>` is taken;
+-- nothing is written but the `unique_refused` count), then the queue's length (after the
+-- push) and the holds added with it.
 -- While no published plan acts at enqueue, a push costs SCARD, SADD and RPUSH and the payload
 -- is not read; else a class whose plan has no enqueue-time holds (or no plan) costs SCARD,
 -- HMGET, SADD and RPUSH.
@@ -60,7 +61,7 @@ if text then
   end
   if plan.unique then
     unique = ARGV[3] .. 'unique:' .. render_template(plan.unique.key, job)
-    unique_ttl = plan.unique.ttl_ms
+    unique_ttl = tonumber(plan.unique.ttl_ms) or 0
   end
 end
 if #holds == 0 and not unique then
@@ -70,9 +71,20 @@ must_be('push', KEYS[1], 'list')
 must_be('push', KEYS[2], 'set')
 local now = now_ms()
 local digest = render_digest(job)
--- U-1: a duplicate within unique_ttl of the push that took the key is not pushed.
-if unique and not redis.call('SET', unique, digest, 'NX', 'PX', unique_ttl) then
-  return {0, redis.call('LLEN', KEYS[1])}
+-- U-1..U-4: a duplicate is not pushed while the key is taken: for unique_ttl after the push
+-- that took it (until_expired), or while that job waits (until_executing) or waits or runs
+-- (until_executed); those two set PX only with a unique_ttl backstop.
+if unique then
+  local placed
+  if unique_ttl > 0 then
+    placed = redis.call('SET', unique, digest, 'NX', 'PX', unique_ttl)
+  else
+    placed = redis.call('SET', unique, digest, 'NX')
+  end
+  if not placed then
+    count(ARGV[3], nil, 'unique_refused', job.class)
+    return {0, redis.call('LLEN', KEYS[1])}
+  end
 end
 for _, name in ipairs(holds) do
   hold_add(ARGV[3], name, digest, ttl, now)
