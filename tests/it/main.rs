@@ -48,4 +48,5 @@ mod threads;
 mod threads_chaos;
 mod threads_visible;
 mod unique;
+mod unique_chaos;
 mod web;
