@@ -126,7 +126,9 @@ mod tests {
         assert_eq!(b["unique"]["policy"], "until_executing");
         assert_eq!(b["unique"]["ttl_ms"], 3_600_000);
         assert!(all[1].holding && all[2].holding);
-        assert!(bad("[classes.A]\nunique = \"until_executed\"\nunique_ttl = \"0s\"").contains("1ms"));
+        assert!(
+            bad("[classes.A]\nunique = \"until_executed\"\nunique_ttl = \"0s\"").contains("1ms")
+        );
         assert!(bad("[classes.A]\nunique = \"until_expired\"").contains("unique_ttl"));
         assert!(bad("[classes.A]\nunique_key = \"{args[0]}\"").contains("unique"));
         assert!(bad("[classes.A]\nunique = \"maybe\"\nunique_ttl = \"1s\"").contains("maybe"));

@@ -93,12 +93,18 @@ mod tests {
         };
         assert_eq!(action(&ing, Finish::Success, true), "");
         assert_eq!(action(&ing, Finish::Failure(String::new()), true), "");
-        assert_eq!(action(&ing, Finish::Failure(String::new()), false), "release");
+        assert_eq!(
+            action(&ing, Finish::Failure(String::new()), false),
+            "release"
+        );
         assert_eq!(action(&ing, Finish::Requeue, true), "replace");
         assert_eq!(action(&ing, Finish::Return, true), "replace");
         assert_eq!(action(&ed, Finish::Success, true), "release");
         assert_eq!(action(&ed, Finish::Dirty(String::new()), true), "release");
-        assert_eq!(action(&ed, Finish::Failure(String::new()), false), "release");
+        assert_eq!(
+            action(&ed, Finish::Failure(String::new()), false),
+            "release"
+        );
         assert_eq!(action(&ed, Finish::Requeue, true), "replace");
     }
 }

@@ -16,8 +16,7 @@ use crate::resque::failure::{self, JobFailure};
 use crate::resque::payload::Job;
 use crate::store::random_hex;
 use crate::store::{
-    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled,
-    UniqueEntry,
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled, UniqueEntry,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -66,8 +65,10 @@ impl Worker {
             Err(u) => {
                 let unique = u.unique.as_ref();
                 return self
-                    .fail_unstarted(&u.rid, &u.queue, &u.raw, &u.class, u.failure, started, unique)
-                    .await
+                    .fail_unstarted(
+                        &u.rid, &u.queue, &u.raw, &u.class, u.failure, started, unique,
+                    )
+                    .await;
             }
         };
         if control.stopping() {

@@ -236,9 +236,15 @@ fn conflicts_keep_the_entry(policy: &str) {
         runs(dir, 1) == 1 && runs(dir, 2) == 1 && runs(dir, 3) == 1
     });
     wait_drained(&mut r);
-    wait_until(LONG, "nothing delayed", || r.cmd::<i64>(&["ZCARD", &delayed]) == 0);
+    wait_until(LONG, "nothing delayed", || {
+        r.cmd::<i64>(&["ZCARD", &delayed]) == 0
+    });
     assert_eq!((runs(dir, 1), runs(dir, 2), runs(dir, 3)), (1, 1, 1));
-    assert!(entries(&mut r).is_empty(), "{policy}: {:?}", entries(&mut r));
+    assert!(
+        entries(&mut r).is_empty(),
+        "{policy}: {:?}",
+        entries(&mut r)
+    );
     assert_eq!(d.terminate(LONG).code(), Some(0));
 }
 
@@ -356,7 +362,11 @@ fn cancel_of_a_parked_job_releases_its_entry() {
     };
     assert!(enqueue(&redis, &config, "q", "P", 1));
     wait_until(LONG, "P parked", || r.llen(&parked) == 1);
-    let out = cli(&redis, &config, &["cancel", &parked_rid(&mut r), "--requeue"]);
+    let out = cli(
+        &redis,
+        &config,
+        &["cancel", &parked_rid(&mut r), "--requeue"],
+    );
     assert!(out.status.success(), "{out:?}");
     assert!(r.exists(&key("P", 1)), "requeued: kept");
     wait_until(LONG, "P parked again", || r.llen(&parked) == 1);

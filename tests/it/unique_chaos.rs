@@ -47,8 +47,7 @@ return {entries, payloads}
 /// The unique entries whose job is gone: their value (the digest of the job that placed
 /// them, locks::canonical::digest) is the digest of no job that waits or runs.
 pub(crate) fn stranded(r: &mut R) -> Vec<String> {
-    let (entries, payloads): (Vec<String>, Vec<String>) =
-        r.cmd(&["EVAL", SNAPSHOT_LUA, "0", NS]);
+    let (entries, payloads): (Vec<String>, Vec<String>) = r.cmd(&["EVAL", SNAPSHOT_LUA, "0", NS]);
     let live: HashSet<String> = payloads
         .iter()
         .filter_map(|p| {
@@ -82,8 +81,16 @@ fn config(dir: &Path, death: &str) -> String {
     cfg("q")
         .top("workers = 2")
         .locket("on_worker_death", &format!("\"{death}\""))
-        .class("Ing", &handler, &format!("unique = \"until_executing\"\n{key}"))
-        .class("Ed", &handler, &format!("unique = \"until_executed\"\n{key}"))
+        .class(
+            "Ing",
+            &handler,
+            &format!("unique = \"until_executing\"\n{key}"),
+        )
+        .class(
+            "Ed",
+            &handler,
+            &format!("unique = \"until_executed\"\n{key}"),
+        )
         .class(
             "IngL",
             &handler,
@@ -176,7 +183,11 @@ fn chaos_leaves_no_unique_entry_without_its_job() {
         }
         let now = Instant::now();
         if now >= next_worker_kill {
-            let workers: Vec<i32> = daemons.iter().flatten().flat_map(|d| d.worker_pids()).collect();
+            let workers: Vec<i32> = daemons
+                .iter()
+                .flatten()
+                .flat_map(|d| d.worker_pids())
+                .collect();
             if !workers.is_empty() {
                 let victim = workers[rng.random_range(0..workers.len())];
                 // SAFETY: kill(2) of one of the daemons' worker processes.
@@ -224,7 +235,9 @@ fn chaos_leaves_no_unique_entry_without_its_job() {
     if let Some((i, _)) = restart_at {
         daemons[i] = Some(Daemon::start(&redis, &configs[i], &[]));
     }
-    wait_until(Duration::from_secs(40), "the fleet drained", || drained(&mut r));
+    wait_until(Duration::from_secs(40), "the fleet drained", || {
+        drained(&mut r)
+    });
     let left = entries(&mut r);
     let runs = std::fs::read_to_string(dir.join("runs"))
         .map(|s| s.lines().count())
