@@ -332,8 +332,8 @@ fn the_ttl_backstop_ends_an_entry_whose_job_was_removed_by_hand() {
     assert!(enqueue(&redis, &config, "q", "B", 1));
 }
 
-/// U-4, A-21: an operator's cancel of a parked job records it as failed and ends its entry;
-/// with `--requeue` the job waits again and keeps it.
+/// U-3, A-21: an operator's cancel of a parked or delayed job records it as failed and ends its
+/// entry; with `--requeue` the job waits again and keeps it.
 #[test]
 fn cancel_of_a_parked_job_releases_its_entry() {
     let redis = RedisServer::start();
@@ -348,6 +348,14 @@ fn cancel_of_a_parked_job_releases_its_entry() {
             "P",
             &g,
             &format!("lock = \"acct\"\n{}", unique("until_executing")),
+        )
+        .class(
+            "D",
+            &g,
+            &format!(
+                "lock = \"acct\"\non_conflict = \"delay\"\ndelay_base = \"60s\"\n{}",
+                unique("until_executed")
+            ),
         )
         .render();
     let config = write_config(dir, &text);
@@ -375,6 +383,18 @@ fn cancel_of_a_parked_job_releases_its_entry() {
     assert_eq!(r.failures().len(), 1);
     assert!(!r.exists(&key("P", 1)), "cancelled: released");
     assert!(enqueue(&redis, &config, "q", "P", 1));
+    // A delayed job the same way.
+    assert!(enqueue(&redis, &config, "q", "D", 2));
+    let delayed = format!("{NS}:locket:delayed");
+    wait_until(LONG, "D delayed", || {
+        r.cmd::<i64>(&["ZCARD", &delayed]) == 1
+    });
+    let members: Vec<String> = r.cmd(&["ZRANGE", &delayed, "0", "0"]);
+    let v: serde_json::Value = serde_json::from_str(&members[0]).unwrap();
+    let out = cli(&redis, &config, &["cancel", v["rid"].as_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(r.failures().len(), 2);
+    assert!(!r.exists(&key("D", 2)), "cancelled while delayed: released");
     touch(dir, "go-all");
     wait_drained(&mut r);
     assert_eq!(runs(dir, 1), 1);

@@ -65,8 +65,8 @@ redis.call('INCR', KEYS[3])
 -- back in its queue above, it keeps it).
 local ok, e = pcall(cjson.decode, ARGV[2])
 if ok and type(e) == 'table' and type(e['digest']) == 'string' then
-  local u = unique_entry.decode(cjson.encode(e['unique'] or false))
-  if u then
+  local u = e['unique']
+  if type(u) == 'table' and type(u[1]) == 'string' then
     unique_entry.release(string.sub(KEYS[7], 1, -14), u[1], e['digest'], e['class'] or '')
   end
 end
