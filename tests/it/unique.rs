@@ -401,3 +401,42 @@ fn cancel_of_a_parked_job_releases_its_entry() {
     assert!(entries(&mut r).is_empty(), "{:?}", entries(&mut r));
     assert_eq!(d.terminate(LONG).code(), Some(0));
 }
+
+/// U-3: a job that fails without running its handler to the end holds no entry: one whose class
+/// has no handler (NameError, never started), and an `until_executed` job still running when
+/// its daemon's `shutdown_timeout` ends (`Resque::TermException`).
+#[test]
+fn jobs_failed_unstarted_or_at_shutdown_release_their_entry() {
+    let redis = RedisServer::start();
+    let mut r = R::new(&redis);
+    let work = workdir();
+    let dir = work.path();
+    let text = format!(
+        "{}\n[classes.\"NoHandler\"]\n{}\n",
+        cfg("q")
+            .locket("shutdown_timeout", "\"1s\"")
+            .class("E", &gate(dir), &unique("until_executed"))
+            .render(),
+        unique("until_executing")
+    );
+    let config = write_config(dir, &text);
+    assert!(enqueue(&redis, &config, "q", "NoHandler", 1));
+    assert!(r.exists(&key("NoHandler", 1)));
+    let mut d = Daemon::start(&redis, &text, &[]);
+    wait_until(LONG, "the job without a handler failed", || {
+        r.failures().len() == 1
+    });
+    assert_eq!(r.failures()[0]["exception"], "NameError");
+    assert!(
+        !r.exists(&key("NoHandler", 1)),
+        "failed unstarted: released"
+    );
+    assert!(enqueue(&redis, &config, "q", "E", 2));
+    wait_started(dir, 2);
+    assert!(r.exists(&key("E", 2)));
+    d.terminate(LONG);
+    assert_eq!(r.failures().len(), 2);
+    assert_eq!(r.failures()[1]["exception"], "Resque::TermException");
+    assert!(!r.exists(&key("E", 2)), "failed at shutdown: released");
+    assert!(entries(&mut r).is_empty(), "{:?}", entries(&mut r));
+}
