@@ -131,7 +131,7 @@ fn drained(r: &mut R) -> bool {
 }
 
 /// 15 s of chaos over three daemons of two workers (two recover dead workers' jobs by
-/// requeueing them, one by failing them): about 40 pushes a second over 4 classes × 6 keys, a
+/// requeueing them, one by failing them): about 40 pushes a second over 4 classes × 12 keys, a
 /// worker SIGKILLed every 0.2–0.6 s, a whole daemon every 2–4 s (started again 0.5–1.5 s
 /// later), the failed list emptied or one record removed every second. At every pause and at
 /// the end no entry is stranded; once drained, no entry is left at all. Prints the figures.
@@ -176,7 +176,7 @@ fn chaos_leaves_no_unique_entry_without_its_job() {
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(25));
         let class = classes[rng.random_range(0..classes.len())];
-        if push(&mut r, &function, class, rng.random_range(0..6)) {
+        if push(&mut r, &function, class, rng.random_range(0..12)) {
             pushed += 1;
         } else {
             refused += 1;
