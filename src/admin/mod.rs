@@ -63,6 +63,9 @@ pub const EVENTS: &[&str] = &[
     "park_full",
     "rate_limited",
     "throttled",
+    "unique_refused",
+    "unique_released",
+    "unique_replaced",
 ];
 
 /// The operator subcommands, flattened into the binary's command enum.
@@ -387,7 +390,7 @@ impl Admin {
             print_json(&out);
         } else if !done.pushed {
             println!(
-                "not pushed: a duplicate of a {class} job pushed within its unique_ttl (length {})",
+                "not pushed: the unique key of this {class} job is taken (queue length {})",
                 done.queue_length
             );
         } else {

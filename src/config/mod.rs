@@ -421,11 +421,13 @@ pub struct ClassConfig {
     /// Dependency holds this class places (§8).
     #[serde(default)]
     pub holds: Vec<HoldEntry>,
-    /// Unique jobs at enqueue (locking-semantics.md U-1): `"until_expired"`, PUSH does not push
-    /// a duplicate (same `unique_key`) for `unique_ttl` after a push.
+    /// Unique jobs at enqueue (locking-semantics.md U-1..U-4): PUSH does not push a duplicate
+    /// (same `unique_key`) for `unique_ttl` after a push (`"until_expired"`), while the job waits
+    /// (`"until_executing"`), or while it waits or runs (`"until_executed"`).
     #[serde(default)]
     pub unique: Option<String>,
-    /// How long `until_expired` refuses duplicates after a push.
+    /// How long `until_expired` refuses duplicates after a push; for the other two policies an
+    /// optional backstop lifetime of the entry (U-4).
     #[serde(default)]
     pub unique_ttl: Option<Secs>,
     /// The key template of `unique` (default `{class}:{args_digest}`, T-4).

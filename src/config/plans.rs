@@ -118,14 +118,43 @@ pub struct ClassPlan {
     pub unique: Option<UniquePlan>,
 }
 
-/// `unique = "until_expired"` (U-1): a push whose rendered `key` is taken is not made, for
-/// `ttl` after the push that took it.
+/// A unique policy (U-1..U-4): how long a push refuses a duplicate with the same `unique_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UniquePolicy {
+    /// For `unique_ttl` after the push that took the key, whatever the job does (U-1).
+    UntilExpired,
+    /// While the job waits (queued, delayed, parked, reserved): released when it starts (U-2).
+    UntilExecuting,
+    /// While it waits or runs: released when it ends, succeeded or failed (U-3).
+    UntilExecuted,
+}
+
+impl UniquePolicy {
+    /// The configuration's and the published plan's word.
+    pub fn word(self) -> &'static str {
+        match self {
+            UniquePolicy::UntilExpired => "until_expired",
+            UniquePolicy::UntilExecuting => "until_executing",
+            UniquePolicy::UntilExecuted => "until_executed",
+        }
+    }
+
+    /// True for the policies whose entry follows the job's life (U-2..U-4).
+    pub fn follows_job(self) -> bool {
+        self != UniquePolicy::UntilExpired
+    }
+}
+
+/// `unique` (U-1..U-4): a push whose rendered `key` is taken is not made.
 #[derive(Debug, Clone)]
 pub struct UniquePlan {
+    /// The policy.
+    pub policy: UniquePolicy,
     /// The key template.
     pub key: Template,
-    /// How long the key refuses duplicates.
-    pub ttl: Duration,
+    /// The entry's lifetime: required for `until_expired`; for the other two an optional
+    /// backstop for entries whose job a foreign tool removed (U-4); `None` = no expiry.
+    pub ttl: Option<Duration>,
 }
 
 /// A class plan rendered for one payload.
@@ -271,6 +300,12 @@ impl Plans {
             .chain(self.classes.iter().map(|(k, v)| (k.as_str(), v)))
     }
 
+    /// True when some plan has a unique policy that follows the job (U-2..U-4).
+    pub fn any_unique_follows_job(&self) -> bool {
+        self.fields()
+            .any(|(_, p)| p.unique.as_ref().is_some_and(|u| u.policy.follows_job()))
+    }
+
     /// The plan of a class: its own table, else the `"*"` fallback table, else the `[locket]`
     /// defaults. Tables do not merge: a class with a table of its own takes nothing from `"*"`.
     pub fn get(&self, class: &str) -> &ClassPlan {
@@ -326,42 +361,53 @@ fn check_shared_rate_keys(classes: &HashMap<String, ClassPlan>) -> Result<(), Co
     Ok(())
 }
 
-/// U-1: `unique`, `unique_ttl`, `unique_key`. Only `until_expired` runs today; the policies that
-/// follow the job's life (`until_executing`, `until_executed`) are refused by name rather than
-/// accepted and ignored.
+/// U-1..U-4: `unique`, `unique_ttl`, `unique_key`. `unique_ttl` is required for
+/// `until_expired` (the key lives only by it) and optional for the two policies that follow the
+/// job, where it is a backstop lifetime for entries whose job a foreign tool removed.
 fn compile_unique(setting: &str, c: &ClassConfig) -> Result<Option<UniquePlan>, ConfigError> {
-    let Some(policy) = &c.unique else {
+    let Some(word) = &c.unique else {
         if c.unique_ttl.is_some() || c.unique_key.is_some() {
             return Err(invalid(
                 &format!("{setting}.unique"),
-                "unique_ttl and unique_key need `unique = \"until_expired\"`",
+                "unique_ttl and unique_key need `unique` (\"until_expired\", \"until_executing\" \
+                 or \"until_executed\")",
             ));
         }
         return Ok(None);
     };
-    match policy.as_str() {
-        "until_expired" => {}
-        "until_executing" | "until_executed" => {
-            return Err(invalid(
-                &format!("{setting}.unique"),
-                format!("{policy:?} is not supported yet; use \"until_expired\" with unique_ttl"),
-            ))
-        }
+    let policy = match word.as_str() {
+        "until_expired" => UniquePolicy::UntilExpired,
+        "until_executing" => UniquePolicy::UntilExecuting,
+        "until_executed" => UniquePolicy::UntilExecuted,
         other => {
             return Err(invalid(
                 &format!("{setting}.unique"),
-                format!("{other:?} is not a unique policy (use \"until_expired\")"),
+                format!(
+                    "{other:?} is not a unique policy (use \"until_expired\", \
+                     \"until_executing\" or \"until_executed\")"
+                ),
             ))
         }
-    }
-    let Some(ttl) = c.unique_ttl.map(Secs::get).filter(|d| d.as_millis() >= 1) else {
-        return Err(invalid(
-            &format!("{setting}.unique_ttl"),
-            "is required with unique = \"until_expired\" (at least 1ms)",
-        ));
+    };
+    let ttl = match c.unique_ttl.map(Secs::get) {
+        Some(d) if d.as_millis() < 1 => {
+            return Err(invalid(
+                &format!("{setting}.unique_ttl"),
+                "must be at least 1ms",
+            ))
+        }
+        Some(d) => Some(d),
+        None if policy == UniquePolicy::UntilExpired => {
+            return Err(invalid(
+                &format!("{setting}.unique_ttl"),
+                "is required with unique = \"until_expired\" (at least 1ms)",
+            ))
+        }
+        None => None,
     };
     let text = c.unique_key.as_deref().unwrap_or(DEFAULT_TEMPLATE);
     Ok(Some(UniquePlan {
+        policy,
         key: template(&format!("{setting}.unique_key"), text)?,
         ttl,
     }))

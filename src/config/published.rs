@@ -11,7 +11,8 @@
 //! {"v":1,"digest":"<64 hex>","hold_ttl_ms":86400000,
 //!  "holds":[{"name":<template>,"when":"enqueue","release_on":"success"}],
 //!  "locks":[{"key":<template>,"limit":1}],"locked_by":[<template>],
-//!  "unique":{"policy":"until_expired","key":<template>,"ttl_ms":60000}}    (unique: when set)
+//!  "unique":{"policy":"until_expired","key":<template>,"ttl_ms":60000}}    (unique: when set;
+//!  policy also "until_executing" or "until_executed", whose ttl_ms is 0 without unique_ttl)
 //! ```
 //!
 //! Each `<template>` is [`Template::compiled`](crate::locks::template::Template::compiled).
@@ -71,9 +72,9 @@ pub fn publish_class(field: &str, plan: &ClassPlan) -> Published {
     });
     if let Some(u) = &plan.unique {
         body["unique"] = json!({
-            "policy": "until_expired",
+            "policy": u.policy.word(),
             "key": u.key.compiled(),
-            "ttl_ms": u64::try_from(u.ttl.as_millis()).unwrap_or(u64::MAX),
+            "ttl_ms": u.ttl.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         });
     }
     let digest = canonical::sha256_hex(canonical::canonical_json(&body).as_bytes());
@@ -115,9 +116,18 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
+        // U-2, U-3: the policies that follow the job need no unique_ttl (a backstop there).
+        let p = plans("[classes.A]\nunique = \"until_executed\"\n[classes.B]\nunique = \"until_executing\"\nunique_ttl = \"1h\"\nunique_key = \"{args[0]}\"\n");
+        let all = publish_all(&p);
+        let a: Value = serde_json::from_str(&all[1].json).unwrap();
+        assert_eq!(a["unique"]["policy"], "until_executed");
+        assert_eq!(a["unique"]["ttl_ms"], 0);
+        let b: Value = serde_json::from_str(&all[2].json).unwrap();
+        assert_eq!(b["unique"]["policy"], "until_executing");
+        assert_eq!(b["unique"]["ttl_ms"], 3_600_000);
+        assert!(all[1].holding && all[2].holding);
         assert!(
-            bad("[classes.A]\nunique = \"until_executed\"\nunique_ttl = \"1s\"")
-                .contains("not supported yet")
+            bad("[classes.A]\nunique = \"until_executed\"\nunique_ttl = \"0s\"").contains("1ms")
         );
         assert!(bad("[classes.A]\nunique = \"until_expired\"").contains("unique_ttl"));
         assert!(bad("[classes.A]\nunique_key = \"{args[0]}\"").contains("unique"));

@@ -105,6 +105,8 @@ pub struct AcquireOptions<'a> {
     pub on_park_full: Policy,
     /// Keyed rate limits, checked with the locks, all or nothing (rate-limits.md RL-1, RL-2).
     pub rates: &'a [RateSpec],
+    /// The job's unique entry when its class's policy follows the job (U-2..U-4).
+    pub unique: Option<&'a super::UniqueEntry>,
 }
 
 impl Default for AcquireOptions<'_> {
@@ -125,6 +127,7 @@ impl Default for AcquireOptions<'_> {
             max_parked: DEFAULT_MAX_PARKED,
             on_park_full: Policy::Requeue,
             rates: &[],
+            unique: None,
         }
     }
 }
@@ -341,6 +344,9 @@ fn extras(slot: &SlotRef<'_>, req: &AcquireRequest<'_>, o: &AcquireOptions<'_>) 
             .map(|r| serde_json::json!([r.key, r.limit, ms(r.period), u8::from(r.spread)]))
             .collect();
         m.insert("rates".into(), rates.into());
+    }
+    if let Some(u) = o.unique {
+        m.insert("unique".into(), u.spec());
     }
     if o.on_lock_conflict == Policy::Wait || o.on_dep_conflict == Policy::Wait {
         m.insert("wait".into(), true.into());

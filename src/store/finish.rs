@@ -45,6 +45,8 @@ pub struct FinishHolds<'a> {
     /// This FINISH is sent again after an attempt whose reply never came. If its reservation
     /// is gone, that attempt most likely landed, so the holds are not released a second time.
     pub resent: bool,
+    /// What FINISH does with the job's unique entry ([`UniqueEntry::finish_arg`](super::UniqueEntry::finish_arg)), `""` for nothing.
+    pub unique: &'a str,
 }
 
 /// FINISH with hold releases (A-13 step 3).
@@ -133,6 +135,7 @@ pub(super) fn finish_parts(
             serde_json::Value::from(holds.release.to_vec()).to_string()
         },
         if holds.resent { "1" } else { "" }.to_string(),
+        holds.unique.to_string(),
     ];
     for l in req.locks {
         a.push(l.id.clone());

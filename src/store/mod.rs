@@ -17,6 +17,7 @@ mod reserve;
 pub mod schedule;
 pub mod scripts;
 pub mod tally;
+mod unique;
 mod upkeep;
 
 // The typed API, one module per group of steps; callers name it `store::<fn>`.
@@ -28,6 +29,7 @@ pub use parked::*;
 pub use pause::*;
 pub use rates::*;
 pub use reserve::*;
+pub use unique::UniqueEntry;
 pub use upkeep::*;
 
 use crate::resque::keys::Keys;

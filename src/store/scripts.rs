@@ -1,5 +1,6 @@
 //! The locket Lua scripts, one operation per file under `lua/`, each prefixed with the shared
-//! helpers in `lua/lib.lua` and `lua/lib_park.lua` (its parked waits). Only this file names the
+//! helpers in `lua/lib.lua`, `lua/lib_park.lua` (its parked waits) and `lua/lib_unique.lua`
+//! (unique entries that follow their job). Only this file names the
 //! files.
 
 use redis::Script;
@@ -64,6 +65,7 @@ macro_rules! script {
             replicate!(),
             include_str!("lua/lib.lua"),
             include_str!("lua/lib_park.lua"),
+            include_str!("lua/lib_unique.lua"),
             include_str!("lua/rate.lua"),
             "local function main_part(KEYS, ARGV)\n",
             include_str!(concat!("lua/", $file)),
@@ -96,7 +98,7 @@ fn combined(entry: &str, tallied: bool) -> String {
 /// the job-path scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}{}\n{}\n\
+        "{}{}{}\n{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
@@ -104,6 +106,7 @@ fn job_path_parts() -> String {
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
         include_str!("lua/lib.lua"),
         include_str!("lua/lib_park.lua"),
+        include_str!("lua/lib_unique.lua"),
         include_str!("lua/rate.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
@@ -125,6 +128,7 @@ macro_rules! push_script {
             replicate!(),
             include_str!("lua/lib.lua"),
             include_str!("lua/lib_park.lua"),
+            include_str!("lua/lib_unique.lua"),
             include_str!("lua/rate.lua"),
             include_str!("lua/render.lua"),
             include_str!("lua/plans.lua"),

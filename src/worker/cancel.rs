@@ -119,12 +119,15 @@ impl super::Worker {
             }
         };
         tracing::warn!(target: "locketd::worker", rid = %rid, queue = %queue, class = %class, by = %req.by, requeue = req.requeue, "job cancelled by an operator before it started");
+        // U-2..U-4: failed, it holds no unique entry; put back, it keeps it.
+        let unique = self.unique_of_payload(&payload, queue);
         if req.requeue {
             let holds = crate::store::FinishHolds {
                 class: &class,
-                digest: "",
+                digest: unique.as_ref().map_or("", |u| u.digest.as_str()),
                 release: &[],
                 resent: false,
+                unique: "",
             };
             return self
                 .finish_outcome(
@@ -137,6 +140,7 @@ impl super::Worker {
                     started,
                     "requeued",
                     &holds,
+                    unique.as_ref().map(|u| (u, false)),
                 )
                 .await;
         }
@@ -144,7 +148,7 @@ impl super::Worker {
             "Locket::Cancelled",
             format!("cancelled by an operator before it started: {}", req.by),
         );
-        self.fail_unstarted(rid, queue, &payload, &class, f, started)
+        self.fail_unstarted(rid, queue, &payload, &class, f, started, unique.as_ref())
             .await
     }
 }

@@ -6,7 +6,7 @@ use super::retry::{retry, GaveUp};
 use super::{Control, StopReason, Worker};
 use crate::config::plans::RenderedPlan;
 use crate::locks::LockSpec;
-use crate::store::{self, Finish, FinishHolds, FinishRequest};
+use crate::store::{self, Finish, FinishHolds, FinishRequest, UniqueEntry};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{error, info, warn};
 
@@ -27,6 +27,7 @@ impl Worker {
         class: &str,
         started: Instant,
         holds: Option<(&str, &RenderedPlan)>,
+        unique: Option<(&UniqueEntry, bool)>,
     ) -> Option<StopReason> {
         let release = holds
             .map(|(_, r)| r.releases(result.is_ok()))
@@ -36,6 +37,16 @@ impl Worker {
             digest: holds.map(|(d, _)| d).unwrap_or(""),
             release: &release,
             resent: false,
+            unique: "",
+        };
+        // U-2..U-4: the entry is compared with the job's digest, which an unstarted job's
+        // FINISH is not given otherwise.
+        let fh = match (unique, holds) {
+            (Some((u, _)), None) => FinishHolds {
+                digest: &u.digest,
+                ..fh
+            },
+            _ => fh,
         };
         // Ends that go back to the queue, recorded nowhere: exit 75 (EX_TEMPFAIL) to the tail,
         // the lock released in the same FINISH so the next run of this key starts without
@@ -63,6 +74,7 @@ impl Worker {
                         started,
                         "throttled",
                         &fh,
+                        unique,
                     )
                     .await;
             }
@@ -89,7 +101,7 @@ impl Worker {
             info!(target: LOG_TARGET, queue = %queue, class = %class, "{message}");
             return self
                 .finish_outcome(
-                    rid, queue, token, locks, outcome, class, started, label, &fh,
+                    rid, queue, token, locks, outcome, class, started, label, &fh, unique,
                 )
                 .await;
         }
@@ -114,7 +126,7 @@ impl Worker {
             warn!(target: LOG_TARGET, queue = %queue, class = %class, exception = %f.exception, error = %f.error, recorded_by_app = f.recorded, "job failed");
         }
         self.finish_outcome(
-            rid, queue, token, locks, outcome, class, started, label, &fh,
+            rid, queue, token, locks, outcome, class, started, label, &fh, unique,
         )
         .await
     }
@@ -131,13 +143,18 @@ impl Worker {
         started: Instant,
         label: &str,
         holds: &FinishHolds<'_>,
+        unique: Option<(&UniqueEntry, bool)>,
     ) -> Option<StopReason> {
         // Recorded with the next RESERVE (one round trip for both), or flushed on its own
         // before the loop waits or stops.
         if let Some(r) = self.flush_pending().await {
             return Some(r);
         }
+        let unique = unique
+            .map(|(u, started)| u.finish_arg(&outcome, started))
+            .unwrap_or_default();
         self.pending = Some(PendingFinish {
+            unique,
             rid: rid.to_string(),
             queue: queue.to_string(),
             token: token.to_string(),
@@ -248,6 +265,8 @@ pub(super) struct PendingFinish {
     pub(super) class: String,
     pub(super) digest: String,
     pub(super) release: Vec<String>,
+    /// FINISH's ARGV for the job's unique entry (U-2..U-4), `""` for nothing.
+    pub(super) unique: String,
     pub(super) started: Instant,
     pub(super) label: String,
     /// A FINISH+RESERVE carrying it failed: it may have landed.
@@ -277,6 +296,7 @@ impl PendingFinish {
             digest: &self.digest,
             release: &self.release,
             resent: self.tried,
+            unique: &self.unique,
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::resque::failure::{self, JobFailure};
 use crate::resque::payload::Job;
 use crate::store::random_hex;
 use crate::store::{
-    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled,
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled, UniqueEntry,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -63,9 +63,12 @@ impl Worker {
         let p = match self.plan_job(queue, payload, rid, started) {
             Ok(p) => p,
             Err(u) => {
+                let unique = u.unique.as_ref();
                 return self
-                    .fail_unstarted(&u.rid, &u.queue, &u.raw, &u.class, u.failure, started)
-                    .await
+                    .fail_unstarted(
+                        &u.rid, &u.queue, &u.raw, &u.class, u.failure, started, unique,
+                    )
+                    .await;
             }
         };
         if control.stopping() {
@@ -106,15 +109,21 @@ impl Worker {
                     raw,
                     class,
                     failure,
+                    unique: None,
                 }));
             }
         };
+        let digest = canonical::digest(&job.class, &job.args);
+        // U-2..U-4: known before anything can fail the job, so that a job failed unstarted
+        // (no handler, a bad lock key) releases its entry too.
+        let unique = self.unique_of(&job, &queue, &digest);
         let unstarted = |job: &Job, failure| Unstarted {
             rid: rid.clone(),
             queue: queue.clone(),
             raw: job.raw.clone(),
             class: job.class.clone(),
             failure,
+            unique: unique.clone(),
         };
         let Some(handler) = self.handlers.get(&job.class) else {
             let f = JobFailure::new(
@@ -127,7 +136,6 @@ impl Worker {
             warn!(target: LOG_TARGET, queue = %queue, class = %job.class, "no handler for class");
             return Err(Box::new(unstarted(&job, f)));
         };
-        let digest = canonical::digest(&job.class, &job.args);
         let plans = self.plans.clone();
         let input = RenderInput {
             class: &job.class,
@@ -159,7 +167,36 @@ impl Worker {
             plans,
             rendered,
             token,
+            unique,
         })
+    }
+
+    /// U-2..U-4: the unique entry of a job whose class's policy follows the job (rendered as
+    /// PUSH renders it), or `None` (no such policy, or a key the args cannot render, which
+    /// PUSH refused too).
+    pub(super) fn unique_of(&self, job: &Job, queue: &str, digest: &str) -> Option<UniqueEntry> {
+        let u = self.plans.get(&job.class).unique.as_ref()?;
+        if !u.policy.follows_job() {
+            return None;
+        }
+        let input = RenderInput {
+            class: &job.class,
+            queue,
+            digest,
+            args: &job.args,
+        };
+        let id = u.key.render(&input).ok()?.id;
+        Some(UniqueEntry::new(&self.keys, &id, u.policy, u.ttl, digest))
+    }
+
+    /// [`Self::unique_of`] for a payload read back from the slot's record.
+    pub(super) fn unique_of_payload(&self, payload: &str, queue: &str) -> Option<UniqueEntry> {
+        if !self.plans.any_unique_follows_job() {
+            return None;
+        }
+        let job = Job::decode(payload.as_bytes(), queue, self.config.max_payload_bytes).ok()?;
+        let digest = canonical::digest(&job.class, &job.args);
+        self.unique_of(&job, queue, &digest)
     }
 
     /// What a conflict can lead to for this job (§6), worked out once before ACQUIRE.
@@ -167,6 +204,7 @@ impl Worker {
         let (plan, rendered) = (p.plan(), &p.rendered);
         // The plain path (requeue policy, no holds, no fencing) sends no options at all.
         let plain = plan.on_conflict == Policy::Requeue
+            && p.unique.is_none()
             && !plan.has_dependencies()
             && rendered.rates.is_empty()
             && !plan.fencing
@@ -239,6 +277,7 @@ impl Worker {
             max_parked: plan.max_parked,
             on_park_full: plan.on_park_full,
             rates: &p.rendered.rates,
+            unique: p.unique.as_ref(),
         }
     }
 
@@ -270,7 +309,8 @@ impl Worker {
                         format!("Redis refused the job's lock step (ACQUIRE): {why}"),
                     );
                     let (rid, queue, raw, class) = (&p.rid, &p.queue, &p.job.raw, &p.job.class);
-                    let stop = self.fail_unstarted(rid, queue, raw, class, f, p.started);
+                    let unique = p.unique.as_ref();
+                    let stop = self.fail_unstarted(rid, queue, raw, class, f, p.started, unique);
                     return Acquire::Ended(stop.await);
                 }
             };
@@ -516,6 +556,7 @@ impl Worker {
                 digest: &p.digest,
                 release: &release,
                 resent: false,
+                unique: "",
             };
             return self
                 .finish_outcome(
@@ -528,6 +569,7 @@ impl Worker {
                     p.started,
                     "requeued",
                     &holds,
+                    p.unique.as_ref().map(|u| (u, true)),
                 )
                 .await;
         }
@@ -546,6 +588,7 @@ impl Worker {
                 class,
                 p.started,
                 Some((&p.digest, &p.rendered)),
+                p.unique.as_ref().map(|u| (u, true)),
             )
             .await;
         if dead.is_cancelled() {
@@ -555,7 +598,8 @@ impl Worker {
     }
 
     /// Records a reserved job that never ran (bad payload, no handler, bad lock key) as failed:
-    /// no lock, no token, nothing to release.
+    /// no lock, no token, nothing to release but its unique entry (U-2..U-4).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn fail_unstarted(
         &mut self,
         rid: &str,
@@ -564,6 +608,7 @@ impl Worker {
         class: &str,
         failure: JobFailure,
         started: Instant,
+        unique: Option<&UniqueEntry>,
     ) -> Option<StopReason> {
         self.finish_job(
             rid,
@@ -575,6 +620,7 @@ impl Worker {
             class,
             started,
             None,
+            unique.map(|u| (u, false)),
         )
         .await
     }
@@ -642,6 +688,8 @@ pub(super) struct Planned {
     rendered: RenderedPlan,
     /// The attempt's lock token (L-3); empty without locks.
     token: String,
+    /// Its unique entry when its class's policy follows the job (U-2..U-4).
+    unique: Option<UniqueEntry>,
 }
 
 impl Planned {
@@ -663,6 +711,7 @@ struct Unstarted {
     raw: String,
     class: String,
     failure: JobFailure,
+    unique: Option<UniqueEntry>,
 }
 
 /// What a conflict can lead to for one job.

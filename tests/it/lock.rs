@@ -251,6 +251,7 @@ const NO_HOLDS: store::FinishHolds<'static> = store::FinishHolds {
     digest: "d",
     release: &[],
     resent: false,
+    unique: "",
 };
 
 async fn finish(
@@ -4136,6 +4137,7 @@ async fn s6_a_finish_that_cannot_record_releases_nothing() {
         digest: "d6",
         release: &release,
         resent: false,
+        unique: "",
     };
     for _ in 0..3 {
         let err = store::finish_with(c, &h.slot.r(), &req, &holds)

@@ -50,4 +50,6 @@ mod threaded_adapters;
 mod threads;
 mod threads_chaos;
 mod threads_visible;
+mod unique;
+mod unique_chaos;
 mod web;

@@ -166,6 +166,7 @@ impl Job {
             digest: &self.digest,
             release,
             resent,
+            unique: "",
         };
         store::finish_with(c, &self.slot(), &req, &holds)
             .await

@@ -46,6 +46,11 @@
 --                rates          [[key, limit, period ms, spread 0/1]...] (rate-limits.md RL-1,
 --                               RL-2): all must allow the start; a refusal parks the job on
 --                               the first refusing rate (RL-3), whatever the lock policy
+--                unique         [key, policy, ttl ms] of a unique entry that follows the job
+--                               (U-2..U-4, lib_unique.lua): START records it in the record
+--                               (field `unique`) and, for until_executing, releases the entry;
+--                               discard and fail release it; park and delay carry it in
+--                               the job's entry; requeue and wait keep it
 -- ARGV[13]     the worker's clock in ms (acquired_at, started_at: shown, never a deadline)
 -- ARGV[14]     "1" when this ACQUIRE is sent again after an attempt whose reply never came
 -- ARGV[13+2i]  lock id i       for i = 1..n
@@ -480,7 +485,8 @@ if #conflicts > 0 then
     park_res = c1[1] .. ':' .. c1[2]
     park_key = prefix .. 'parked:' .. park_res
     local entry = {rid = ARGV[1], queue = queue, payload = job_payload(), parked_at = wnow,
-      class = class, digest = digest, attempt = 1, ttl = ttl, limit = tonumber(c1[4]) or 0}
+      class = class, digest = digest, attempt = 1, ttl = ttl, limit = tonumber(c1[4]) or 0,
+      unique = opt['unique']}
     if c1[7] then
       entry['period'] = tonumber(c1[7][3])
       entry['spread'] = (c1[7][4] == 1 or c1[7][4] == true) and 1 or 0
@@ -551,6 +557,8 @@ if #conflicts > 0 then
     free_unit()
     redis.call('DEL', inflight)
     count(prefix, now, 'conflict_failed', class)
+    -- U-2, U-3: a failed job holds no unique entry.
+    if opt['unique'] then unique_entry.release(prefix, opt['unique'][1], digest, class) end
     action = 'failed'
   end
   local c1 = conflicts[1]
@@ -605,6 +613,7 @@ if #conflicts > 0 then
     free_unit()
     redis.call('DEL', inflight)
     count(prefix, now, 'discarded', class)
+    if opt['unique'] then unique_entry.release(prefix, opt['unique'][1], digest, class) end
     action = 'discarded'
   elseif fallback == 'delay' then
     local d = opt['delay'] or {}
@@ -622,7 +631,8 @@ if #conflicts > 0 then
       now = now_ms()
       due = now + math.floor(wait * (1 + tonumber(d['r'] or 0)))
       local member = cjson.encode({rid = ARGV[1], queue = queue, payload = payload,
-        reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt})
+        reason = conflicts[1][1], resource = conflicts[1][2], attempt = attempt,
+        unique = opt['unique'], digest = opt['unique'] and digest or nil})
       redis.call('ZADD', prefix .. 'delayed', due, member)
       free_unit()
       redis.call('DEL', inflight)
@@ -740,4 +750,11 @@ count(prefix, now, 'holds_added', class, #start_holds)
 
 start_job(ids, holds, fence_list, now)
 if opt['attempts'] then redis.call('HDEL', prefix .. 'attempts', digest) end
+-- U-2, U-3: the record knows the job's unique entry (recovery runs without the worker); an
+-- until_executing entry ends here, as the job now runs.
+local u = opt['unique']
+if u then
+  redis.call('HSET', inflight, 'unique', cjson.encode(u))
+  if u[2] == 'until_executing' then unique_entry.release(prefix, u[1], digest, class) end
+end
 return out

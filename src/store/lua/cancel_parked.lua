@@ -4,7 +4,8 @@
 -- that entry, if it is still there, and records the job as failed with `Locket::Cancelled`
 -- (the record made by the command), or with `--requeue` pushes it to the tail of its queue.
 -- A parked or delayed job holds no lock, unit or cap: removing its entry releases everything
--- it has (the parked list's per-queue count and index entry follow).
+-- it has (the parked list's per-queue count and index entry follow), and a failed one its
+-- unique entry, whose spec its entry carries (U-2..U-4).
 --
 -- KEYS[1]  the parked list <ns>:locket:parked:<resource>, or <ns>:locket:delayed
 -- KEYS[2]  the failure list: <ns>:failed, or <ns>:<q>_failed (redis_multi_queue)
@@ -60,4 +61,13 @@ end
 redis.call('RPUSH', KEYS[2], ARGV[3])
 if ARGV[6] ~= '' then redis.call('SADD', KEYS[4], ARGV[6]) end
 redis.call('INCR', KEYS[3])
+-- U-2..U-4: a job of a unique class carries its entry's spec; failed, it holds none (put
+-- back in its queue above, it keeps it).
+local ok, e = pcall(cjson.decode, ARGV[2])
+if ok and type(e) == 'table' and type(e['digest']) == 'string' then
+  local u = e['unique']
+  if type(u) == 'table' and type(u[1]) == 'string' then
+    unique_entry.release(string.sub(KEYS[7], 1, -14), u[1], e['digest'], e['class'] or '')
+  end
+end
 return 'failed'

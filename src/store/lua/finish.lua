@@ -41,8 +41,13 @@
 --              the outcome and each hold's release_on), or ""
 -- ARGV[11]     "1" when this FINISH is sent again after an attempt whose reply never came
 --              (that attempt may have landed), else ""
--- ARGV[10+2i]  lock id i
--- ARGV[11+2i]  its limit (1: a STRING lock, lib.lua; more: a ZSET)
+-- ARGV[12]     "" (the class's unique entry, if any, is not this step's: the plain path), or
+--              JSON [action, key, policy, ttl ms] (U-2..U-4, lib_unique.lua): action
+--              "release" (compare-and-delete with ARGV[9]) or "replace" (SET NX: the job
+--              waits again), chosen by the worker from the policy, the outcome and whether
+--              the job started; a throttled job's parked entry carries [key, policy, ttl]
+-- ARGV[12+2i]  lock id i
+-- ARGV[13+2i]  its limit (1: a STRING lock, lib.lua; more: a ZSET)
 --
 -- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
 -- token is released (and holds are released as the outcome says) and nothing is recorded a
@@ -59,7 +64,7 @@ local inflight = KEYS[1]
 local outcome = ARGV[3]
 local throttle = nil
 local prefix = locket_prefix(ARGV[6])
-local n = (#ARGV - 11) / 2
+local n = (#ARGV - 12) / 2
 if not reads_done then prefetch(finish_reads(KEYS, ARGV)) end
 -- While the lease is held only this process writes its slot record (lib.lua, lease_held): a
 -- first FINISH needs no rid check. One sent again, or one whose lease is gone, reads it.
@@ -113,10 +118,10 @@ if ARGV[2] ~= '' then
   local released = 0
   for i = 1, n do
     local lk = KEYS[11 + i]
-    if tonumber(ARGV[11 + 2 * i]) <= 1 then
+    if tonumber(ARGV[12 + 2 * i]) <= 1 then
       released = released + lock1_release(lk, nil, ARGV[2], ARGV[6], dels)
     else
-      local id = ARGV[10 + 2 * i]
+      local id = ARGV[11 + 2 * i]
       released = released + release_any(lk, prefix .. 'lockinfo:' .. id,
         prefix .. 'blocked:lock:' .. id, KEYS[11], id, ARGV[2], ARGV[6])
     end
@@ -138,6 +143,19 @@ if not mine then
   return 'missing'
 end
 
+-- U-2..U-4: the job's unique entry, only when this step ends its own reservation (a recovered
+-- job's entry is recovery's business, R-4).
+local unique = nil
+if ARGV[12] ~= '' then
+  local u = cjson.decode(ARGV[12])
+  unique = {u[2], u[3], u[4]}
+  if u[1] == 'release' then
+    unique_entry.release(prefix, u[2], ARGV[9], class)
+  elseif u[1] == 'replace' then
+    unique_entry.replace(prefix, u[2], ARGV[9], u[4], class)
+  end
+end
+
 if outcome == 'throttled' then
   -- RL-4: closed until now + for (a later close stays), the job at the head of the key's line,
   -- the index due when the key opens.
@@ -152,7 +170,8 @@ if outcome == 'throttled' then
   redis.call('LPUSH', prefix .. 'parked:rate:' .. key, cjson.encode({rid = ARGV[1],
     queue = ARGV[7], payload = payload, parked_at = now, class = class, digest = ARGV[9],
     attempt = 1, ttl = 0, limit = tonumber(throttle['limit']),
-    period = tonumber(throttle['period']), spread = tonumber(throttle['spread'])}))
+    period = tonumber(throttle['period']), spread = tonumber(throttle['spread']),
+    unique = unique}))
   redis.call('ZADD', prefix .. 'parked', int(untl), 'rate:' .. key)
   redis.pcall('HINCRBY', prefix .. 'parked_queues', ARGV[7], 1)
   end_reservation()

@@ -15,7 +15,7 @@
 -- not send it again (a second FINISH would find "missing" and release the job's holds twice).
 
 -- The plain case, in few steps (as ACQUIRE has one): a first FINISH of a success with no
--- holds and at most one lock, of limit 1, that this attempt holds unflagged (no A-14 reset,
+-- holds, no unique entry to settle and at most one lock, of limit 1, that this attempt holds unflagged (no A-14 reset,
 -- no parked job to hand it to), of a queue without a cap; a RESERVE of the same slot over at
 -- most 16 queues whose worker looked at the pause and cap keys' types less than a second ago
 -- (A-20, `trust`), with the lease held, no pause flag, and no counter, cap or pause key among
@@ -27,10 +27,12 @@
 local function plain()
   local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
   -- FINISH's ARGV[i] is ARGV[2 + i]; RESERVE's KEYS[i] is KEYS[nk + i], its ARGV[i] ARGV[r + i].
-  if ARGV[5] ~= 'success' or ARGV[13] == '1' or ARGV[12] ~= '' then return nil end
-  local nlocks = (na - 11) / 2
+  if ARGV[5] ~= 'success' or ARGV[13] == '1' or ARGV[12] ~= '' or ARGV[14] ~= '' then
+    return nil
+  end
+  local nlocks = (na - 12) / 2
   local token = ARGV[4]
-  if nlocks > 1 or (nlocks == 1 and (token == '' or tonumber(ARGV[15]) ~= 1)) then return nil end
+  if nlocks > 1 or (nlocks == 1 and (token == '' or tonumber(ARGV[16]) ~= 1)) then return nil end
   local r = 2 + na
   local nq = #ARGV - r - 6
   if nq < 1 or nq > 16 or math.floor((tonumber(ARGV[r + 3]) or 0) / 2) % 2 ~= 1 then

@@ -653,8 +653,8 @@ local function finish_reads(K, A)
   out[#out + 1] = lease_key(locket_prefix(A[6]), K[1])
   -- A-22: the queue's cap, if any (its unit is freed).
   out[#out + 1] = locket_prefix(A[6]) .. 'cap:' .. A[7]
-  for i = 1, (#A - 11) / 2 do
-    if (tonumber(A[11 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[11 + i] end
+  for i = 1, (#A - 12) / 2 do
+    if (tonumber(A[12 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[11 + i] end
   end
   return out
 end

@@ -15,8 +15,9 @@
 -- ARGV[3]  locket key prefix "<ns>:locket:"
 --
 -- Reply: {pushed, queue length, hold name...}: pushed is 1, or 0 for a duplicate the class's
--- `unique` refuses (U-1: its key `<ns>:locket:unique:<rendered unique_key>` is taken; nothing
--- is written), then the queue's length (after the push) and the holds added with it.
+-- `unique` refuses (U-1..U-4: its key `<ns>:locket:unique:<rendered unique_key>` is taken;
+-- nothing is written but the `unique_refused` count), then the queue's length (after the
+-- push) and the holds added with it.
 -- While no published plan acts at enqueue, a push costs SCARD, SADD and RPUSH and the payload
 -- is not read; else a class whose plan has no enqueue-time holds (or no plan) costs SCARD,
 -- HMGET, SADD and RPUSH.
@@ -51,7 +52,7 @@ must_be('push', KEYS[2], 'set')
 push_checks(ARGV[3], it)
 local now = now_ms()
 local digest = render_digest(it.job)
-if not push_take_unique(it, digest) then
+if not push_take_unique(ARGV[3], it, digest) then
   return {0, redis.call('LLEN', KEYS[1])}
 end
 push_place_holds(ARGV[3], it, digest, now)

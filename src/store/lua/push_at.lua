@@ -34,7 +34,7 @@ if push_acts(it) then
   push_checks(ARGV[4], it)
   local now = now_ms()
   local digest = render_digest(it.job)
-  if not push_take_unique(it, digest) then
+  if not push_take_unique(ARGV[4], it, digest) then
     return {0, redis.call('LLEN', KEYS[1])}
   end
   push_place_holds(ARGV[4], it, digest, now)

@@ -24,7 +24,7 @@ local function push_intent(plans_key, prefix, payload, queue)
     end
     if plan.unique then
       it.unique = prefix .. 'unique:' .. render_template(plan.unique.key, job)
-      it.unique_ttl = plan.unique.ttl_ms
+      it.unique_ttl = tonumber(plan.unique.ttl_ms) or 0
     end
   end
   return it
@@ -44,11 +44,24 @@ local function push_checks(prefix, it)
   if #it.holds > 0 then must_be('push', prefix .. 'deps', 'zset') end
 end
 
--- U-1: takes the unique key for `digest`; false when it is taken (a duplicate within
--- unique_ttl of the push that took it: the caller writes nothing). The first write of a push.
-local function push_take_unique(it, digest)
+-- U-1..U-4: takes the unique key for `digest`; false when it is taken (a duplicate: for
+-- unique_ttl after the push that took it (until_expired), or while that job waits
+-- (until_executing) or waits or runs (until_executed); those two set PX only with a unique_ttl
+-- backstop). The caller then writes nothing but the `unique_refused` count. The first write of
+-- a push.
+local function push_take_unique(prefix, it, digest)
   if not it.unique then return true end
-  return redis.call('SET', it.unique, digest, 'NX', 'PX', it.unique_ttl) ~= false
+  local placed
+  if it.unique_ttl > 0 then
+    placed = redis.call('SET', it.unique, digest, 'NX', 'PX', it.unique_ttl)
+  else
+    placed = redis.call('SET', it.unique, digest, 'NX')
+  end
+  if not placed then
+    count(prefix, nil, 'unique_refused', it.job.class)
+    return false
+  end
+  return true
 end
 
 -- D-2, D-3: one hold of each enqueue-time name under `digest`, living hold_ttl from now.

@@ -31,6 +31,9 @@
 -- ARGV[8]      counter key prefix, "<ns>:locket:counter:"
 -- ARGV[8+i]    lock id i
 --
+-- A running job's unique entry (record field `unique`, U-2..U-4): requeued, it is placed again
+-- if free; failed, an until_executed entry is released. A reserved or waiting job never
+-- started, so its entry is still in place and stays.
 -- Returns one of "alive" (nothing done), "changed" (the record changed since it was read;
 -- nothing done), "idle", "recovered_reserved", "recovered_running", "requeued_running".
 -- Raises a LOCKET_STORE error, having changed nothing, when the job's queue, `queues` or (for
@@ -71,6 +74,11 @@ if rid then
       redis.call('RPUSH', KEYS[5], ARGV[3])
       result = 'recovered_running'
     end
+    -- U-2..U-4: the job's unique entry, as START recorded it: a job requeued waits again
+    -- (its entry placed again if free), a failed one holds none.
+    local u = unique_entry.decode(redis.call('HGET', KEYS[1], 'unique'))
+    local class = redis.call('HGET', KEYS[1], 'class') or ''
+    unique_entry.settle(locket_prefix(ARGV[8]), u, digest, requeue and 'waits' or 'failure', class)
   else
     -- reserved or waiting: nothing ran, so the job goes back where it was
     redis.call('LPUSH', KEYS[3], payload)
