@@ -33,6 +33,39 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// Blocks SIGCHLD in the calling thread (and so in the threads it starts) and has one idle
+/// thread take it instead. The harness's blocking Redis connections have read and write
+/// timeouts, and a socket call with a timeout fails with EINTR when a signal handler runs on
+/// its thread, whatever SA_RESTART says (signal(7)); tokio's child reaping, used in process by
+/// some tests, installs a SIGCHLD handler, and every child of this process (redis-server, a
+/// daemon, a client script) sends SIGCHLD when it ends. Seen as "Interrupted system call" from
+/// a test's Redis call. Children start with an empty mask (std's `Command` resets it).
+pub fn calm_sigchld() {
+    fn set(how: libc::c_int) {
+        // SAFETY: a sigset_t filled by sigemptyset/sigaddset, then pthread_sigmask on the
+        // calling thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+        }
+    }
+    static SINK: std::sync::Once = std::sync::Once::new();
+    SINK.call_once(|| {
+        std::thread::Builder::new()
+            .name("sigchld-sink".into())
+            .spawn(|| {
+                set(libc::SIG_UNBLOCK);
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawn the SIGCHLD thread");
+    });
+    set(libc::SIG_BLOCK);
+}
+
 /// Polling interval of [`wait_until`] and [`wait_until_async`].
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 

@@ -46,6 +46,7 @@ impl RedisServer {
     /// `&["--appendonly", "yes", "--appendfsync", "always"]`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         super::panic_echo::install();
+        super::calm_sigchld();
         let dir = tempfile::Builder::new()
             .prefix("locketd-redis-")
             .tempdir()
@@ -142,6 +143,7 @@ impl RedisServer {
 
     /// A blocking connection (connect timeout 5 s, read/write timeout 30 s).
     pub fn sync_conn(&self) -> redis::Connection {
+        super::calm_sigchld();
         let conn = self
             .client()
             .get_connection_with_timeout(CONNECT_TIMEOUT)
