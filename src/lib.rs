@@ -27,6 +27,7 @@
 //! - [`service`]: the side-cars (notify, `/metrics`) of a daemon.
 //! - [`master`]: the master process: N worker processes, restarts, crash recovery, signals,
 //!   reload.
+//! - [`cli`]: the command line of the `locketd` binary (clap).
 //!
 //! # Running a worker with in-process handlers
 //! ```no_run
@@ -45,6 +46,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;

@@ -39,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the web page", &["web"]),
     ("service side-cars", &["service"]),
     ("the master", &["master"]),
+    ("the command line", &["cli"]),
 ];
 
 /// Files that are not part of the library's layers: the binaries and the crate root.
