@@ -7,7 +7,7 @@
 //! Resque client see its workers, stats and failures.
 //!
 //! # Layout
-//! Layers, bottom to top; each uses only those below it (docs/architecture.md, checked by
+//! Layers, bottom to top; each uses only those below it (docs/dev/architecture.md, checked by
 //! `tests/layers.rs`):
 //! - [`resque`]: Resque's wire format only: key names, payloads, failure records, time formats,
 //!   queue patterns.

@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc's malloc: the job path allocates and frees small buffers for every
 /// job (keys, arguments, replies), and glibc's malloc/free were about a quarter of a worker's CPU
-/// in the multi-slot profile (docs/performance.md, round two). Built as v2 with `no_thp`: its
+/// in the multi-slot profile (docs/dev/performance-log.md, round two). Built as v2 with `no_thp`: its
 /// default asks for transparent huge pages on its arena, which took a worker's RSS from 14 to
 /// 28 MiB where THP is `madvise`; without the request it stays at 15.
 #[global_allocator]
