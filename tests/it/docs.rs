@@ -19,6 +19,9 @@
 //!   `# comment` and a redirection end the command; `|`, `;`, `&&`, `||` and `&` separate
 //!   commands. In `console` blocks only lines starting with `$ ` are commands.
 //!
+//! - Relative links must reach an existing file, and an `#anchor` into a Markdown file one of
+//!   its headings (GitHub's anchors).
+//!
 //! `check-config` compares the file's class plans with those published in Redis when it can
 //! reach Redis: the checks point `REDIS_URL` at a redis-server of their own (never port 6379),
 //! which also means a `redis = "..."` URL inside a block is not what gets checked.
@@ -33,6 +36,14 @@ use std::process::Command;
 /// line that uses one is skipped, with a note, only while the parser does not know it. Once
 /// they are merged the lines are parsed like any other; this list can then be emptied.
 const PENDING_SUBCOMMANDS: &[&str] = &["why", "config"];
+
+/// Pages other branches are writing at the time of writing: a link to one is not checked while
+/// the file is absent. Once they are merged, their links are checked like any other.
+const PENDING_PAGES: &[&str] = &[
+    "docs/guide/unique-jobs.md",
+    "docs/guide/enqueue-clients.md",
+    "docs/reference/config.md",
+];
 
 /// One fenced code block: the file's 1-based line of each content line.
 struct Block {
@@ -258,7 +269,9 @@ fn shell_examples(b: &Block, ex: &mut Examples) {
         }
         let toks = tokens(&line);
         // A heredoc: its lines are data, not commands; one written to a .toml file is a config.
-        if let Some(k) = toks.iter().position(|t| matches!(t, Tok::Op(o) if o.starts_with("<<")))
+        if let Some(k) = toks
+            .iter()
+            .position(|t| matches!(t, Tok::Op(o) if o.starts_with("<<")))
         {
             let Some(Tok::Word(end)) = toks.get(k + 1) else {
                 continue;
@@ -368,7 +381,10 @@ fn check(root: &Path, files: &[PathBuf], redis_url: &str) -> (usize, Vec<String>
         }
         for (line, argv) in ex.commands {
             let at = format!("{}:{line}", rel.display());
-            if let Some(sub) = argv.get(1).filter(|s| PENDING_SUBCOMMANDS.contains(&s.as_str())) {
+            if let Some(sub) = argv
+                .get(1)
+                .filter(|s| PENDING_SUBCOMMANDS.contains(&s.as_str()))
+            {
                 if !has(sub) {
                     eprintln!("{at}: skipped until `locketd {sub}` is merged: {argv:?}");
                     continue;
@@ -389,6 +405,89 @@ fn check(root: &Path, files: &[PathBuf], redis_url: &str) -> (usize, Vec<String>
         }
     }
     (checked, failures)
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped but `-` and `_`, spaces to `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Relative links `](path)` and `](path#anchor)` of the Markdown files `files`: the file must
+/// exist, and an anchor into a Markdown file must name one of its headings. Returns failures
+/// as `file:line: what`.
+fn check_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for rel in files {
+        let text = std::fs::read_to_string(root.join(rel)).unwrap();
+        let dir = rel.parent().unwrap_or(Path::new(""));
+        for (i, line) in text.lines().enumerate() {
+            let mut rest = line;
+            while let Some(k) = rest.find("](") {
+                rest = &rest[k + 2..];
+                let Some(end) = rest.find(')') else { break };
+                let target = &rest[..end];
+                rest = &rest[end..];
+                if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                    continue;
+                }
+                let (path, frag) = target.split_once('#').unwrap_or((target, ""));
+                let file = if path.is_empty() {
+                    rel.clone()
+                } else {
+                    normalize(&dir.join(path))
+                };
+                let at = format!("{}:{}", rel.display(), i + 1);
+                if !root.join(&file).exists() {
+                    if !PENDING_PAGES.contains(&file.to_string_lossy().as_ref()) {
+                        failures.push(format!("{at}: the link target {target} does not exist"));
+                    }
+                    continue;
+                }
+                if !frag.is_empty() && file.extension().is_some_and(|x| x == "md") {
+                    let there = std::fs::read_to_string(root.join(&file)).unwrap();
+                    if !anchors(&there).iter().any(|a| a == frag) {
+                        failures.push(format!("{at}: {} has no heading #{frag}", file.display()));
+                    }
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// `a/b/../c` → `a/c`, without touching the file system.
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// README.md and docs/**/*.md but docs/spec/ and docs/dev/, relative to `root`, sorted.
@@ -422,11 +521,12 @@ fn every_toml_block_and_locketd_command_in_the_docs_works() {
     let root = manifest_dir();
     let files = doc_files(&root);
     assert!(files.len() > 10, "found only {files:?}");
-    let (checked, failures) = check(&root, &files, &redis.url());
+    let (checked, mut failures) = check(&root, &files, &redis.url());
     eprintln!("{checked} examples checked in {} files", files.len());
+    failures.extend(check_links(&root, &files));
     assert!(
         failures.is_empty(),
-        "{} of {checked} examples fail:\n{}",
+        "{} failures in {checked} examples and the links:\n{}",
         failures.len(),
         failures.join("\n")
     );
@@ -518,11 +618,7 @@ locketd output line, not a command
   ```
 ";
     let ex = examples(md);
-    let cmds: Vec<(usize, String)> = ex
-        .commands
-        .iter()
-        .map(|(l, a)| (*l, a.join(" ")))
-        .collect();
+    let cmds: Vec<(usize, String)> = ex.commands.iter().map(|(l, a)| (*l, a.join(" "))).collect();
     assert_eq!(
         cmds,
         vec![
@@ -542,7 +638,10 @@ locketd output line, not a command
     assert_eq!(
         ex.toml,
         vec![
-            (11, "queues = \"q\"\nlocketd not-a-command-here\n".to_string()),
+            (
+                11,
+                "queues = \"q\"\nlocketd not-a-command-here\n".to_string()
+            ),
             (22, "# fragment: queues\n[classes.\"A\"]\n".to_string()),
         ]
     );
@@ -551,5 +650,28 @@ locketd output line, not a command
         "queues = [\"default\"]\n# fragment: queues\n[classes.\"A\"]\n"
     );
     assert!(whole_config("# fragment: nope\n").is_err());
+    assert_eq!(
+        anchor(" Parked waits: `park` beside `requeue`"),
+        "parked-waits-park-beside-requeue"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("docs/guide")).unwrap();
+    std::fs::write(
+        dir.path().join("docs/guide/a.md"),
+        "# A\n\n## Is it working?\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("README.md"),
+        "[ok](docs/guide/a.md#is-it-working) [gone](docs/guide/b.md)\n[bad](docs/guide/a.md#nope)\n",
+    )
+    .unwrap();
+    assert_eq!(
+        check_links(dir.path(), &[PathBuf::from("README.md")]),
+        vec![
+            "README.md:1: the link target docs/guide/b.md does not exist".to_string(),
+            "README.md:2: docs/guide/a.md has no heading #nope".to_string(),
+        ]
+    );
     assert!(Cli::try_parse_from(["locketd", "--no-such-flag"]).is_err());
 }
