@@ -7,7 +7,7 @@
 //! Resque client see its workers, stats and failures.
 //!
 //! # Layout
-//! Layers, bottom to top; each uses only those below it (docs/architecture.md, checked by
+//! Layers, bottom to top; each uses only those below it (docs/dev/architecture.md, checked by
 //! `tests/layers.rs`):
 //! - [`resque`]: Resque's wire format only: key names, payloads, failure records, time formats,
 //!   queue patterns.
@@ -27,6 +27,7 @@
 //! - [`service`]: the side-cars (notify, `/metrics`) of a daemon.
 //! - [`master`]: the master process: N worker processes, restarts, crash recovery, signals,
 //!   reload.
+//! - [`cli`]: the command line of the `locketd` binary (clap).
 //!
 //! # Running a worker with in-process handlers
 //! ```no_run
@@ -45,6 +46,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;

@@ -112,7 +112,7 @@ const IDLE_NAPS: u32 = 2;
 /// blocks until the next line, so that an idle daemon costs nothing. A line reaches stderr at
 /// most one nap after it was logged, and every queued line before the process exits
 /// ([`LogSink::flush`]). The nap was 1 ms: a prefork worker's log thread then took 7% of the
-/// worker's CPU samples, two thirds of it in `clock_nanosleep` (docs/performance.md).
+/// worker's CPU samples, two thirds of it in `clock_nanosleep` (docs/dev/performance-log.md).
 fn write_lines<W: Write>(mut out: W, rx: Receiver<Msg>, dropped: &AtomicU64, json: bool) {
     let mut reported = 0;
     let mut batch: Vec<u8> = Vec::new();

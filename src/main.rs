@@ -2,7 +2,8 @@
 
 use anyhow::Context;
 use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches};
+use locketd::cli::{Cli, Command};
 use locketd::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 use locketd::handler::Handlers;
 use locketd::logsink::LogSink;
@@ -13,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc's malloc: the job path allocates and frees small buffers for every
 /// job (keys, arguments, replies), and glibc's malloc/free were about a quarter of a worker's CPU
-/// in the multi-slot profile (docs/performance.md, round two). Built as v2 with `no_thp`: its
+/// in the multi-slot profile (docs/dev/performance-log.md, round two). Built as v2 with `no_thp`: its
 /// default asks for transparent huge pages on its arena, which took a worker's RSS from 14 to
 /// 28 MiB where THP is `madvise`; without the request it stays at 15.
 #[global_allocator]
@@ -23,89 +24,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const EXIT_CONFIG: u8 = 78;
 /// sysexits EX_UNAVAILABLE.
 const EXIT_UNAVAILABLE: u8 = 69;
-
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "locketd",
-    bin_name = "locketd",
-    version,
-    about = "Resque-compatible job worker with locket job locks"
-)]
-struct Cli {
-    /// Config file (default /etc/locketd/locketd.toml when present).
-    #[arg(long, global = true, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Redis URL: redis://[:password@]host:port/db, rediss:// for TLS.
-    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
-    redis: Option<String>,
-    /// Where `redis` came from, when it did: "given by --redis" or "given by REDIS_URL".
-    #[arg(skip)]
-    redis_given: Option<&'static str>,
-    /// Resque namespace (key prefix).
-    #[arg(long, global = true, value_name = "NS")]
-    namespace: Option<String>,
-    /// Queues in priority order, Resque's syntax: "high,low", "*", "critical,*,!low" (also
-    /// the queues `status` shows).
-    #[arg(long, global = true, env = "QUEUES", value_name = "LIST")]
-    queues: Option<String>,
-    /// Seconds to sleep when no job was found (Resque's INTERVAL); 0 drains and exits.
-    #[arg(long, env = "INTERVAL", value_name = "SECS", value_parser = seconds)]
-    interval: Option<f64>,
-    /// Log format.
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    log_format: Option<LogFormat>,
-    /// Worker processes (each one Resque worker); the master supervises them.
-    #[arg(long, value_name = "N")]
-    workers: Option<u32>,
-    /// Concurrent jobs per worker process, each slot its own Resque worker (host:pid+k:queues).
-    #[arg(long, value_name = "K")]
-    slots: Option<u32>,
-    /// TERM behaves like QUIT (Resque's GRACEFUL_TERM; the variable counts when non-empty).
-    #[arg(long)]
-    graceful_term: bool,
-    /// Seconds between the polite stop and SIGKILL of a running handler on TERM/INT.
-    #[arg(long, env = "RESQUE_TERM_TIMEOUT", value_name = "SECS", value_parser = seconds)]
-    term_timeout: Option<f64>,
-    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9187).
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<String>,
-    /// Serve /metrics, the web page (/) and its JSON API (/api/) on ADDR: the same listener as
-    /// --metrics, under a clearer name. A bare port means 127.0.0.1:PORT.
-    #[arg(long, value_name = "ADDR")]
-    http: Option<String>,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand, Debug, Clone)]
-enum Command {
-    /// Validate a config file and exit (non-zero with a message naming the bad setting).
-    CheckConfig {
-        /// The file (default: --config, then /etc/locketd/locketd.toml).
-        file: Option<PathBuf>,
-    },
-    /// Show queues, workers, locks and failures, read from Redis (no daemon needed).
-    Status {
-        /// Print JSON instead of the table.
-        #[arg(long)]
-        json: bool,
-        /// Refresh every SECS seconds until Ctrl-C.
-        #[arg(long, value_name = "SECS")]
-        watch: Option<f64>,
-        /// With --watch: stop after N screens.
-        #[arg(long, value_name = "N", requires = "watch")]
-        count: Option<u64>,
-    },
-    /// List, show, retry, remove or clear Resque failures (as resque-web does).
-    Failed(locketd::ops::failed::FailedArgs),
-    /// The configuration's settings: `config reference` prints each one's type, default and
-    /// meaning.
-    #[command(subcommand)]
-    Config(locketd::config::reference::ConfigCommand),
-    /// Operator commands: enqueue, locks, counters, holds, delayed, stats, schedule (src/admin/).
-    #[command(flatten)]
-    Admin(locketd::admin::AdminCommand),
-}
 
 fn main() -> ExitCode {
     // Before anything reads argv: makes room for the Resque-style process title.
@@ -182,21 +100,6 @@ fn apply_overrides(cfg: &mut Config, cli: &Cli) {
         cfg.http = Some(h.clone());
         // The flag names the listener: a `metrics` address of the file gives way to it.
         cfg.metrics = None;
-    }
-}
-
-/// A number of seconds for `--interval` and `--term-timeout` (and their environment
-/// variables): finite, 0 or more, and at most a year. Anything else is a usage error, not a
-/// value quietly ignored.
-fn seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if v.is_finite() && (0.0..=31_536_000.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{s:?} must be from 0 to 31536000 seconds"))
     }
 }
 

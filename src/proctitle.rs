@@ -144,7 +144,7 @@ pub fn set_title(title: &str) {
 
 /// The argv area `[arg_start, arg_end)`, once it was found inside one writable mapping.
 /// Neither changes for the life of the process, so the two /proc reads are done once
-/// (they cost more than the rest of a job's client-side work; docs/performance.md).
+/// (they cost more than the rest of a job's client-side work; docs/dev/performance-log.md).
 static AREA: OnceLock<(usize, usize)> = OnceLock::new();
 
 fn title_area() -> Option<(usize, usize)> {

@@ -1,4 +1,4 @@
-//! The layering of `src/` (docs/architecture.md): each top-level module belongs to one layer
+//! The layering of `src/` (docs/dev/architecture.md): each top-level module belongs to one layer
 //! of [`LAYERS`], and a module may name (`crate::<module>`, in code or in a doc link) only
 //! modules of lower layers. Two modules of one layer may not name each other, so no two modules
 //! import each other. A module missing from the table fails too: a new one takes its place in
@@ -39,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the web page", &["web"]),
     ("service side-cars", &["service"]),
     ("the master", &["master"]),
+    ("the command line", &["cli"]),
 ];
 
 /// Files that are not part of the library's layers: the binaries and the crate root.

@@ -322,7 +322,7 @@ impl Plans {
 /// end the log after the shorter period), and limits on both sides of 256 keep the key's
 /// starts in two logs that do not see each other (src/store/lua/rate.lua). Both are refused,
 /// naming the two classes. (Templates are compared as written: two different templates that
-/// render one key for some jobs are not seen here; the README says so.)
+/// render one key for some jobs are not seen here; docs/guide/rate-limits.md says so.)
 fn check_shared_rate_keys(classes: &HashMap<String, ClassPlan>) -> Result<(), ConfigError> {
     let mut names: Vec<&String> = classes.keys().collect();
     names.sort();

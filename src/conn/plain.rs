@@ -3,7 +3,7 @@
 //! strictly sequential, so the multiplexed connection's machinery (a driver task, a channel
 //! and a oneshot per call, the generic reply parser) is pure cost there: this type writes the
 //! command from a reused buffer and reads the RESP2 reply into a [`Value`] itself, a fifth of
-//! the worker's instructions per job (docs/performance.md).
+//! the worker's instructions per job (docs/dev/performance-log.md).
 //!
 //! It serves plain TCP URLs only ([`Plain::for_url`]: not TLS, not a Unix socket, not a
 //! sentinel's URL, whose calls stay on the [`super::Manager`]). It connects on first use and

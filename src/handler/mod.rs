@@ -1,7 +1,7 @@
 //! Job handlers: the configured command per class, or an in-process [`Handler`] registered by a
 //! program that uses locketd as a library.
 //!
-//! The command contract (README "Handler contract"): argv without a shell, the payload on stdin,
+//! The command contract (docs/guide/handlers.md, "the handler contract"): argv without a shell, the payload on stdin,
 //! `LOCKETD_CLASS`, `LOCKETD_QUEUE`, `LOCKETD_ARGS` (JSON), `LOCKETD_WORKER`, `LOCKETD_LOCK_KEYS`
 //! (JSON array) and `LOCKETD_LOCK_TOKEN` in the environment; exit 0 is success; a polite stop is
 //! SIGTERM to the handler's process group, a hard stop SIGKILL.

@@ -7,7 +7,7 @@
 //! handler needs one step that `posix_spawn` cannot do, `PR_SET_PDEATHSIG` (a handler dies with
 //! its worker, so none outlives its lock), so it did pay for the fork on every job: a `perf`
 //! profile of `command /bin/true --workers 4` put 10% of all samples under `_Fork`, 3% in
-//! copy-on-write faults and 2% in TLB shootdowns (docs/performance.md, "Exec per job").
+//! copy-on-write faults and 2% in TLB shootdowns (docs/dev/performance-log.md, "Exec per job").
 //!
 //! [`Program::spawn`] does what glibc's `posix_spawn` does, plus that one step: everything the
 //! child needs (argv, environment, the candidate paths of a `PATH` search, the directory, the

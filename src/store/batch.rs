@@ -4,7 +4,7 @@
 //! through to the shared multiplexed connection.
 //!
 //! Why: most of a job's Redis CPU is spent per script call and per `redis.call`, not on the
-//! data (docs/performance.md). A batch pays the call, the lib prefix and one `MGET` of what its
+//! data (docs/dev/performance-log.md). A batch pays the call, the lib prefix and one `MGET` of what its
 //! calls read (the pause flag, the leases, the counters, the limit-1 locks) for all its jobs.
 //! It changes no rule: each call of a batch runs the same script body in the same order as it
 //! would alone, and the batch is one atomic step, which is stronger, not weaker.

@@ -1,4 +1,4 @@
-//! One reserved job's path, a function per step of README's "How it works": decode and plan,
+//! One reserved job's path, a function per step of the guide's "How it works" (docs/guide/how-it-works.md): decode and plan,
 //! ACQUIRE (with the conflict path and lock waits), run under supervision, and the end handed
 //! to FINISH (`finish.rs`).
 
@@ -49,7 +49,7 @@ impl Worker {
         }
     }
 
-    /// Runs one reserved job to its end, a step per function (README "How it works"): plan,
+    /// Runs one reserved job to its end, a step per function (docs/guide/how-it-works.md): plan,
     /// ACQUIRE, run, FINISH. Returns a stop reason when the worker must stop.
     pub(super) async fn process(
         &mut self,

@@ -13,6 +13,7 @@ mod cancel;
 mod compat;
 mod counts;
 mod daemon;
+mod docs;
 mod first_run;
 mod harness;
 mod holds;

@@ -11,7 +11,7 @@
 //! - **1 round trip**: all of it in one script, the lock id made in Lua from the popped
 //!   payload (what fusing RESERVE and ACQUIRE would allow): 8 commands in 1 script.
 //!
-//! The figures bound the prefork ratios from above (docs/performance.md, "The prefork floor"):
+//! The figures bound the prefork ratios from above (docs/dev/performance-log.md, "The prefork floor"):
 //! a target above the floor cannot be met by any worker that keeps one job per process and the
 //! job path's Redis work, however lean its own code.
 

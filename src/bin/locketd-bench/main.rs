@@ -1,6 +1,6 @@
 //! `locketd-bench`: drives the real `locketd` binary against a private redis-server and prints
 //! jobs/s, Redis commands and Redis CPU per job, enqueue-to-start latency and peak RSS
-//! (issue 6; docs/performance.md explains every figure and how it is taken).
+//! (issue 6; docs/dev/performance-log.md explains every figure and how it is taken).
 //!
 //! ```sh
 //! cargo run --profile dist --bin locketd-bench -- all            # every scenario, one Markdown table
@@ -140,7 +140,7 @@ struct Opts {
     #[arg(long, value_delimiter = ',')]
     langs: Vec<String>,
     /// Keep every CPU busy with lowest-priority (nice 19) spinning threads, so idle vCPUs do
-    /// not halt between round trips (docs/performance.md, "Idle CPUs").
+    /// not halt between round trips (docs/dev/performance-log.md, "Idle CPUs").
     #[arg(long)]
     spin: bool,
 }

@@ -778,7 +778,7 @@ end
 -- each of its functions calls this first (src/store/scripts.rs). Every local above that a run
 -- writes is listed here.
 -- Per-run tables are emptied, not made anew (a table made and grown key by key each run, and
--- its garbage, cost about 2% of a job's FCALL instructions: docs/performance.md).
+-- its garbage, cost about 2% of a job's FCALL instructions: docs/dev/performance-log.md).
 -- The memos of pure functions of their arguments (lease keys, locket prefixes, counter keys,
 -- queue key sets, "<event>|<class>" fields) are kept from run to run, made anew every
 -- MEMO_RUNS runs (a run adds a bounded number of entries, so this bounds them).
