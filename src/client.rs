@@ -81,6 +81,26 @@ pub fn resque_payload(class: &str, args: &[Value]) -> String {
     )
 }
 
+/// The payload `locketd enqueue QUEUE CLASS ARG_JSON...` pushes, byte for byte (class first,
+/// each argument as written minus whitespace), and its args as a JSON array; an argument that
+/// is not JSON is refused, naming it. `locketd why QUEUE CLASS ARGS` finds a job by these bytes.
+pub fn payload_json(class: &str, args_json: &[String]) -> Result<(Value, String)> {
+    let mut args = Vec::with_capacity(args_json.len());
+    let mut texts = Vec::with_capacity(args_json.len());
+    for (i, t) in args_json.iter().enumerate() {
+        let v: Value = serde_json::from_str(t)
+            .map_err(|e| Error::Enqueue(format!("argument {} is not JSON ({e}): {t}", i + 1)))?;
+        args.push(v);
+        texts.push(minify_json(t));
+    }
+    let payload = format!(
+        "{{\"class\":{},\"args\":[{}]}}",
+        Value::from(class),
+        texts.join(",")
+    );
+    Ok((Value::Array(args), payload))
+}
+
 /// JSON text without insignificant whitespace, member order and number text kept (what Ruby's
 /// `JSON.generate` writes for the same value).
 pub fn minify_json(text: &str) -> String {
@@ -149,21 +169,8 @@ impl Client {
         class: &str,
         args_json: &[String],
     ) -> Result<Enqueued> {
-        let mut args = Vec::with_capacity(args_json.len());
-        let mut texts = Vec::with_capacity(args_json.len());
-        for (i, t) in args_json.iter().enumerate() {
-            let v: Value = serde_json::from_str(t).map_err(|e| {
-                Error::Enqueue(format!("argument {} is not JSON ({e}): {t}", i + 1))
-            })?;
-            args.push(v);
-            texts.push(minify_json(t));
-        }
-        let payload = format!(
-            "{{\"class\":{},\"args\":[{}]}}",
-            Value::from(class),
-            texts.join(",")
-        );
-        self.push(queue, class, Value::Array(args), payload).await
+        let (args, payload) = payload_json(class, args_json)?;
+        self.push(queue, class, args, payload).await
     }
 
     async fn push(

@@ -98,6 +98,9 @@ enum Command {
     },
     /// List, show, retry, remove or clear Resque failures (as resque-web does).
     Failed(locketd::ops::failed::FailedArgs),
+    /// Why a job is not running: where it is (queued at position N, parked, delayed, reserved,
+    /// running, failed) and every reason it waits, with its owner and when it can change.
+    Why(locketd::admin::why::WhyArgs),
     /// Operator commands: enqueue, locks, counters, holds, delayed, stats, schedule (src/admin/).
     #[command(flatten)]
     Admin(locketd::admin::AdminCommand),
@@ -378,6 +381,15 @@ fn run(
         return locketd::ops::failed::run_cli(&cfg, args);
     }
 
+    if let Some(Command::Why(args)) = &cli.command {
+        return match load_for_ops(&cli) {
+            Ok(cfg) => locketd::admin::why::run_cli(&cfg, args),
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                Ok(ExitCode::from(EXIT_CONFIG))
+            }
+        };
+    }
     if let Some(Command::Admin(cmd)) = &cli.command {
         let cfg = match load_for_ops(&cli) {
             Ok(c) => c,
