@@ -2,7 +2,7 @@
 //! ([`reasons`]). Every read is bounded: the queue gets one `LPOS`, parked lists, `delayed`
 //! and the failure list are read in pages up to a ceiling, and the rest are single keys.
 
-use super::{num, host_of, HoldField, HolderFacts, JobFacts, Place, Reason, Slot, Target};
+use super::{host_of, num, HoldField, HolderFacts, JobFacts, Place, Reason, Slot, Target};
 use super::{UniqueFacts, WhyError};
 use crate::config::plans::{Plans, RenderedPlan, UniquePlan};
 use crate::config::Config;
@@ -80,7 +80,7 @@ fn slot_place(s: &Slot) -> Place {
 }
 
 /// A list entry or set member (JSON with `rid`, `queue`, `payload`) that `want` accepts.
-fn entry_matches(e: &[u8], want: &dyn Fn(&Value) -> bool) -> Option<Value> {
+fn entry_matches(e: &[u8], want: &(dyn Fn(&Value) -> bool + Sync)) -> Option<Value> {
     let v: Value = serde_json::from_slice(e).ok()?;
     want(&v).then_some(v)
 }
@@ -92,7 +92,7 @@ async fn search_parked<C: ConnectionLike + Send>(
     keys: &Keys,
     resource: &str,
     budget: usize,
-    want: &dyn Fn(&Value) -> bool,
+    want: &(dyn Fn(&Value) -> bool + Sync),
 ) -> RedisResult<(Option<(u64, Value)>, usize)> {
     let list = store::parked_list(keys, resource);
     let mut read = 0usize;
@@ -149,7 +149,7 @@ async fn search_delayed<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     budget: usize,
-    want: &dyn Fn(&Value) -> bool,
+    want: &(dyn Fn(&Value) -> bool + Sync),
 ) -> RedisResult<(Option<(Value, u64)>, usize)> {
     let mut read = 0usize;
     while read < budget {
@@ -203,8 +203,10 @@ pub(super) async fn locate<C: ConnectionLike + Send>(
     match target {
         Target::Rid(rid) => Ok(by_rid(conn, keys, rid, slots, notes).await?),
         Target::Payload { queue, class, args } => {
-            let (_, payload) = crate::client::payload_json(class, args)
-                .map_err(|e| WhyError::BadInput(e.to_string()))?;
+            let (_, payload) = crate::client::payload_json(class, args).map_err(|e| match e {
+                crate::Error::Enqueue(m) => WhyError::BadInput(m),
+                other => WhyError::BadInput(other.to_string()),
+            })?;
             by_payload(conn, keys, config, plans, queue, &payload, slots, notes).await
         }
     }
@@ -463,16 +465,17 @@ pub(super) async fn unique<C: ConnectionLike + Send>(
         .query_async(conn)
         .await
         .unwrap_or((None, -2));
-    Ok(held.map(|d| UniqueFacts {
-        key: r.id,
-        own: d == digest,
-        digest: d,
-        until_ms: None,
-    })
-    .map(|mut f| {
-        f.until_ms = (ttl > 0).then(|| ttl as u64);
-        f
-    }))
+    Ok(held
+        .map(|d| UniqueFacts {
+            key: r.id,
+            own: d == digest,
+            digest: d,
+            until_ms: None,
+        })
+        .map(|mut f| {
+            f.until_ms = (ttl > 0).then(|| ttl as u64);
+            f
+        }))
 }
 
 /// Why a job of `job`'s queue and plan waits now: every reason found, in the order a worker
@@ -488,6 +491,9 @@ pub(super) async fn reasons<C: ConnectionLike + Send>(
     let q = job.queue.clone();
     let mut out = Vec::new();
     let qs = [q.clone()];
+    if let Some(r) = worker_reason(conn, ctx, &q).await? {
+        out.push(r);
+    }
     match store::pause_states(conn, keys, &qs).await?.first() {
         Some(store::PauseState::Queue) => out.push(Reason::Paused {
             scope: q.clone(),
@@ -677,6 +683,53 @@ async fn hold_reason<C: ConnectionLike + Send>(
     }))
 }
 
+/// The locketd processes of `slots` (`host:pid:incarnation`), each once.
+fn processes<'a>(slots: &'a [Slot]) -> Vec<&'a str> {
+    let mut out: Vec<&str> = slots
+        .iter()
+        .filter_map(|s| s.key.rsplit_once(':').map(|(p, _)| p))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// no live process (its `alive:` lease held) has `queue` in its queue list.
+async fn worker_reason<C: ConnectionLike + Send>(
+    conn: &mut C,
+    ctx: &Ctx<'_>,
+    queue: &str,
+) -> RedisResult<Option<Reason>> {
+    let processes = processes(ctx.slots);
+    let mut live = 0u64;
+    for chunk in processes.chunks(100) {
+        let mut pipe = redis::pipe();
+        for p in chunk {
+            pipe.get(ctx.keys.alive(p));
+        }
+        let values: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for v in values {
+            let Ok(Some(text)) = redis::from_redis_value::<Option<String>>(v) else {
+                continue;
+            };
+            live += 1;
+            let info: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let list = info["queues"].as_str().unwrap_or("");
+            let Ok(spec) = crate::resque::patterns::QueueSpec::parse(list) else {
+                // A list this build cannot read: assume it serves the queue.
+                return Ok(None);
+            };
+            if super::serves(&spec, queue) {
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(Reason::NoWorker {
+        queue: queue.to_string(),
+        processes: live,
+    }))
+}
+
 /// H-8: the class's persistent handler, when no slot that reports it has it ready.
 async fn handler_reason<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -699,13 +752,7 @@ async fn handler_reason<C: ConnectionLike + Send>(
     if !persistent {
         return Ok(None);
     }
-    let mut processes: Vec<&str> = ctx
-        .slots
-        .iter()
-        .filter_map(|s| s.key.rsplit_once(':').map(|(p, _)| p))
-        .collect();
-    processes.sort_unstable();
-    processes.dedup();
+    let processes = processes(ctx.slots);
     let mut reports: Vec<crate::metrics::HandlerStats> = Vec::new();
     for chunk in processes.chunks(100) {
         let mut pipe = redis::pipe();

@@ -285,6 +285,13 @@ pub enum Reason {
         /// When the counter expires (ms).
         until_ms: Option<u64>,
     },
+    /// No live locketd process works the queue (R-1: its `alive:` lease, its queue list).
+    NoWorker {
+        /// The queue.
+        queue: String,
+        /// Live locketd processes (serving other queues).
+        processes: u64,
+    },
     /// The class's persistent handler is ready on no slot (H-8): its jobs are deferred.
     HandlerNotReady {
         /// The `[handlers.<name>]` table.
@@ -342,7 +349,9 @@ fn host_of(id: &str) -> String {
 }
 
 fn num(s: Option<&String>) -> u64 {
-    s.and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0).max(0.0) as u64
+    s.and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        .max(0.0) as u64
 }
 
 /// Every slot of every registered process with its inflight record (bounded by the fleet's
@@ -394,9 +403,11 @@ fn locked_queue(config: &Config, queue: &str) -> bool {
     if list.is_empty() {
         return true;
     }
-    let Ok(spec) = crate::resque::patterns::QueueSpec::from_list(list) else {
-        return true;
-    };
+    crate::resque::patterns::QueueSpec::from_list(list).map_or(true, |s| serves(&s, queue))
+}
+
+/// Whether a queue list (Resque's syntax) takes in `queue`, as a worker reads it.
+pub(crate) fn serves(spec: &crate::resque::patterns::QueueSpec, queue: &str) -> bool {
     let m = |p: &String| crate::resque::patterns::fnmatch(p, queue);
     if spec.is_dynamic() {
         spec.patterns().iter().any(m) && !spec.skips().iter().any(m)
@@ -492,7 +503,10 @@ pub async fn explain<C: ConnectionLike + Send>(
     }
     let waits = matches!(
         why.place,
-        Place::Queued { .. } | Place::Delayed { .. } | Place::Parked { .. } | Place::Reserved { .. }
+        Place::Queued { .. }
+            | Place::Delayed { .. }
+            | Place::Parked { .. }
+            | Place::Reserved { .. }
     );
     if !waits {
         return Ok(why);

@@ -27,9 +27,9 @@ fn s(v: &Value) -> String {
 pub fn place_line(why: &Why) -> String {
     let now = why.now_ms;
     match &why.place {
-        Place::Queued { position, length } => format!(
-            "queued: position {position} of {length} ({position} job(s) ahead of it)"
-        ),
+        Place::Queued { position, length } => {
+            format!("queued: position {position} of {length} ({position} job(s) ahead of it)")
+        }
         Place::Delayed {
             until_ms,
             reason,
@@ -145,13 +145,23 @@ pub fn reason_lines(r: &Reason, now: u64) -> Vec<String> {
         } => {
             let mut out = vec![format!(
                 "hold {name} is live{}",
-                until_ms.map_or(String::new(), |u| format!(" until {} at the latest", at(u, now)))
+                until_ms.map_or(String::new(), |u| format!(
+                    " until {} at the latest",
+                    at(u, now)
+                ))
             )];
             for f in fields {
                 let owners: Vec<String> = f
                     .owners
                     .iter()
-                    .map(|o| format!("{} ({}, {})", s(&o["worker"]), s(&o["class"]), s(&o["state"])))
+                    .map(|o| {
+                        format!(
+                            "{} ({}, {})",
+                            s(&o["worker"]),
+                            s(&o["class"]),
+                            s(&o["state"])
+                        )
+                    })
                     .collect();
                 out.push(format!(
                     "    placed by digest {} (count {}{}), expires {}; {}",
@@ -214,7 +224,14 @@ pub fn reason_lines(r: &Reason, now: u64) -> Vec<String> {
         } => vec![format!(
             "queue {queue} is skipped: its lock counter {counter} has reached its length \
              {length} (every job in it waits on a lock){}",
-            until_ms.map_or(String::new(), |u| format!("; the counter expires at {}", at(u, now)))
+            until_ms.map_or(String::new(), |u| format!(
+                "; the counter expires at {}",
+                at(u, now)
+            ))
+        )],
+        Reason::NoWorker { queue, processes } => vec![format!(
+            "no live locketd worker works queue {queue} ({processes} live process(es) work \
+             other queues)"
         )],
         Reason::HandlerNotReady {
             handler,
@@ -255,7 +272,10 @@ pub fn render(why: &Why) -> String {
     }
     let waits = matches!(
         why.place,
-        Place::Queued { .. } | Place::Delayed { .. } | Place::Parked { .. } | Place::Reserved { .. }
+        Place::Queued { .. }
+            | Place::Delayed { .. }
+            | Place::Parked { .. }
+            | Place::Reserved { .. }
     );
     if waits && why.reasons.is_empty() {
         out.push_str("nothing holds it back now: a worker of its queue takes it in turn\n");
@@ -273,7 +293,11 @@ pub fn render(why: &Why) -> String {
             out,
             "unique key {} is taken by {}{}: a push of the same key is refused until then",
             u.key,
-            if u.own { "this payload" } else { "another payload" },
+            if u.own {
+                "this payload"
+            } else {
+                "another payload"
+            },
             u.until_ms
                 .map_or(String::new(), |t| format!(" for {}", human_ms(t as i64)))
         );
