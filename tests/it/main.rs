@@ -48,3 +48,4 @@ mod threads;
 mod threads_chaos;
 mod threads_visible;
 mod web;
+mod why;
