@@ -38,6 +38,11 @@ handler = "app"
 [classes.Plain]
 lock = false
 
+[classes.Once]
+lock = false
+unique = "until_expired"
+unique_ttl = "1h"
+
 [handlers.app]
 mode = "persistent"
 command = ["/bin/true"]
@@ -112,7 +117,11 @@ async fn register(c: &mut Conn, job: &Job) {
 async fn live_worker(c: &mut Conn, queue: &str) {
     let k = keys();
     let _: i64 = cmd(c, &["SADD", &k.processes(), "w:1:aa"]).await;
-    let _: i64 = cmd(c, &["HSET", &k.slots("w:1:aa"), "0", &format!("w:1:{queue}")]).await;
+    let _: i64 = cmd(
+        c,
+        &["HSET", &k.slots("w:1:aa"), "0", &format!("w:1:{queue}")],
+    )
+    .await;
     let alive = json!({ "queues": queue }).to_string();
     let _: () = cmd(c, &["SET", &k.alive("w:1:aa"), &alive]).await;
 }
@@ -523,6 +532,38 @@ async fn a_failed_job_is_found_in_the_failure_list() {
         text.contains("failed at 2026/11/28 12:00:00 UTC on h:1:q: RuntimeError: boom"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_unique_key_taken_by_the_push_is_shown_with_its_end() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    live_worker(&mut c, "q").await;
+    let o = Command::new(env!("CARGO_BIN_EXE_locketd"))
+        .arg("--config")
+        .arg(config_file(&r))
+        .arg("--redis")
+        .arg(r.url())
+        .args(["enqueue", "q", "Once", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let now = server_ms(&mut c).await;
+    let w = why(&mut c, payload("q", "Once", &["1"])).await;
+    assert!(
+        matches!(w.place, Place::Queued { position: 0, .. }),
+        "{w:?}"
+    );
+    let u = w.unique.expect("the unique key");
+    assert!(u.own, "{u:?}");
+    assert_eq!(Some(u.digest.as_str()), w.job.unwrap().digest.as_deref());
+    let until = u.until_ms.unwrap();
+    assert!(
+        until > now + 3_590_000 && until <= now + 3_600_000,
+        "{until} {now}"
+    );
+    let text = stdout(&cli(&r, &["q", "Once", "1"]));
+    assert!(text.contains("is taken by this payload"), "{text}");
 }
 
 #[tokio::test]

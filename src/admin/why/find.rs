@@ -446,6 +446,7 @@ pub(super) async fn unique<C: ConnectionLike + Send>(
     u: &UniquePlan,
     job: &Job,
     digest: &str,
+    now: u64,
 ) -> RedisResult<Option<UniqueFacts>> {
     let input = RenderInput {
         class: &job.class,
@@ -465,17 +466,12 @@ pub(super) async fn unique<C: ConnectionLike + Send>(
         .query_async(conn)
         .await
         .unwrap_or((None, -2));
-    Ok(held
-        .map(|d| UniqueFacts {
-            key: r.id,
-            own: d == digest,
-            digest: d,
-            until_ms: None,
-        })
-        .map(|mut f| {
-            f.until_ms = (ttl > 0).then(|| ttl as u64);
-            f
-        }))
+    Ok(held.map(|d| UniqueFacts {
+        key: r.id,
+        own: d == digest,
+        digest: d,
+        until_ms: (ttl > 0).then(|| now + ttl as u64),
+    }))
 }
 
 /// Why a job of `job`'s queue and plan waits now: every reason found, in the order a worker

@@ -499,7 +499,7 @@ pub async fn explain<C: ConnectionLike + Send>(
         return Ok(why);
     };
     if let Some(u) = &plan.unique {
-        why.unique = find::unique(conn, &keys, u, &job, &digest).await?;
+        why.unique = find::unique(conn, &keys, u, &job, &digest, now).await?;
     }
     let waits = matches!(
         why.place,

@@ -299,7 +299,7 @@ pub fn render(why: &Why) -> String {
                 "another payload"
             },
             u.until_ms
-                .map_or(String::new(), |t| format!(" for {}", human_ms(t as i64)))
+                .map_or(String::new(), |t| format!(" until {}", at(t, why.now_ms)))
         );
     }
     for n in &why.notes {
