@@ -9,6 +9,7 @@
 //! the web page serves the same at `/api/why` and `/why`.
 
 mod find;
+mod reasons;
 pub mod text;
 
 use crate::config::plans::{Plans, RenderedPlan};
@@ -519,7 +520,7 @@ pub async fn explain<C: ConnectionLike + Send>(
         now,
         digest: &digest,
     };
-    why.reasons = find::reasons(conn, &ctx, &job, &rendered, queued).await?;
+    why.reasons = reasons::reasons(conn, &ctx, &job, &rendered, queued).await?;
     Ok(why)
 }
 
