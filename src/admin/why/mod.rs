@@ -512,7 +512,11 @@ pub async fn explain<C: ConnectionLike + Send>(
     if !waits {
         return Ok(why);
     }
-    let queued = matches!(why.place, Place::Queued { .. });
+    let stage = match why.place {
+        Place::Queued { .. } => reasons::Stage::Queued,
+        Place::Reserved { .. } => reasons::Stage::Reserved,
+        _ => reasons::Stage::Away,
+    };
     let ctx = find::Ctx {
         keys: &keys,
         config,
@@ -520,7 +524,7 @@ pub async fn explain<C: ConnectionLike + Send>(
         now,
         digest: &digest,
     };
-    why.reasons = reasons::reasons(conn, &ctx, &job, &rendered, queued).await?;
+    why.reasons = reasons::reasons(conn, &ctx, &job, &rendered, stage).await?;
     Ok(why)
 }
 

@@ -11,6 +11,17 @@ use redis::RedisResult;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
+/// Where a waiting job is, for the reasons that apply to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// In its queue: every reason, the skip rule too.
+    Queued,
+    /// Parked or delayed: back in its queue later, where the queue's reasons apply.
+    Away,
+    /// Reserved by a slot: past the queue's reasons (no worker, pause, cap).
+    Reserved,
+}
+
 /// Why a job of `job`'s queue and plan waits now: every reason found, in the order a worker
 /// meets them (the queue's pause, cap and skip; its handler; its locks, holds and rates).
 pub(super) async fn reasons<C: ConnectionLike + Send>(
@@ -18,11 +29,49 @@ pub(super) async fn reasons<C: ConnectionLike + Send>(
     ctx: &Ctx<'_>,
     job: &Job,
     rendered: &RenderedPlan,
-    queued: bool,
+    stage: Stage,
 ) -> RedisResult<Vec<Reason>> {
-    let (keys, now) = (ctx.keys, ctx.now);
-    let q = job.queue.clone();
     let mut out = Vec::new();
+    if stage != Stage::Reserved {
+        queue_reasons(conn, ctx, &job.queue, stage == Stage::Queued, &mut out).await?;
+    }
+    if let Some(r) = handler_reason(conn, ctx, &job.class).await? {
+        out.push(r);
+    }
+    lock_reasons(conn, ctx, rendered, &mut out).await?;
+    for name in &rendered.locked_by {
+        if let Some(r) = hold_reason(conn, ctx, name, rendered).await? {
+            out.push(r);
+        }
+    }
+    for r in &rendered.rates {
+        let period = r.period.as_millis() as u64;
+        let st =
+            store::rate_state(conn, ctx.keys, &r.key, r.limit, period, r.spread, ctx.now).await?;
+        if st.allowed_now == 0 {
+            out.push(Reason::Rate {
+                key: r.key.clone(),
+                limit: r.limit,
+                period_ms: period,
+                used: st.used,
+                closed_until_ms: st.closed_until_ms,
+                until_ms: st.next_allowed_ms,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The queue's own reasons: no live worker, a pause, a full cap, and (`queued`) the skip rule.
+async fn queue_reasons<C: ConnectionLike + Send>(
+    conn: &mut C,
+    ctx: &Ctx<'_>,
+    q: &str,
+    queued: bool,
+    out: &mut Vec<Reason>,
+) -> RedisResult<()> {
+    let (keys, now) = (ctx.keys, ctx.now);
+    let q = q.to_string();
     let qs = [q.clone()];
     if let Some(r) = worker_reason(conn, ctx, &q).await? {
         out.push(r);
@@ -63,16 +112,28 @@ pub(super) async fn reasons<C: ConnectionLike + Send>(
             });
         }
     }
-    if let Some(r) = handler_reason(conn, ctx, &job.class).await? {
-        out.push(r);
-    }
+    Ok(())
+}
+
+/// Each of the job's locks that is full, with its holders. A unit kept for this very job (it
+/// was woken from the lock's parked list, PK-3: the holder `~<its digest>`) is its own, not a
+/// holder in its way.
+async fn lock_reasons<C: ConnectionLike + Send>(
+    conn: &mut C,
+    ctx: &Ctx<'_>,
+    rendered: &RenderedPlan,
+    out: &mut Vec<Reason>,
+) -> RedisResult<()> {
+    let (keys, now) = (ctx.keys, ctx.now);
+    let mine = format!("~{}", ctx.digest);
     for l in &rendered.locks {
-        let live: Vec<_> = store::holders(conn, keys, &l.id)
+        let mut live: Vec<_> = store::holders(conn, keys, &l.id)
             .await
             .unwrap_or_default()
             .into_iter()
             .filter(|h| h.deadline_ms > now)
             .collect();
+        live.retain(|h| h.token != mine);
         if live.is_empty() || (live.len() as u64) < u64::from(l.limit) {
             continue;
         }
@@ -90,26 +151,7 @@ pub(super) async fn reasons<C: ConnectionLike + Send>(
             parked,
         });
     }
-    for name in &rendered.locked_by {
-        if let Some(r) = hold_reason(conn, ctx, name, rendered).await? {
-            out.push(r);
-        }
-    }
-    for r in &rendered.rates {
-        let period = r.period.as_millis() as u64;
-        let st = store::rate_state(conn, keys, &r.key, r.limit, period, r.spread, now).await?;
-        if st.allowed_now == 0 {
-            out.push(Reason::Rate {
-                key: r.key.clone(),
-                limit: r.limit,
-                period_ms: period,
-                used: st.used,
-                closed_until_ms: st.closed_until_ms,
-                until_ms: st.next_allowed_ms,
-            });
-        }
-    }
-    Ok(out)
+    Ok(())
 }
 
 fn holder_facts(h: &store::Holder) -> HolderFacts {

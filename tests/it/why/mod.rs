@@ -280,6 +280,39 @@ async fn a_parked_job_is_found_by_rid_and_by_payload_with_its_place_in_line() {
     );
 }
 
+// PK-3: the release hands the lock to the parked job and puts it back at the head of its
+// queue; the unit kept for it is its own, not in its way, while a job behind it meets it.
+#[tokio::test]
+async fn a_woken_job_is_not_held_back_by_the_unit_kept_for_it() {
+    let r = RedisServer::start();
+    let mut c = r.conn().await;
+    live_worker(&mut c, "q").await;
+    let a = running_holder(&mut c).await;
+    let lock = [spec("user:1", 1)];
+    let mut b = reserved(&mut c, "pb", "q", "Hot", json!([1, "b"])).await;
+    b.acquire(&mut c, &lock, &opts(Policy::Park)).await;
+    push(&mut c, "q", "Hot", json!([1, "c"])).await;
+    assert!(
+        a.finish(&mut c, &lock, locketd::store::Finish::Success, &[])
+            .await
+    );
+    let w = why(&mut c, payload("q", "Hot", &["1", "\"b\""])).await;
+    assert!(
+        matches!(w.place, Place::Queued { position: 0, .. }),
+        "{w:?}"
+    );
+    assert!(w.reasons.is_empty(), "{w:?}");
+    let w = why(&mut c, payload("q", "Hot", &["1", "\"c\""])).await;
+    assert!(
+        matches!(w.place, Place::Queued { position: 1, .. }),
+        "{w:?}"
+    );
+    let [Reason::Lock { holders, .. }] = &w.reasons[..] else {
+        panic!("{w:?}")
+    };
+    assert!(holders[0].handoff, "{holders:?}");
+}
+
 #[tokio::test]
 async fn a_reserved_job_that_has_not_started_names_its_slot() {
     let r = RedisServer::start();
