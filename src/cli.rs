@@ -86,6 +86,9 @@ pub enum Command {
     /// meaning.
     #[command(subcommand)]
     Config(crate::config::reference::ConfigCommand),
+    /// Why a job is not running: where it is (queued at position N, parked, delayed, reserved,
+    /// running, failed) and every reason it waits, with its owner and when it can change.
+    Why(crate::admin::why::WhyArgs),
     /// Operator commands: enqueue, locks, counters, holds, delayed, stats, schedule (src/admin/).
     #[command(flatten)]
     Admin(crate::admin::AdminCommand),

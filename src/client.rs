@@ -86,6 +86,19 @@ pub fn resque_payload(class: &str, args: &[Value]) -> String {
     )
 }
 
+/// The payload `locketd enqueue QUEUE CLASS ARG_JSON...` pushes, byte for byte (class first,
+/// each argument as written minus whitespace), and its args as a JSON array; an argument that
+/// is not JSON is refused, naming it. `locketd why QUEUE CLASS ARGS` finds a job by these bytes.
+pub fn payload_json(class: &str, args_json: &[String]) -> Result<(Value, String)> {
+    let (args, texts) = parse_args(args_json)?;
+    let payload = format!(
+        "{{\"class\":{},\"args\":[{}]}}",
+        Value::from(class),
+        texts.join(",")
+    );
+    Ok((args, payload))
+}
+
 /// JSON text without insignificant whitespace, member order and number text kept (what Ruby's
 /// `JSON.generate` writes for the same value).
 pub fn minify_json(text: &str) -> String {
@@ -168,12 +181,7 @@ impl Client {
         class: &str,
         args_json: &[String],
     ) -> Result<Enqueued> {
-        let (args, texts) = parse_args(args_json)?;
-        let payload = format!(
-            "{{\"class\":{},\"args\":[{}]}}",
-            Value::from(class),
-            texts.join(",")
-        );
+        let (args, payload) = payload_json(class, args_json)?;
         self.push(queue, class, args, payload, None).await
     }
 

@@ -288,6 +288,15 @@ fn run(
         return locketd::ops::failed::run_cli(&cfg, args);
     }
 
+    if let Some(Command::Why(args)) = &cli.command {
+        return match load_for_ops(&cli) {
+            Ok(cfg) => locketd::admin::why::run_cli(&cfg, args),
+            Err(e) => {
+                eprintln!("locketd: {e}");
+                Ok(ExitCode::from(EXIT_CONFIG))
+            }
+        };
+    }
     if let Some(Command::Admin(cmd)) = &cli.command {
         let cfg = match load_for_ops(&cli) {
             Ok(c) => c,

@@ -20,6 +20,7 @@ mod parked;
 mod pause;
 mod read;
 mod schedule;
+pub mod why;
 pub use cancel::{await_cancel, cancel_job, CancelArgs, Cancelled, Outcome, Request};
 
 pub use limits::{clock as clock_ms, read_limits, LimitsArgs};

@@ -262,6 +262,7 @@ async fn answer(req: Request<Incoming>, ctx: &Ctx) -> Answer {
     let req = crate::web::Request {
         method,
         path,
+        query: parts.uri.query(),
         authorization: header(header::AUTHORIZATION),
         body: &body,
         peer: Some(ctx.peer),

@@ -21,6 +21,7 @@ pub mod escape;
 pub mod handler_cell;
 pub mod minutes;
 pub mod page;
+pub mod why;
 
 use crate::config::Config;
 use crate::ops::failed;
@@ -46,6 +47,8 @@ pub struct Request<'a> {
     pub method: &'a str,
     /// The path, without the query.
     pub path: &'a str,
+    /// The query (after `?`), if any.
+    pub query: Option<&'a str>,
     /// The `Authorization` header's value.
     pub authorization: Option<&'a str>,
     /// The body (`POST`).
@@ -118,6 +121,9 @@ pub async fn handle<C: ConnectionLike + Send>(
             Ok(s) => Response::json("200 OK", &serde_json::to_value(&s).unwrap_or_default()),
             Err(e) => unavailable(&e),
         },
+        ("/api/why" | "/why", true) => {
+            why::handle(req.query, req.path == "/why", conn, config).await
+        }
         ("/api/page", true) => match data::page(conn, config, minutes).await {
             Ok(d) => Response::json(
                 "200 OK",

@@ -32,19 +32,6 @@ use locketd::cli::Cli;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Subcommands other branches are adding at the time of writing (`why`, `config reference`): a
-/// line that uses one is skipped, with a note, only while the parser does not know it. Once
-/// they are merged the lines are parsed like any other; this list can then be emptied.
-const PENDING_SUBCOMMANDS: &[&str] = &["why", "config"];
-
-/// Pages other branches are writing at the time of writing: a link to one is not checked while
-/// the file is absent. Once they are merged, their links are checked like any other.
-const PENDING_PAGES: &[&str] = &[
-    "docs/guide/unique-jobs.md",
-    "docs/guide/enqueue-clients.md",
-    "docs/reference/config.md",
-];
-
 /// One fenced code block: the file's 1-based line of each content line.
 struct Block {
     lang: String,
@@ -381,15 +368,6 @@ fn check(root: &Path, files: &[PathBuf], redis_url: &str) -> (usize, Vec<String>
         }
         for (line, argv) in ex.commands {
             let at = format!("{}:{line}", rel.display());
-            if let Some(sub) = argv
-                .get(1)
-                .filter(|s| PENDING_SUBCOMMANDS.contains(&s.as_str()))
-            {
-                if !has(sub) {
-                    eprintln!("{at}: skipped until `locketd {sub}` is merged: {argv:?}");
-                    continue;
-                }
-            }
             checked += 1;
             if let Err(e) = Cli::try_parse_from(&argv) {
                 use clap::error::ErrorKind::*;
@@ -458,9 +436,7 @@ fn check_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
                 };
                 let at = format!("{}:{}", rel.display(), i + 1);
                 if !root.join(&file).exists() {
-                    if !PENDING_PAGES.contains(&file.to_string_lossy().as_ref()) {
-                        failures.push(format!("{at}: the link target {target} does not exist"));
-                    }
+                    failures.push(format!("{at}: the link target {target} does not exist"));
                     continue;
                 }
                 if !frag.is_empty() && file.extension().is_some_and(|x| x == "md") {

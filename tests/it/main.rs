@@ -54,3 +54,4 @@ mod threads_visible;
 mod unique;
 mod unique_chaos;
 mod web;
+mod why;

@@ -22,6 +22,7 @@ mod sidekiq;
 mod spawn;
 mod stats;
 mod threads;
+mod why;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -82,7 +83,11 @@ enum Scenario {
     /// Node and a Python app: jobs/s and the summed PSS of each process tree half-way. Not in
     /// `all` (minutes, and gigabytes at `threads = 1`).
     Threads,
-    /// Everything above except `threads`, then one Markdown table against the targets (ruby, python and
+    /// `locketd why QUEUE CLASS ARGS` for a job 10 from the tail of a queue of 1,000,000
+    /// (`--jobs N`), its lock held: time per answer in process and through the binary. Not in
+    /// `all`.
+    Why,
+    /// Everything above except `threads` and `why`, then one Markdown table against the targets (ruby, python and
     /// handler-latency only when their interpreters are installed).
     All,
 }
@@ -601,6 +606,7 @@ fn run(opts: Opts) -> Result<()> {
         Scenario::HotKey => hotkey::scenario_hot_key(&opts, &exe, &mut rows)?,
         Scenario::Rates => rates::scenario_rates(&opts, &exe, &mut rows)?,
         Scenario::Threads => threads::scenario_threads(&opts, &exe, &mut rows)?,
+        Scenario::Why => why::scenario_why(&opts, &exe, &mut rows)?,
         Scenario::All => {
             let with = |workers: Option<usize>, slots: Option<usize>| Opts {
                 workers,
