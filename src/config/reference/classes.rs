@@ -100,14 +100,19 @@ pub(super) const SETTINGS: &[Setting] = &[
         "Hold names that must be free before a job of this class starts; a live one is a \
          conflict handled by on_dependency_conflict.")
         .ex("[ \"order:{args[0]}\" ]"),
-    set(CLASS, "unique", "string: until_expired", Means("none (every push is made)"), &["U-1"],
-        "Unique jobs at enqueue: with \"until_expired\", a push through locketd's PUSH \
-         (locketd enqueue, the client libraries) whose unique_key is taken is not made, for \
-         unique_ttl after the push that took it. A plain RPUSH, retries, requeues and \
-         scheduler deliveries are never refused.")
-        .ex("\"until_expired\""),
-    set(CLASS, "unique_ttl", "duration", NONE, &["U-1"],
-        "How long \"until_expired\" refuses duplicates after a push; required with unique.")
+    set(CLASS, "unique", "string: until_expired, until_executing or until_executed",
+        Means("none (every push is made)"), &["U-1", "U-2", "U-3"],
+        "Unique jobs at enqueue: a push through locketd's PUSH (locketd enqueue, the client \
+         shims, FCALL) whose unique_key is taken is not made. \"until_expired\": for \
+         unique_ttl after the push that took it; \"until_executing\": while that job waits \
+         (queued, parked, delayed), until it starts; \"until_executed\": while it waits or \
+         runs, until it ends. The entry moves with its job (start, finish, recovery, discard, \
+         cancel). A plain RPUSH, retries, requeues and scheduler deliveries are never refused.")
+        .ex("\"until_executed\""),
+    set(CLASS, "unique_ttl", "duration", NONE, &["U-1", "U-4"],
+        "How long \"until_expired\" refuses duplicates after a push (required with it); with \
+         the two other policies, optional: a cap on an entry's life, for jobs a foreign tool \
+         removes (Resque.dequeue, a queue cleared from resque-web).")
         .ex("\"10m\""),
     set(CLASS, "unique_key", "string (key template)", Means("\"{class}:{args_digest}\""),
         &["U-1", "T-4"],
