@@ -323,10 +323,6 @@ fn whole_config(text: &str) -> Result<String, String> {
 fn check(root: &Path, files: &[PathBuf], redis_url: &str) -> (usize, Vec<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let bin = env!("CARGO_BIN_EXE_locketd");
-    let has = |sub: &str| {
-        use clap::CommandFactory;
-        Cli::command().find_subcommand(sub).is_some()
-    };
     let mut checked = 0;
     let mut failures = Vec::new();
     for rel in files {
