@@ -115,17 +115,22 @@ fn combined(entry: &str, tallied: bool) -> String {
     )
 }
 
-/// `lib.lua` and the job-path bodies as functions of their own KEYS and ARGV, the common part of
-/// the job-path scripts and of their FUNCTION library.
+/// The library (`lib_parts!`), ACQUIRE's steps (`lua/lib_acquire.lua`, `lua/lib_conflict.lua`,
+/// `lua/lib_start.lua`: the `acq` table's functions, which acquire.lua composes), and the
+/// job-path bodies as functions of their own KEYS and ARGV, the common part of the job-path
+/// scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}\n\
+        "{}\n{}\n{}\n{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
          local function finish_reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
         lib_parts!(),
+        include_str!("lua/lib_acquire.lua"),
+        include_str!("lua/lib_conflict.lua"),
+        include_str!("lua/lib_start.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
         include_str!("lua/acquire.lua"),
@@ -361,7 +366,7 @@ pub fn sources() -> [(&'static str, &'static str); 29] {
         ("push_at.lua", PUSH_AT_SOURCE),
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
-        ("acquire.lua", script!("acquire.lua")),
+        ("acquire.lua", include_str!("lua/acquire.lua")),
         ("extend.lua", script!("extend.lua")),
         ("finish.lua", script!("finish.lua")),
         ("return.lua", script!("return.lua")),
