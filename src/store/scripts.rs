@@ -6,7 +6,7 @@ use redis::Script;
 use std::sync::OnceLock;
 
 /// The end of every script: run `$entry` (a function of KEYS and ARGV), write the O-3 and stat
-/// counts it summed (`flush_counts`, lib.lua), then return its reply. A body that raises has
+/// counts it summed (`flush_counts`, lib_count.lua), then return its reply. A body that raises has
 /// its counts written too, as the writes it made before raising stay (Redis does not roll a
 /// script back), and its error is returned as the script's.
 macro_rules! run_and_flush {
@@ -174,7 +174,7 @@ pub const PUSH_AT_SOURCE: &str = push_script!("push_at.lua");
 /// same parts and the same tallied ending as the `tallied` scripts, but loaded once. An EVALSHA
 /// runs the script's whole chunk each time (lib.lua's closures and tables, about 6-8 us of Redis
 /// CPU per call here); a library's chunk runs once, at its load, and each function resets the
-/// per-run values itself (`reset_run`, lib.lua). The multi-slot connection (batch.rs) calls it
+/// per-run values itself (`reset_run`, lib_hold.lua). The multi-slot connection (batch.rs) calls it
 /// when Redis has FUNCTION and falls back to the scripts when it has not (Redis 6).
 #[derive(Debug)]
 pub struct JobLibrary {
@@ -409,10 +409,21 @@ mod tests {
                 continue;
             }
             seen += 1;
-            let lines = std::fs::read_to_string(&path).expect("a Lua file").lines().count();
-            assert!(lines <= 600, "{} has {lines} lines (at most 600)", path.display());
+            let lines = std::fs::read_to_string(&path)
+                .expect("a Lua file")
+                .lines()
+                .count();
+            assert!(
+                lines <= 600,
+                "{} has {lines} lines (at most 600)",
+                path.display()
+            );
         }
-        assert!(seen > 20, "only {seen} Lua files found in {}", dir.display());
+        assert!(
+            seen > 20,
+            "only {seen} Lua files found in {}",
+            dir.display()
+        );
     }
 
     // locking-semantics.md NEVER-7 and K-1: no script lists keys by pattern.

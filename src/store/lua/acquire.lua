@@ -13,7 +13,7 @@
 -- KEYS[5]      <ns>:worker:<resque worker id>        (Resque "working on" record)
 -- KEYS[6]      <ns>:locket:locks                     (index, L-7)
 -- KEYS[6+i]    <ns>:locket:lock:<id_i>               for i = 1..n (a STRING for limit 1, else
---              a ZSET with its lockinfo; lib.lua). Its lockinfo:<id_i> and blocked:lock:<id_i>
+--              a ZSET with its lockinfo; lib_lock.lua). Its lockinfo:<id_i> and blocked:lock:<id_i>
 --              are named here from the id, and only read when used (S-1: no Cluster).
 -- ARGV[1]      rid
 -- ARGV[2]      token (32 hex chars, new for this attempt)
