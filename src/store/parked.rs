@@ -1,7 +1,7 @@
 //! Parked waits (parked-waits.md; locking-semantics.md PK-*): the janitor's pass over the
 //! `parked` index (PK-4), `locketd unpark` (PK-9), and the bounded reads `locketd parked`,
 //! `status`, `locks`, the web page and `/metrics` show (PK-8). Parking and waking themselves
-//! happen inside ACQUIRE and the release steps (`acquire.lua`, `lib.lua`).
+//! happen inside ACQUIRE and the release steps (`acquire.lua`, `lib_lock.lua`, `lib_conflict.lua`).
 
 use super::ms;
 use super::scripts::scripts;

@@ -1,13 +1,12 @@
 //! The locket Lua scripts, one operation per file under `lua/`, each prefixed with the shared
-//! helpers in `lua/lib.lua`, `lua/lib_park.lua` (its parked waits) and `lua/lib_unique.lua`
-//! (unique entries that follow their job). Only this file names the
-//! files.
+//! library (`lib_parts!`: `lua/lib.lua` and the `lua/lib_*.lua` parts by subject, then
+//! `lua/rate.lua`). Only this file names the files.
 
 use redis::Script;
 use std::sync::OnceLock;
 
 /// The end of every script: run `$entry` (a function of KEYS and ARGV), write the O-3 and stat
-/// counts it summed (`flush_counts`, lib.lua), then return its reply. A body that raises has
+/// counts it summed (`flush_counts`, lib_count.lua), then return its reply. A body that raises has
 /// its counts written too, as the writes it made before raising stay (Redis does not roll a
 /// script back), and its error is returned as the script's.
 macro_rules! run_and_flush {
@@ -57,16 +56,38 @@ macro_rules! replicate {
     };
 }
 
+/// The shared library, in the order its parts need (each `local function` is defined above its
+/// first use; lib_park.lua's are declared in lib.lua): lib.lua (the core: S-6 checks, the
+/// server clock, the step's reads, leases), lib_lock.lua (locks), lib_count.lua (O-3 counts),
+/// lib_reads.lua (the job path's MGET), lib_hold.lua (D-* holds, the per-run reset),
+/// lib_park.lua (parked waits), lib_unique.lua (unique entries), rate.lua (rates).
+macro_rules! lib_parts {
+    () => {
+        concat!(
+            include_str!("lua/lib.lua"),
+            include_str!("lua/lib_lock.lua"),
+            "\n",
+            include_str!("lua/lib_count.lua"),
+            "\n",
+            include_str!("lua/lib_reads.lua"),
+            "\n",
+            include_str!("lua/lib_hold.lua"),
+            include_str!("lua/lib_park.lua"),
+            include_str!("lua/lib_unique.lua"),
+            "\n",
+            include_str!("lua/rate.lua"),
+            "\n",
+        )
+    };
+}
+
 /// `lib.lua`, then the script's body as a function of KEYS and ARGV, run as
 /// [`run_and_flush`] says.
 macro_rules! script {
     ($file:literal) => {
         concat!(
             replicate!(),
-            include_str!("lua/lib.lua"),
-            include_str!("lua/lib_park.lua"),
-            include_str!("lua/lib_unique.lua"),
-            include_str!("lua/rate.lua"),
+            lib_parts!(),
             "local function main_part(KEYS, ARGV)\n",
             include_str!(concat!("lua/", $file)),
             "\nend\n",
@@ -94,20 +115,22 @@ fn combined(entry: &str, tallied: bool) -> String {
     )
 }
 
-/// `lib.lua` and the job-path bodies as functions of their own KEYS and ARGV, the common part of
-/// the job-path scripts and of their FUNCTION library.
+/// The library (`lib_parts!`), ACQUIRE's steps (`lua/lib_acquire.lua`, `lua/lib_conflict.lua`,
+/// `lua/lib_start.lua`: the `acq` table's functions, which acquire.lua composes), and the
+/// job-path bodies as functions of their own KEYS and ARGV, the common part of the job-path
+/// scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}{}{}\n{}\n\
+        "{}\n{}\n{}\n{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
          local function finish_reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
-        include_str!("lua/lib.lua"),
-        include_str!("lua/lib_park.lua"),
-        include_str!("lua/lib_unique.lua"),
-        include_str!("lua/rate.lua"),
+        lib_parts!(),
+        include_str!("lua/lib_acquire.lua"),
+        include_str!("lua/lib_conflict.lua"),
+        include_str!("lua/lib_start.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
         include_str!("lua/acquire.lua"),
@@ -126,10 +149,7 @@ macro_rules! push_script {
     ($file:literal) => {
         concat!(
             replicate!(),
-            include_str!("lua/lib.lua"),
-            include_str!("lua/lib_park.lua"),
-            include_str!("lua/lib_unique.lua"),
-            include_str!("lua/rate.lua"),
+            lib_parts!(),
             include_str!("lua/render.lua"),
             include_str!("lua/plans.lua"),
             include_str!("lua/push_lib.lua"),
@@ -154,7 +174,7 @@ pub const PUSH_AT_SOURCE: &str = push_script!("push_at.lua");
 /// same parts and the same tallied ending as the `tallied` scripts, but loaded once. An EVALSHA
 /// runs the script's whole chunk each time (lib.lua's closures and tables, about 6-8 us of Redis
 /// CPU per call here); a library's chunk runs once, at its load, and each function resets the
-/// per-run values itself (`reset_run`, lib.lua). The multi-slot connection (batch.rs) calls it
+/// per-run values itself (`reset_run`, lib_hold.lua). The multi-slot connection (batch.rs) calls it
 /// when Redis has FUNCTION and falls back to the scripts when it has not (Redis 6).
 #[derive(Debug)]
 pub struct JobLibrary {
@@ -346,7 +366,7 @@ pub fn sources() -> [(&'static str, &'static str); 29] {
         ("push_at.lua", PUSH_AT_SOURCE),
         ("job-path library", scripts().library.source.as_str()),
         ("reserve.lua", script!("reserve.lua")),
-        ("acquire.lua", script!("acquire.lua")),
+        ("acquire.lua", include_str!("lua/acquire.lua")),
         ("extend.lua", script!("extend.lua")),
         ("finish.lua", script!("finish.lua")),
         ("return.lua", script!("return.lua")),
@@ -377,6 +397,34 @@ pub fn sources() -> [(&'static str, &'static str); 29] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Issue 40: the Lua stays readable: no file under src/store/lua is over 600 lines.
+    #[test]
+    fn no_lua_file_is_over_600_lines() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/lua");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("src/store/lua") {
+            let path = entry.expect("a directory entry").path();
+            if path.extension().and_then(|e| e.to_str()) != Some("lua") {
+                continue;
+            }
+            seen += 1;
+            let lines = std::fs::read_to_string(&path)
+                .expect("a Lua file")
+                .lines()
+                .count();
+            assert!(
+                lines <= 600,
+                "{} has {lines} lines (at most 600)",
+                path.display()
+            );
+        }
+        assert!(
+            seen > 20,
+            "only {seen} Lua files found in {}",
+            dir.display()
+        );
+    }
 
     // locking-semantics.md NEVER-7 and K-1: no script lists keys by pattern.
     #[test]

@@ -4,7 +4,7 @@
 //! On a worker's connection (src/store/batch.rs), RESERVE, ACQUIRE, FINISH and their batches
 //! do not write `stat:<event>` or the `metrics:<epoch minute>` bucket themselves: the
 //! connection sends their tallied variant, which returns what it counted beside its reply
-//! (`{reply, counts}`, lib.lua `counts_reply`); [`Tally::split_reply`] adds that to the
+//! (`{reply, counts}`, lib_count.lua `counts_reply`); [`Tally::split_reply`] adds that to the
 //! connection's [`Tally`], and [`flush_loop`] writes the sums once per second and once more
 //! when the process stops. A process killed with SIGKILL loses at most the last second of
 //! these counts; they are observability, not state. Resque's own `stat:processed` and
@@ -49,7 +49,7 @@ impl Tally {
     }
 
     /// A tallied job-path script's reply `{reply, counts}`: the counts (entries
-    /// `<n>,<length>:<field>` in one string, lib.lua `flush_counts`) go to the pending sums,
+    /// `<n>,<length>:<field>` in one string, lib_count.lua `flush_counts`) go to the pending sums,
     /// the reply is returned.
     pub fn split_reply(&self, v: Value) -> RedisResult<Value> {
         match v {
@@ -104,7 +104,7 @@ impl Tally {
                     .ignore();
             }
             pipe.cmd("HINCRBY").arg(&bucket).arg(field).arg(*n).ignore();
-            // RL-5: the rate paths' per-class counts, fleet-wide, for /metrics (lib.lua
+            // RL-5: the rate paths' per-class counts, fleet-wide, for /metrics (lib_count.lua
             // flush_counts writes the same when a script writes its own counts).
             if field.starts_with("rate_limited|") || field.starts_with("throttled|") {
                 pipe.cmd("HINCRBY")

@@ -24,7 +24,7 @@ if op == 'lock_token' then
   return n
 elseif op == 'lock_force' then
   if sget(lk) then
-    -- a limit-1 lock (lib.lua): its one holder; a job parked on it gets the unit (PK-2)
+    -- a limit-1 lock (lib_lock.lua): its one holder; a job parked on it gets the unit (PK-2)
     local v = sget(lk)
     if not (lock1_parked(v) and lock1_handoff(prefix, lk, id)) then
       redis.call('DEL', lk)

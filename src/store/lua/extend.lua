@@ -28,7 +28,7 @@ for i = 1, #ARGV - 3 do
   local v = sget(lk)
   local held = false
   if v then
-    -- A limit-1 lock (lib.lua): the holder's key lives as long as its PX.
+    -- A limit-1 lock (lib_lock.lua): the holder's key lives as long as its PX.
     held = lock1_holds(v, token)
     if held then redis.call('PEXPIRE', lk, ARGV[2]) end
   else

@@ -47,7 +47,7 @@
 --              waits again), chosen by the worker from the policy, the outcome and whether
 --              the job started; a throttled job's parked entry carries [key, policy, ttl]
 -- ARGV[12+2i]  lock id i
--- ARGV[13+2i]  its limit (1: a STRING lock, lib.lua; more: a ZSET)
+-- ARGV[13+2i]  its limit (1: a STRING lock, lib_lock.lua; more: a ZSET)
 --
 -- Returns "ok", or "missing" when the reservation had been recovered elsewhere: then only the
 -- token is released (and holds are released as the outcome says) and nothing is recorded a

@@ -19,7 +19,7 @@
 -- no parked job to hand it to), of a queue without a cap; a RESERVE of the same slot over at
 -- most 16 queues whose worker looked at the pause and cap keys' types less than a second ago
 -- (A-20, `trust`), with the lease held, no pause flag, and no counter, cap or pause key among
--- the queues. One MGET of those keys (memos: lib.lua queue_keys) settles it; then FINISH's
+-- the queues. One MGET of those keys (memos: lib_reads.lua queue_keys) settles it; then FINISH's
 -- writes are the full path's (one DEL of the lock, the record and the working-on key, the two
 -- processed counters, the `released` count) and RESERVE pops the first job in priority order
 -- into the record as the full path does. Anything else, found before any write, goes to the

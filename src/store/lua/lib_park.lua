@@ -1,5 +1,6 @@
--- Parked waits, the second half of the shared helpers: scripts.rs appends this file to lib.lua
--- (lib.lua names parked_wake, lock1_handoff and parked_wake_freed; they are defined here).
+-- Parked waits, the second half of the shared helpers: scripts.rs appends this file after
+-- lib_hold.lua (lib.lua names parked_wake, lock1_handoff and parked_wake_freed; they are
+-- defined here).
 
 -- Parked waits (PK-1..PK-7). A job whose lock or hold is taken, with the `park` policy, waits
 -- in a list of its own, `<prefix>parked:lock:<id>` or `<prefix>parked:dep:<name>`, of JSON

@@ -8,7 +8,7 @@
 --                            endian. At most `limit` starts, none a period old (they can no
 --                            longer be in a window); PX to a period after the last start, or
 --                            to the close if later (RL-1). ACQUIRE reads it in its MGET
---                            (lib.lua acquire_reads) and writes it with one SET.
+--                            (lib_reads.lua acquire_reads) and writes it with one SET.
 -- <prefix>rate:<key>         ZSET, the starts of a key whose limit is above RATE_STRING_MAX:
 --                            member = the start's reservation id, score = its start (ms), at
 --                            most `limit` of them, PEXPIRE a period after the last start. A

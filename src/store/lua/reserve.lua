@@ -56,7 +56,7 @@ local queue_prefix = ARGV[5]
 local counter_prefix = prefix .. 'counter:'
 local flags = tonumber(ARGV[3]) or 0
 local trust = math.floor(flags / 2) % 2 == 1
--- K-2, A-20, A-22: the slot's record, the pause keys and the caps, in one EXISTS (lib.lua,
+-- K-2, A-20, A-22: the slot's record, the pause keys and the caps, in one EXISTS (lib_reads.lua,
 -- queue_guards). A RESERVE fused with its slot's FINISH (the record freed in this run) needs
 -- no K-2 check and reads the rest at the first queue that may hold a job.
 local guards = nil

@@ -1,8 +1,8 @@
 -- UNBLOCK lapsed locks (locking-semantics.md A-14, R-3 step 2): a limit-1 lock has no index
--- and its key expires on its own (lib.lua), so the janitor finds the blocked:lock: sets with
+-- and its key expires on its own (lib_lock.lua), so the janitor finds the blocked:lock: sets with
 -- SCAN and, for each whose lock key is gone, resets the counters of the queues it names.
 -- A limit-1 lock held again by a holder that never conflicted with those queues gets its flag
--- set here, so that its release frees them (lib.lua, lock1_flag); a larger lock's release
+-- set here, so that its release frees them (lib_lock.lua, lock1_flag); a larger lock's release
 -- always reads its set.
 --
 -- ARGV[1]    key prefix, "<ns>:locket:"

@@ -2,7 +2,7 @@
 -- whose lease lapsed without a release frees its unit with no script running, and a hold's
 -- wake moves 1,000 entries a call. The janitor reads the `parked` index by score, at most
 -- ARGV[2] resources a pass, and wakes the jobs of every one that has a free unit, as a
--- release would (lib.lua); each is then due again when its earliest holder's lease ends.
+-- release would (lib_lock.lua); each is then due again when its earliest holder's lease ends.
 --
 -- KEYS[1]  <ns>:locket:parked
 -- ARGV[1]  locket key prefix "<ns>:locket:" (the resources' keys are built here: S-1)
