@@ -277,7 +277,6 @@ impl ConnectionLike for Plain {
 /// Packs `cmd` as RESP with its first two arguments replaced by `head`, as
 /// [`Cmd::write_packed_command`] packs a command.
 fn pack_with_head(out: &mut Vec<u8>, head: [&[u8]; 2], cmd: &Cmd) {
-    use std::io::Write;
     // Only plain arguments (a job-path call has no other kind; the cursor of a SCAN is not one).
     let rest = || {
         cmd.args_iter().skip(2).filter_map(|a| match a {
@@ -285,12 +284,32 @@ fn pack_with_head(out: &mut Vec<u8>, head: [&[u8]; 2], cmd: &Cmd) {
             _ => None,
         })
     };
-    let _ = write!(out, "*{}\r\n", 2 + rest().count());
+    out.push(b'*');
+    push_decimal(out, 2 + rest().count());
+    out.extend_from_slice(b"\r\n");
     for bytes in head.into_iter().chain(rest()) {
-        let _ = write!(out, "${}\r\n", bytes.len());
+        out.push(b'$');
+        push_decimal(out, bytes.len());
+        out.extend_from_slice(b"\r\n");
         out.extend_from_slice(bytes);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// Appends `n` in decimal (no `write!`: its formatting machinery cost more than the rest of
+/// the packing).
+fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 fn bad(what: &'static str) -> RedisError {
@@ -393,7 +412,8 @@ mod tests {
             .arg("k:1")
             .arg("k:2")
             .arg("")
-            .arg(b"caf\xc3\xa9\r\n".as_slice());
+            .arg(b"caf\xc3\xa9\r\n".as_slice())
+            .arg("x".repeat(1234));
         let mut fcall = redis::cmd("FCALL");
         fcall
             .arg("locketd_abc_finish")
@@ -401,7 +421,8 @@ mod tests {
             .arg("k:1")
             .arg("k:2")
             .arg("")
-            .arg(b"caf\xc3\xa9\r\n".as_slice());
+            .arg(b"caf\xc3\xa9\r\n".as_slice())
+            .arg("x".repeat(1234));
         let mut out = Vec::new();
         pack_with_head(&mut out, [b"FCALL", b"locketd_abc_finish"], &evalsha);
         assert_eq!(out, fcall.get_packed_command());
