@@ -11,6 +11,7 @@
 #
 # usage: bench/callgrind-per-job.sh LOCKETD_BINARY N [SLOTS] [HANDLER: builtin|ruby]
 # e.g.:  for n in 0 2000; do bench/callgrind-per-job.sh target/release/locketd $n 1; done
+# LOG_LEVEL=info runs the worker at `info` (default `warn`): the per-job log lines included.
 set -euo pipefail
 exe=$(readlink -f "$1"); n=$2; slots=${3:-1}; handler=${4:-builtin}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,7 +52,7 @@ redis = "redis://127.0.0.1:$port/0"
 queues = "bench"
 interval = 0
 slots = $slots
-log_level = "warn"
+log_level = "${LOG_LEVEL:-warn}"
 $handlers
 [classes.Noop]
 $class_table

@@ -96,11 +96,23 @@ impl Plain {
     /// Sends `cmd` and reads its reply (a server's error reply comes back as a
     /// [`Value::ServerError`], as from the manager).
     pub async fn call(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.call_packed(|out| cmd.write_packed_command(out)).await
+    }
+
+    /// Sends `cmd` with its first two arguments replaced by `head` (`FCALL <function>` for an
+    /// `EVALSHA <sha>`: the rest, the key count, keys and arguments, is the same), and reads its
+    /// reply. The command is packed once, straight from `cmd`, with no second [`Cmd`] built.
+    pub async fn call_with_head(&mut self, head: [&[u8]; 2], cmd: &Cmd) -> RedisResult<Value> {
+        self.call_packed(|out| pack_with_head(out, head, cmd)).await
+    }
+
+    /// [`Plain::call`] of the command `write` packs into the connection's output buffer.
+    async fn call_packed(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Value> {
         if self.busy {
             self.drop_stream();
         }
         self.busy = true;
-        let reply = match tokio::time::timeout(RESPONSE_TIMEOUT, self.round_trip(cmd)).await {
+        let reply = match tokio::time::timeout(RESPONSE_TIMEOUT, self.round_trip(write)).await {
             Ok(reply) => reply,
             Err(_) => {
                 Err(io::Error::new(io::ErrorKind::TimedOut, "no reply from Redis in 30 s").into())
@@ -119,7 +131,7 @@ impl Plain {
         self.busy = false;
     }
 
-    async fn round_trip(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    async fn round_trip(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Value> {
         if self.stream.is_some() && self.unrequested() {
             self.drop_stream();
             self.busy = true;
@@ -127,7 +139,7 @@ impl Plain {
         if self.stream.is_none() {
             self.connect().await?;
         }
-        self.send(cmd).await
+        self.send(write).await
     }
 
     /// Whether the idle connection has bytes no call asked for, or was closed by the server:
@@ -156,10 +168,10 @@ impl Plain {
         }
     }
 
-    /// Writes `cmd` on the open connection and reads its reply.
-    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Writes the command `write` packs on the open connection and reads its reply.
+    async fn send(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Value> {
         self.out.clear();
-        cmd.write_packed_command(&mut self.out);
+        write(&mut self.out);
         let stream = self.stream.as_mut().expect("connected before sending");
         stream.write_all(&self.out).await?;
         self.read_reply().await
@@ -189,7 +201,11 @@ impl Plain {
         }
         for cmd in setup {
             let auth = cmd.args_iter().next() == Some(redis::Arg::Simple(b"AUTH".as_slice()));
-            match self.send(&cmd).await?.extract_error() {
+            match self
+                .send(|out| cmd.write_packed_command(out))
+                .await?
+                .extract_error()
+            {
                 // As the redis crate reports a refused AUTH (the manager's): the same kind,
                 // so that both connections' calls are classified alike (classify).
                 Err(e) if auth => {
@@ -256,6 +272,44 @@ impl ConnectionLike for Plain {
     fn get_db(&self) -> i64 {
         self.target.db
     }
+}
+
+/// Packs `cmd` as RESP with its first two arguments replaced by `head`, as
+/// [`Cmd::write_packed_command`] packs a command.
+fn pack_with_head(out: &mut Vec<u8>, head: [&[u8]; 2], cmd: &Cmd) {
+    // Only plain arguments (a job-path call has no other kind; the cursor of a SCAN is not one).
+    let rest = || {
+        cmd.args_iter().skip(2).filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(b),
+            _ => None,
+        })
+    };
+    out.push(b'*');
+    push_decimal(out, 2 + rest().count());
+    out.extend_from_slice(b"\r\n");
+    for bytes in head.into_iter().chain(rest()) {
+        out.push(b'$');
+        push_decimal(out, bytes.len());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Appends `n` in decimal (no `write!`: its formatting machinery cost more than the rest of
+/// the packing).
+fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 fn bad(what: &'static str) -> RedisError {
@@ -347,6 +401,31 @@ mod tests {
         let (v, end) = parse(b, 0, 0).unwrap().expect("complete");
         assert_eq!(end, b.len());
         v
+    }
+
+    #[test]
+    fn a_command_with_its_head_replaced_packs_as_that_command_built_whole() {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg("0123456789abcdef0123456789abcdef01234567")
+            .arg(2)
+            .arg("k:1")
+            .arg("k:2")
+            .arg("")
+            .arg(b"caf\xc3\xa9\r\n".as_slice())
+            .arg("x".repeat(1234));
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg("locketd_abc_finish")
+            .arg(2)
+            .arg("k:1")
+            .arg("k:2")
+            .arg("")
+            .arg(b"caf\xc3\xa9\r\n".as_slice())
+            .arg("x".repeat(1234));
+        let mut out = Vec::new();
+        pack_with_head(&mut out, [b"FCALL", b"locketd_abc_finish"], &evalsha);
+        assert_eq!(out, fcall.get_packed_command());
     }
 
     #[test]

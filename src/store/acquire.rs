@@ -2,6 +2,7 @@
 
 use super::scripts::scripts;
 use super::{int, lock_keys, ms, text, unexpected, Acquired, SlotRef};
+use crate::conn::evalsha;
 use crate::locks::{DelaySettings, LockSpec, Policy, RateSpec};
 use crate::resque::failure::FailureBackend;
 use crate::resque::keys::Keys;
@@ -232,42 +233,50 @@ pub async fn acquire_with<C: ConnectionLike + Send>(
     opts: Option<&AcquireOptions<'_>>,
 ) -> RedisResult<AcquireOutcome> {
     let keys = slot.keys;
-    let mut inv = scripts().direct.acquire.prepare_invoke();
-    inv.key(keys.inflight(slot.slot_key))
-        .key(keys.queue(req.queue))
-        .key(keys.queues())
-        .key(keys.counter(req.queue))
-        .key(keys.worker(slot.worker_id))
-        .key(keys.locks());
-    // Only the lock keys: acquire.lua names a lock's lockinfo and blocked set from its id when
-    // it needs them.
-    for l in req.locks {
-        inv.key(keys.lock(&l.id));
-    }
     let fallback = match opts {
         Some(o) => o.on_lock_conflict.script_word(),
         None if req.requeue_on_conflict => "requeue",
         None => "none",
     };
     let extras = opts.map(|o| extras(slot, req, o)).unwrap_or_default();
-    inv.arg(req.rid)
-        .arg(req.token)
-        .arg(ms(req.lock_ttl))
-        .arg(ms(req.counter_ttl))
-        .arg(fallback)
-        .arg(req.working_on)
-        .arg(req.lockinfo)
-        .arg(keys.counter_prefix())
-        .arg(req.queue)
-        .arg(req.class)
-        .arg(req.digest)
-        .arg(extras)
-        .arg(super::wall_ms())
-        .arg(if req.resent { "1" } else { "" });
-    for l in req.locks {
-        inv.arg(&l.id).arg(l.limit.max(1));
-    }
-    let reply: Value = inv.invoke_async(conn).await?;
+    // The command is written once, straight into its buffer (no ScriptInvocation, whose
+    // per-argument copies the EVALSHA then copies again).
+    let reply: Value = evalsha(
+        conn,
+        &scripts().direct.acquire,
+        6 + req.locks.len(),
+        |cmd| {
+            cmd.arg(keys.inflight(slot.slot_key))
+                .arg(keys.queue(req.queue))
+                .arg(keys.queues())
+                .arg(keys.counter(req.queue))
+                .arg(keys.worker(slot.worker_id))
+                .arg(keys.locks());
+            // Only the lock keys: acquire.lua names a lock's lockinfo and blocked set from its id
+            // when it needs them.
+            for l in req.locks {
+                cmd.arg(keys.lock(&l.id));
+            }
+            cmd.arg(req.rid)
+                .arg(req.token)
+                .arg(ms(req.lock_ttl))
+                .arg(ms(req.counter_ttl))
+                .arg(fallback)
+                .arg(req.working_on)
+                .arg(req.lockinfo)
+                .arg(keys.counter_prefix())
+                .arg(req.queue)
+                .arg(req.class)
+                .arg(req.digest)
+                .arg(&extras)
+                .arg(super::wall_ms())
+                .arg(if req.resent { "1" } else { "" });
+            for l in req.locks {
+                cmd.arg(&l.id).arg(l.limit.max(1));
+            }
+        },
+    )
+    .await?;
     match reply {
         Value::Array(reply) => parse_acquired(reply),
         other => unexpected("acquire", &other),

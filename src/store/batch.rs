@@ -222,7 +222,7 @@ impl ConnectionLike for Conn {
                     }
                 };
                 let v = match plain {
-                    Some(plain) => mode.call(&mut *plain.lock().await, op, fill).await?,
+                    Some(plain) => mode.call_plain(&mut *plain.lock().await, op, cmd).await?,
                     None => mode.call(&mut inner, op, fill).await?,
                 };
                 tally.split_reply(v)

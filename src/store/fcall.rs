@@ -19,9 +19,9 @@
 //! rolling upgrade is safe whatever its length.
 
 use super::scripts::scripts;
-use crate::conn::is_refusal;
+use crate::conn::{is_refusal, Plain};
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -94,6 +94,46 @@ impl Mode {
             }
             other => other,
         }
+    }
+
+    /// [`Mode::call`] of `evalsha`, an `EVALSHA <sha> <numkeys> key... arg...` of job-path
+    /// script `op`, on the one-slot job path's own connection: where the library loads, the
+    /// call goes out as `FCALL` packed straight from `evalsha` (the command is built once, not
+    /// copied into a second one); where Redis has no FUNCTION, as [`Mode::call`] sends it.
+    pub(crate) async fn call_plain(
+        &self,
+        conn: &mut Plain,
+        op: &str,
+        evalsha: &Cmd,
+    ) -> RedisResult<Value> {
+        if self.get() == UNKNOWN {
+            self.load(conn).await?;
+        }
+        if self.get() == FUNCTIONS {
+            let function = scripts().library.function(op);
+            let head = [b"FCALL".as_slice(), function.as_bytes()];
+            let fcall = conn.call_with_head(head, evalsha).await;
+            match fcall.and_then(Value::extract_error) {
+                // The library is gone (a restarted Redis): loaded again, and the call resent.
+                Err(e) if function_missing(&e) => {
+                    self.load(conn).await?;
+                    if self.get() == FUNCTIONS {
+                        let fcall = conn.call_with_head(head, evalsha).await;
+                        return fcall.and_then(Value::extract_error);
+                    }
+                }
+                other => return other,
+            }
+        }
+        // Redis runs no FUNCTION: EVALSHA of the tallied script.
+        self.call(conn, op, |out| {
+            for a in evalsha.args_iter().skip(2) {
+                if let Arg::Simple(b) = a {
+                    out.arg(b);
+                }
+            }
+        })
+        .await
     }
 
     /// Loads the library unless this connection's Redis was tried already: whether job-path

@@ -2,6 +2,7 @@
 
 use super::scripts::scripts;
 use super::{Finish, SlotRef};
+use crate::conn::evalsha;
 use crate::locks::LockSpec;
 use crate::resque::failure::FailureBackend;
 use redis::aio::ConnectionLike;
@@ -57,14 +58,10 @@ pub async fn finish_with<C: ConnectionLike + Send>(
     holds: &FinishHolds<'_>,
 ) -> RedisResult<bool> {
     let (keys, args) = finish_parts(slot, req, holds);
-    let mut inv = scripts().direct.finish.prepare_invoke();
-    for k in &keys {
-        inv.key(k);
-    }
-    for a in &args {
-        inv.arg(a);
-    }
-    let reply: redis::Value = inv.invoke_async(conn).await?;
+    let reply: Value = evalsha(conn, &scripts().direct.finish, keys.len(), |cmd| {
+        cmd.arg(&keys).arg(&args);
+    })
+    .await?;
     Ok(super::text(&reply) == "ok")
 }
 

@@ -1097,7 +1097,9 @@ async fn redis_major(c: &mut redis::aio::MultiplexedConnection) -> u32 {
 // calls by EVALSHA where Redis has no FUNCTION (Redis 6; here: the command renamed away).
 #[tokio::test]
 async fn the_job_path_calls_the_function_library_or_falls_back_to_scripts() {
-    for functions in [true, false] {
+    // `plain`: the one-slot worker's own connection (src/conn/plain.rs), which packs its FCALL
+    // itself; else the shared one.
+    for (functions, plain) in [(true, false), (false, false), (true, true), (false, true)] {
         let server = if functions {
             RedisServer::start()
         } else {
@@ -1117,7 +1119,11 @@ async fn the_job_path_calls_the_function_library_or_falls_back_to_scripts() {
             .get_connection_manager()
             .await
             .expect("connection manager");
-        let mut conn = locketd::store::batch::Conn::direct(manager);
+        let mut conn = if plain {
+            locketd::store::batch::Conn::with_plain(manager, &server.url())
+        } else {
+            locketd::store::batch::Conn::direct(manager)
+        };
         let slot = Slot::new("p:1:0", "testhost:1:q");
         mark_alive(c, &slot.slot_key).await;
         let _: () = rcmd!(c, "CONFIG", "RESETSTAT");
@@ -1136,7 +1142,7 @@ async fn the_job_path_calls_the_function_library_or_falls_back_to_scripts() {
             // The slot is free again for the next round.
             let _: i64 = rcmd!(c, "DEL", slot.inflight());
         }
-        assert_eq!(got, jobs, "functions = {functions}");
+        assert_eq!(got, jobs, "functions = {functions}, plain = {plain}");
         assert_eq!(conn.uses_functions(), functions);
         let info: String = rcmd!(c, "INFO", "commandstats");
         let (fcall, evalsha) = (
