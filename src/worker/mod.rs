@@ -5,6 +5,7 @@
 //! heartbeat and the janitor running beside it.
 
 mod cancel;
+mod conflict;
 mod finish;
 mod idle;
 mod janitor;
