@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 mod cancel;
+mod delayed;
+mod enqueue;
 mod limits;
 mod parked;
 mod pause;
@@ -353,60 +355,6 @@ fn print_json(v: &Value) {
 }
 
 impl Admin {
-    async fn enqueue(&mut self, a: &EnqueueArgs, config: &Config) -> anyhow::Result<ExitCode> {
-        let (Some(queue), Some(class)) = (&a.queue, &a.class) else {
-            bail!("enqueue needs QUEUE and CLASS");
-        };
-        let mut client = Client::with_connection(self.conn.clone(), config)?;
-        // D-3b: a delayed push places its holds now, through PUSH_AT; a time not in the
-        // future pushes at once, as `enqueue_at` does (SC-2).
-        let done = match schedule::delayed_at(a)? {
-            Some(ts) => client.enqueue_json_at(queue, class, &a.args, ts).await?,
-            None => client.enqueue_json(queue, class, &a.args).await?,
-        };
-        if let (Some(ts), false) = (done.scheduled_at, a.json) {
-            if done.pushed {
-                println!("scheduled {class} on {queue} at {ts} (delayed:{ts})");
-                for h in &done.holds {
-                    println!("hold added: {h}");
-                }
-            } else {
-                println!(
-                    "not scheduled: a duplicate of a {class} job pushed within its unique_ttl"
-                );
-            }
-        } else if a.json {
-            let mut out = json!({
-                "queue": queue,
-                "payload": done.payload,
-                "digest": done.digest,
-                "holds": done.holds,
-                "queue_length": done.queue_length,
-                "pushed": done.pushed,
-            });
-            if let Some(ts) = done.scheduled_at {
-                out["at"] = json!(ts);
-                out["item"] = json!(done.payload);
-            }
-            print_json(&out);
-        } else if !done.pushed {
-            println!(
-                "not pushed: the unique key of this {class} job is taken (queue length {})",
-                done.queue_length
-            );
-        } else {
-            println!(
-                "enqueued {class} on {queue} (length {}), digest {}",
-                done.queue_length,
-                &done.digest[..12]
-            );
-            for h in &done.holds {
-                println!("hold added: {h}");
-            }
-        }
-        Ok(ExitCode::SUCCESS)
-    }
-
     async fn locks(&mut self, a: &LocksArgs) -> anyhow::Result<ExitCode> {
         if let Some(LocksAction::Release {
             lock_id,
@@ -592,68 +540,6 @@ impl Admin {
             println!("no holds");
         } else {
             table(&["NAME", "DIGEST", "COUNT", "LEFT"], &rows);
-        }
-        Ok(ExitCode::SUCCESS)
-    }
-
-    async fn delayed_members(&mut self) -> anyhow::Result<Vec<(String, i64, Value)>> {
-        let raw: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(self.keys.delayed())
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn)
-            .await?;
-        Ok(raw
-            .into_iter()
-            .map(|(m, s)| {
-                let v = serde_json::from_str(&m).unwrap_or(Value::Null);
-                (m, s as i64, v)
-            })
-            .collect())
-    }
-
-    async fn delayed(&mut self, a: &DelayedArgs) -> anyhow::Result<ExitCode> {
-        if let Some(DelayedAction::Promote { rid }) = &a.action {
-            let members = self.delayed_members().await?;
-            let Some((m, ..)) = members.iter().find(|(_, _, v)| v["rid"] == rid.as_str()) else {
-                eprintln!("locketd: no delayed job with rid {rid}");
-                return Ok(ExitCode::from(1));
-            };
-            let n = store::promote_delayed(&mut self.conn, &self.keys, 1, Some(m)).await?;
-            println!("promoted {n} job(s)");
-            return Ok(if n > 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            });
-        }
-        let out = read_delayed(&mut self.conn, &self.keys, a.queue.as_deref(), usize::MAX)
-            .await?
-            .rows;
-        let rows: Vec<Vec<String>> = out
-            .iter()
-            .map(|r| {
-                let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
-                vec![
-                    s("rid"),
-                    s("queue"),
-                    s("class"),
-                    format!("{}:{}", s("reason"), s("resource")),
-                    r["attempt"].to_string(),
-                    human_ms(r["due_in_ms"].as_i64().unwrap_or(0).max(0)),
-                ]
-            })
-            .collect();
-        if a.json {
-            print_json(&Value::Array(out));
-        } else if rows.is_empty() {
-            println!("no delayed jobs");
-        } else {
-            table(
-                &["RID", "QUEUE", "CLASS", "RESOURCE", "ATTEMPT", "DUE IN"],
-                &rows,
-            );
         }
         Ok(ExitCode::SUCCESS)
     }
