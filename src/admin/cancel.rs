@@ -95,6 +95,31 @@ pub enum Outcome {
     Pending,
 }
 
+/// (process id, slot key, Resque worker id) of every slot of `processes` (K-1: each
+/// `slots:<id>`, a pipeline per 100 processes).
+pub(crate) async fn slots_of<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    processes: &[String],
+) -> RedisResult<Vec<(String, String, String)>> {
+    let mut slots = Vec::new();
+    for chunk in processes.chunks(100) {
+        let mut pipe = redis::pipe();
+        for p in chunk {
+            pipe.hgetall(keys.slots(p));
+        }
+        let maps: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
+        for (p, m) in chunk.iter().zip(maps) {
+            let m: HashMap<String, String> = redis::from_redis_value(m).unwrap_or_default();
+            slots.extend(
+                m.into_iter()
+                    .map(|(n, id)| (p.clone(), format!("{p}:{n}"), id)),
+            );
+        }
+    }
+    Ok(slots)
+}
+
 /// Cancels the job named by `target` (a rid or a worker id); `by` says who asked, from which
 /// host. A job a worker holds gets a request ([`Cancelled::Requested`], then see
 /// [`await_cancel`]); a parked or delayed one is cancelled at once, its failure recorded with
@@ -111,22 +136,7 @@ pub async fn cancel_job<C: ConnectionLike + Send>(
         .arg(keys.processes())
         .query_async(conn)
         .await?;
-    // (process, slot key, worker id) of every slot.
-    let mut slots: Vec<(String, String, String)> = Vec::new();
-    for chunk in processes.chunks(100) {
-        let mut pipe = redis::pipe();
-        for p in chunk {
-            pipe.hgetall(keys.slots(p));
-        }
-        let maps: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-        for (p, m) in chunk.iter().zip(maps) {
-            let m: HashMap<String, String> = redis::from_redis_value(m).unwrap_or_default();
-            slots.extend(
-                m.into_iter()
-                    .map(|(n, id)| (p.clone(), format!("{p}:{n}"), id)),
-            );
-        }
-    }
+    let slots = slots_of(conn, keys, &processes).await?;
     let request = serde_json::json!({"by": by, "requeue": requeue}).to_string();
     for chunk in slots.chunks(100) {
         let mut pipe = redis::pipe();

@@ -366,24 +366,15 @@ pub(crate) async fn read_slots<C: ConnectionLike + Send>(
         .query_async(conn)
         .await
         .unwrap_or_default();
-    let mut slots = Vec::new();
-    for chunk in processes.chunks(100) {
-        let mut pipe = redis::pipe();
-        for p in chunk {
-            pipe.hgetall(keys.slots(p));
-        }
-        let maps: Vec<redis::Value> = pipe.ignore_errors().query_async(conn).await?;
-        for (p, m) in chunk.iter().zip(maps) {
-            let m: HashMap<String, String> = redis::from_redis_value(m).unwrap_or_default();
-            for (n, worker) in m {
-                slots.push(Slot {
-                    worker,
-                    key: format!("{p}:{n}"),
-                    rec: HashMap::new(),
-                });
-            }
-        }
-    }
+    let mut slots: Vec<Slot> = crate::admin::cancel::slots_of(conn, keys, &processes)
+        .await?
+        .into_iter()
+        .map(|(_, key, worker)| Slot {
+            worker,
+            key,
+            rec: HashMap::new(),
+        })
+        .collect();
     for chunk in slots.chunks_mut(100) {
         let mut pipe = redis::pipe();
         for s in chunk.iter() {
