@@ -233,6 +233,9 @@ pub struct Locket {
     /// Delete the skipped queues' counters after a pass that reserved nothing.
     #[serde(default)]
     pub clear_counters_when_idle: bool,
+    /// RESERVE and the job's ACQUIRE+START in one call where the class's plan allows (A-7a).
+    #[serde(default = "yes")]
+    pub one_call_take: bool,
     /// `kill`, `requeue` or `continue`.
     #[serde(default)]
     pub on_lock_lost: OnLockLost,
@@ -327,6 +330,7 @@ fn unreachable_defaults() -> Locket {
         heartbeat_interval: None,
         counter_ttl: d15s(),
         clear_counters_when_idle: false,
+        one_call_take: true,
         on_lock_lost: OnLockLost::Kill,
         kill_grace: d10s(),
         process_heartbeat: d10s(),

@@ -232,6 +232,14 @@ pub trait Handler: Send + Sync {
         None
     }
 
+    /// H-8 for TAKE (A-7a): whether [`Handler::prepare`] would answer `Ready` now, without
+    /// booting or waiting for anything. Only then may a job of this handler's classes be
+    /// locked and started in the call that reserves it; `false` sends the two calls, whose
+    /// `prepare` comes before the locks.
+    fn ready_now(&self) -> bool {
+        true
+    }
+
     /// After a supervised run ended, before its outcome is recorded: a handler whose run was
     /// stopped makes sure nothing of it is left running (H-11).
     fn after_run(&self, _stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
@@ -349,6 +357,16 @@ impl Handlers {
     /// The handler for `class`, or the fallback.
     pub fn get(&self, class: &str) -> Option<Arc<dyn Handler>> {
         self.by_class.get(class).or(self.fallback.as_ref()).cloned()
+    }
+
+    /// The classes with a handler of their own (the fallback's, `"*"`, is not among them).
+    pub fn classes(&self) -> impl Iterator<Item = &str> {
+        self.by_class.keys().map(String::as_str)
+    }
+
+    /// Whether a class without a handler of its own has the fallback's.
+    pub fn has_fallback(&self) -> bool {
+        self.fallback.is_some()
     }
 
     /// Every distinct handler, once.

@@ -174,6 +174,12 @@ pub struct Snapshot {
     pub jobs: Vec<JobCounts>,
     /// Lock conflicts by what was done with the job (`requeue`, `discard`, `delay`, `wait`).
     pub lock_conflicts: BTreeMap<String, u64>,
+    /// Reserved jobs by how their locks were taken (A-7a): `one_call` (TAKE locked and
+    /// started them in the call that reserved them), else why the worker's own ACQUIRE did
+    /// (`no_plan`, `class`, `size`, `payload`, `render`, `error`, `started`, `off`: TAKE not
+    /// sent, for a handler not ready, `one_call_take = false` or `lock_queues`).
+    #[serde(default)]
+    pub takes: BTreeMap<String, u64>,
     /// Locks lost while a job ran.
     pub locks_lost: u64,
     /// RESERVE passes that skipped a queue because every job in it waited on a lock, by queue.
@@ -281,6 +287,9 @@ impl Snapshot {
         for (k, v) in &other.lock_conflicts {
             *self.lock_conflicts.entry(k.clone()).or_default() += v;
         }
+        for (k, v) in &other.takes {
+            *self.takes.entry(k.clone()).or_default() += v;
+        }
         for (k, v) in &other.queue_skips {
             let skips = &self.queue_skips;
             let k = capped(
@@ -320,6 +329,7 @@ impl Snapshot {
 struct Labelled {
     jobs: HashMap<(String, String), JobCounts>,
     lock_conflicts: BTreeMap<String, u64>,
+    takes: BTreeMap<String, u64>,
     queue_skips: BTreeMap<String, u64>,
     current: Option<(String, String, Instant)>,
 }
@@ -402,6 +412,17 @@ impl Metrics {
         self.with(|l| *l.lock_conflicts.entry(action.to_string()).or_default() += 1);
     }
 
+    /// How a reserved job's locks were taken (A-7a): `one_call`, or why not.
+    pub fn take(&self, path: &str) {
+        self.with(|l| {
+            if let Some(n) = l.takes.get_mut(path) {
+                *n += 1;
+            } else {
+                l.takes.insert(path.to_string(), 1);
+            }
+        });
+    }
+
     /// A running job's lock was lost.
     pub fn lock_lost(&self) {
         self.0.locks_lost.fetch_add(1, Ordering::Relaxed);
@@ -438,10 +459,11 @@ impl Metrics {
 
     /// The cumulative values now.
     pub fn snapshot(&self) -> Snapshot {
-        let (mut jobs, lock_conflicts, queue_skips, busy) = self.with(|l| {
+        let (mut jobs, lock_conflicts, takes, queue_skips, busy) = self.with(|l| {
             (
                 l.jobs.values().cloned().collect::<Vec<_>>(),
                 l.lock_conflicts.clone(),
+                l.takes.clone(),
                 l.queue_skips.clone(),
                 u64::from(l.current.is_some()),
             )
@@ -451,6 +473,7 @@ impl Metrics {
             pid: std::process::id(),
             jobs,
             lock_conflicts,
+            takes,
             locks_lost: self.0.locks_lost.load(Ordering::Relaxed),
             queue_skips,
             workers: 1,

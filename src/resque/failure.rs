@@ -131,7 +131,7 @@ pub fn working_on(payload: &str, queue: &str, at: SystemTime, worker_id: &str) -
 
 /// node-resque's name for a worker id: its first two `:`-separated parts (`host:pid`), as
 /// `queue.workers()` splits `host:pid:queues`.
-fn node_worker_name(worker_id: &str) -> &str {
+pub(crate) fn node_worker_name(worker_id: &str) -> &str {
     match worker_id.match_indices(':').nth(1) {
         Some((i, _)) => &worker_id[..i],
         None => worker_id,

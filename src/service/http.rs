@@ -384,6 +384,17 @@ impl Collector for Scrape {
             "Jobs whose lock was held elsewhere, by what was done with them (requeue, discard, delay, wait).",
             &actions,
         )?;
+        let takes: Vec<(Labels, u64)> = s
+            .takes
+            .iter()
+            .map(|(p, v)| (l(&[("path", p)]), *v))
+            .collect();
+        counter_family(
+            &mut enc,
+            "locketd_takes",
+            "Reserved jobs by how their locks were taken: one_call (in the call that reserved them), else why the worker's own ACQUIRE took them.",
+            &takes,
+        )?;
         counter_family(
             &mut enc,
             "locketd_locks_lost",

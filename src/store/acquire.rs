@@ -134,7 +134,7 @@ impl Default for AcquireOptions<'_> {
 }
 
 /// `max_parked`'s default, which acquire.lua assumes when it is not sent.
-const DEFAULT_MAX_PARKED: u64 = 100_000;
+pub(super) const DEFAULT_MAX_PARKED: u64 = 100_000;
 
 /// Kind of a conflicting resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -369,7 +369,7 @@ fn extras(slot: &SlotRef<'_>, req: &AcquireRequest<'_>, o: &AcquireOptions<'_>) 
 
 /// ACQUIRE's reply: `ok` with the deadline and fences, `conflict` with where the job went and
 /// each conflicting resource, `cancelled` with the operator's request, `missing`, or `dead`.
-fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
+pub(super) fn parse_acquired(reply: Vec<Value>) -> RedisResult<AcquireOutcome> {
     match reply.first().map(text).as_deref() {
         Some("ok") if reply.len() >= 2 => Ok(AcquireOutcome::Started {
             deadline_ms: int(&reply[1]),

@@ -156,6 +156,7 @@ fn op_of(sha: &[u8]) -> Option<&'static str> {
         (&s.acquire, "acquire"),
         (&s.finish, "finish"),
         (&s.finish_reserve, "finish_reserve"),
+        (&s.take, "take"),
     ]
     .into_iter()
     .find(|(script, _)| script.get_hash().as_bytes() == sha)

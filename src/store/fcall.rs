@@ -296,6 +296,7 @@ pub(crate) fn tallied_script(op: &str) -> &'static redis::Script {
         "reserve" => &s.reserve,
         "acquire" => &s.acquire,
         "finish" => &s.finish,
+        "take" => &s.take,
         "batch" => &s.batch,
         "push" => &scripts().push,
         "push_at" => &scripts().push_at,

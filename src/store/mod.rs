@@ -16,6 +16,7 @@ pub mod registry;
 mod reserve;
 pub mod schedule;
 pub mod scripts;
+mod take;
 pub mod tally;
 mod unique;
 mod upkeep;
@@ -29,6 +30,7 @@ pub use parked::*;
 pub use pause::*;
 pub use rates::*;
 pub use reserve::*;
+pub use take::*;
 pub use unique::UniqueEntry;
 pub use upkeep::*;
 

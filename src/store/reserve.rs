@@ -8,7 +8,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisResult, Value};
 
 /// RESERVE's keys, written into `cmd` (as [`evalsha`] fills it).
-fn reserve_keys(cmd: &mut Cmd, slot: &SlotRef<'_>) {
+pub(super) fn reserve_keys(cmd: &mut Cmd, slot: &SlotRef<'_>) {
     cmd.arg(slot.keys.inflight(slot.slot_key))
         .arg(slot.keys.pause_all());
 }
@@ -46,7 +46,7 @@ impl ReserveFlags {
 }
 
 /// RESERVE's arguments: the queue keys are built from the names in the script.
-fn reserve_args(
+pub(super) fn reserve_args(
     cmd: &mut Cmd,
     slot: &SlotRef<'_>,
     rid: &str,
@@ -65,9 +65,9 @@ fn reserve_args(
 }
 
 /// Marks the RESERVE part of a FINISH+RESERVE that raised (finish_reserve.lua).
-const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
+pub(super) const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
 
-fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
+pub(super) fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
     match reply.first().map(text).as_deref() {
         Some("job") if reply.len() == 4 || reply.len() == 5 => Ok(Reserved::Job {
             queue: text(&reply[1]),

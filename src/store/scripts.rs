@@ -81,6 +81,22 @@ macro_rules! lib_parts {
     };
 }
 
+/// [`script!`] with the renderer (render.lua) between the library and the body: RECOVER
+/// works out the digest of a job TAKE started without one (A-7a).
+macro_rules! script_with_render {
+    ($file:literal) => {
+        concat!(
+            replicate!(),
+            lib_parts!(),
+            include_str!("lua/render.lua"),
+            "local function main_part(KEYS, ARGV)\n",
+            include_str!(concat!("lua/", $file)),
+            "\nend\n",
+            run_and_flush!("main_part")
+        )
+    };
+}
+
 /// `lib.lua`, then the script's body as a function of KEYS and ARGV, run as
 /// [`run_and_flush`] says.
 macro_rules! script {
@@ -116,25 +132,30 @@ fn combined(entry: &str, tallied: bool) -> String {
 }
 
 /// The library (`lib_parts!`), ACQUIRE's steps (`lua/lib_acquire.lua`, `lua/lib_conflict.lua`,
-/// `lua/lib_start.lua`: the `acq` table's functions, which acquire.lua composes), and the
+/// `lua/lib_start.lua`: the `acq` table's functions, which acquire.lua composes), the renderer
+/// and TAKE's steps (`lua/render.lua`, `lua/lib_take.lua`), and the
 /// job-path bodies as functions of their own KEYS and ARGV, the common part of the job-path
 /// scripts and of their FUNCTION library.
 fn job_path_parts() -> String {
     format!(
-        "{}\n{}\n{}\n{}\n\
+        "{}\n{}\n{}\n{}\n{}\n{}\n\
          local function finish_part(KEYS, ARGV)\n{}\nend\n\
          local function reserve_part(KEYS, ARGV)\n{}\nend\n\
          local function acquire_part(KEYS, ARGV)\n{}\nend\n\
          local function finish_reserve_part(KEYS, ARGV)\n{}\nend\n\
+         local function take_part(KEYS, ARGV)\n{}\nend\n\
          local function batch_part(KEYS, ARGV)\n{}\nend\n",
         lib_parts!(),
         include_str!("lua/lib_acquire.lua"),
         include_str!("lua/lib_conflict.lua"),
         include_str!("lua/lib_start.lua"),
+        RENDER_LUA,
+        include_str!("lua/lib_take.lua"),
         include_str!("lua/finish.lua"),
         include_str!("lua/reserve.lua"),
         include_str!("lua/acquire.lua"),
         include_str!("lua/finish_reserve.lua"),
+        include_str!("lua/take.lua"),
         include_str!("lua/batch.lua"),
     )
 }
@@ -188,7 +209,7 @@ pub struct JobLibrary {
 impl JobLibrary {
     fn new() -> JobLibrary {
         let body = format!(
-            "{}\n{}\n{}\n{}\n\
+            "{}\n{}\n{}\n\
              local function push_part(KEYS, ARGV)\n{}\nend\n\
              local function push_at_part(KEYS, ARGV)\n{}\nend\n\
              local function entry(f)\n\
@@ -204,7 +225,6 @@ impl JobLibrary {
              end\n\
              end\n",
             job_path_parts(),
-            RENDER_LUA,
             include_str!("lua/plans.lua"),
             include_str!("lua/push_lib.lua"),
             include_str!("lua/push.lua"),
@@ -215,7 +235,14 @@ impl JobLibrary {
         let hash = Script::new(&body).get_hash().to_string();
         let name = format!("locketd_{}", &hash[..16]);
         let mut source = format!("#!lua name={name}\n{body}");
-        for op in ["reserve", "acquire", "finish", "finish_reserve", "batch"] {
+        for op in [
+            "reserve",
+            "acquire",
+            "finish",
+            "finish_reserve",
+            "take",
+            "batch",
+        ] {
             source.push_str(&format!(
                 "redis.register_function('{name}_{op}', entry({op}_part))\n"
             ));
@@ -310,7 +337,10 @@ pub struct JobScripts {
     pub finish: Script,
     /// FINISH of one job and RESERVE of the next, in one call.
     pub finish_reserve: Script,
-    /// Several calls of `reserve`, `acquire`, `finish` and `finish_reserve` in one call.
+    /// RESERVE (with the slot's last FINISH) and the job's ACQUIRE+START by the worker's take
+    /// plan, in one call (A-7a).
+    pub take: Script,
+    /// Several calls of `reserve`, `acquire`, `finish`, `finish_reserve` and `take` in one call.
     pub batch: Script,
 }
 
@@ -321,6 +351,7 @@ impl JobScripts {
             acquire: Script::new(&combined("acquire_part", tallied)),
             finish: Script::new(&combined("finish_part", tallied)),
             finish_reserve: Script::new(&combined("finish_reserve_part", tallied)),
+            take: Script::new(&combined("take_part", tallied)),
             batch: Script::new(&combined("batch_part", tallied)),
         }
     }
@@ -335,7 +366,7 @@ pub fn scripts() -> &'static Scripts {
         register: Script::new(script!("register.lua")),
         heartbeat: Script::new(script!("heartbeat.lua")),
         unregister: Script::new(script!("unregister.lua")),
-        recover: Script::new(script!("recover.lua")),
+        recover: Script::new(script_with_render!("recover.lua")),
         purge: Script::new(script!("purge.lua")),
         unblock: Script::new(script!("unblock.lua")),
         promote: Script::new(script!("promote.lua")),
@@ -360,7 +391,7 @@ pub fn scripts() -> &'static Scripts {
 }
 
 /// The source of every script, for checks over all of them (no KEYS, no SCAN: NEVER-7).
-pub fn sources() -> [(&'static str, &'static str); 29] {
+pub fn sources() -> [(&'static str, &'static str); 31] {
     [
         ("push.lua", PUSH_SOURCE),
         ("push_at.lua", PUSH_AT_SOURCE),
@@ -373,7 +404,7 @@ pub fn sources() -> [(&'static str, &'static str); 29] {
         ("register.lua", script!("register.lua")),
         ("heartbeat.lua", script!("heartbeat.lua")),
         ("unregister.lua", script!("unregister.lua")),
-        ("recover.lua", script!("recover.lua")),
+        ("recover.lua", script_with_render!("recover.lua")),
         ("purge.lua", script!("purge.lua")),
         ("unblock.lua", script!("unblock.lua")),
         ("promote.lua", script!("promote.lua")),
@@ -388,6 +419,8 @@ pub fn sources() -> [(&'static str, &'static str); 29] {
         ("cancel_parked.lua", script!("cancel_parked.lua")),
         ("finish_reserve.lua", include_str!("lua/finish_reserve.lua")),
         ("batch.lua", include_str!("lua/batch.lua")),
+        ("take.lua", include_str!("lua/take.lua")),
+        ("lib_take.lua", include_str!("lua/lib_take.lua")),
         ("deliver.lua", script!("deliver.lua")),
         ("fire.lua", script!("fire.lua")),
         ("sched_lock.lua", script!("sched_lock.lua")),

@@ -6,6 +6,7 @@
 use super::epoch_secs;
 use super::retry::{retry, sleep_unless_stopped, GaveUp};
 use super::run::{self, RunEnd};
+use super::take::Took;
 use super::{Control, StopReason, Worker};
 use crate::config::plans::{ClassPlan, Plans, RenderedPlan};
 use crate::config::OnLockLost;
@@ -17,7 +18,8 @@ use crate::resque::failure::{self, JobFailure};
 use crate::resque::payload::Job;
 use crate::store::random_hex;
 use crate::store::{
-    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled, UniqueEntry,
+    self, AcquireOptions, AcquireOutcome, AcquireRequest, Finish, FinishHolds, Settled, Taken,
+    UniqueEntry,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -57,32 +59,51 @@ impl Worker {
         queue: String,
         payload: Vec<u8>,
         rid: String,
+        took: Option<Took>,
         control: &Control,
         dead: &CancellationToken,
     ) -> Option<StopReason> {
         let started = Instant::now();
-        let p = match self.plan_job(queue, payload, rid, started) {
+        let mut p = match self.plan_job(queue, payload, rid, started) {
             Ok(p) => p,
-            Err(u) => {
-                let unique = u.unique.as_ref();
-                return self
-                    .fail_unstarted(
-                        &u.rid, &u.queue, &u.raw, &u.class, u.failure, started, unique,
-                    )
-                    .await;
-            }
+            Err(u) => return self.unstarted(*u, took, started).await,
         };
-        if control.stopping() {
-            // shutting down before the job started: it goes back to the head of its queue.
-            self.return_job(&p.rid, &p.queue).await;
-            return Some(StopReason::Shutdown);
-        }
-        if let Some(stop) = self.prepare_handler(&p, control, dead).await {
-            return stop;
-        }
-        let (fences, sent_at) = match self.acquire(&p, control, dead).await {
-            Acquire::Started { fences, sent_at } => (fences, sent_at),
-            Acquire::Ended(stop) => return stop,
+        let taken = match took {
+            Some(Took {
+                taken: Taken::Acquired { outcome, locks, .. },
+                token,
+                sent_at,
+            }) => Some((outcome, locks, token, sent_at)),
+            Some(Took {
+                taken: Taken::Kept(why),
+                ..
+            }) => {
+                self.metrics.take(&why);
+                None
+            }
+            None => None,
+        };
+        let (fences, sent_at) = if let Some((outcome, locks, token, sent_at)) = taken {
+            // TAKE ran the job's ACQUIRE in the call that reserved it (A-7a).
+            self.metrics.take("one_call");
+            p.taken_locks(locks, token);
+            match self.taken(&p, outcome, sent_at, control, dead).await {
+                Acquire::Started { fences, sent_at } => (fences, sent_at),
+                Acquire::Ended(stop) => return stop,
+            }
+        } else {
+            if control.stopping() {
+                // shutting down before the job started: back to the head of its queue.
+                self.return_job(&p.rid, &p.queue).await;
+                return Some(StopReason::Shutdown);
+            }
+            if let Some(stop) = self.prepare_handler(&p, control, dead).await {
+                return stop;
+            }
+            match self.acquire(&p, control, dead).await {
+                Acquire::Started { fences, sent_at } => (fences, sent_at),
+                Acquire::Ended(stop) => return stop,
+            }
         };
         let (end, on_lost, recorded) = self.run_job(&p, fences, sent_at, control, dead).await;
         self.end_job(&p, end, on_lost, recorded, dead).await
@@ -328,6 +349,86 @@ impl Worker {
         }
     }
 
+    /// A job TAKE answered for (A-7a): one it started runs once its handler says it is ready
+    /// (H-8: TAKE was sent because every handler was ready now; one that is not any more has
+    /// the job put back at the tail of its queue, its locks released, by FINISH); any other
+    /// answer is ACQUIRE's, settled as `settle` does.
+    async fn taken(
+        &mut self,
+        p: &Planned,
+        outcome: AcquireOutcome,
+        sent_at: Instant,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Acquire {
+        let AcquireOutcome::Started { fences, .. } = outcome else {
+            return self
+                .settle(p, Some(outcome), sent_at, false, false, dead)
+                .await;
+        };
+        let readiness = tokio::select! {
+            r = p.handler.prepare() => r,
+            _ = control.quit.cancelled() => crate::handler::Readiness::NotReady {
+                until: Instant::now(),
+                why: "the worker is stopping".into(),
+            },
+            _ = dead.cancelled() => return Acquire::Ended(Some(StopReason::PresumedDead)),
+        };
+        if let crate::handler::Readiness::NotReady { why, .. } = readiness {
+            warn!(target: LOG_TARGET, queue = %p.queue, class = %p.job.class, why = %why, "handler not ready for a job TAKE started: job put back at the tail of its queue");
+            self.metrics.lock_conflict("deferred");
+            return Acquire::Ended(self.requeue_started(p).await);
+        }
+        Acquire::Started { fences, sent_at }
+    }
+
+    /// A reserved job that cannot start (E-1, E-2): failed as it is. One TAKE started anyway
+    /// (its Lua renderer took what the worker's refuses: a bug, logged) has its locks released
+    /// by the same FINISH.
+    async fn unstarted(
+        &mut self,
+        u: Unstarted,
+        took: Option<Took>,
+        started: Instant,
+    ) -> Option<StopReason> {
+        let unique = u.unique.as_ref();
+        let (mut token, mut locks) = (String::new(), Vec::new());
+        if let Some(Took {
+            taken: Taken::Acquired {
+                outcome, locks: l, ..
+            },
+            token: t,
+            ..
+        }) = took
+        {
+            match outcome {
+                AcquireOutcome::Started { .. } => {
+                    error!(target: LOG_TARGET, queue = %u.queue, class = %u.class, "TAKE started a job the worker cannot run; failing it and releasing its locks");
+                    (token, locks) = (t, l);
+                }
+                AcquireOutcome::Conflict { .. } | AcquireOutcome::Missing => {
+                    // Settled away by its policy, or no longer this slot's: nothing to record.
+                    return None;
+                }
+                AcquireOutcome::Dead => return Some(StopReason::PresumedDead),
+                AcquireOutcome::Cancelled(_) => {}
+            }
+        }
+        self.finish_job(
+            &u.rid,
+            &u.queue,
+            &token,
+            &locks,
+            &u.raw,
+            Err(u.failure),
+            &u.class,
+            started,
+            None,
+            unique.map(|u| (u, false)),
+        )
+        .await
+    }
+
     /// What ACQUIRE's answer means for the job: it started, or its path ends here (the
     /// conflict path: requeued, discarded, delayed or failed by the script, O-1 logged).
     async fn settle(
@@ -469,28 +570,7 @@ impl Worker {
             error!(target: LOG_TARGET, queue = %queue, class = %class, token = %&token[..8.min(token.len())], locks = ?locks.iter().map(|l| &l.id).collect::<Vec<_>>(), "job lock lost");
         }
         if end.requeues(on_lost) {
-            let release = p.rendered.releases(false);
-            let holds = FinishHolds {
-                class,
-                digest: &p.digest,
-                release: &release,
-                resent: false,
-                unique: "",
-            };
-            return self
-                .finish_outcome(
-                    &p.rid,
-                    queue,
-                    token,
-                    locks,
-                    Finish::Requeue,
-                    class,
-                    p.started,
-                    "requeued",
-                    &holds,
-                    p.unique.as_ref().map(|u| (u, true)),
-                )
-                .await;
+            return self.requeue_started(p).await;
         }
         let mut result = end.into_result(locks);
         if let Err(f) = &mut result {
@@ -514,6 +594,32 @@ impl Worker {
             return Some(StopReason::PresumedDead);
         }
         stop
+    }
+
+    /// A started job back to the tail of its queue, its locks and start-time holds released
+    /// (A-11's requeue, and a TAKE whose handler was not ready after all).
+    async fn requeue_started(&mut self, p: &Planned) -> Option<StopReason> {
+        let release = p.rendered.releases(false);
+        let holds = FinishHolds {
+            class: &p.job.class,
+            digest: &p.digest,
+            release: &release,
+            resent: false,
+            unique: "",
+        };
+        self.finish_outcome(
+            &p.rid,
+            &p.queue,
+            &p.token,
+            &p.rendered.locks,
+            Finish::Requeue,
+            &p.job.class,
+            p.started,
+            "requeued",
+            &holds,
+            p.unique.as_ref().map(|u| (u, true)),
+        )
+        .await
     }
 
     /// Records a reserved job that never ran (bad payload, no handler, bad lock key) as failed:
@@ -566,6 +672,18 @@ pub(super) struct Planned {
 impl Planned {
     pub(super) fn plan(&self) -> &ClassPlan {
         self.plans.get(&self.job.class)
+    }
+
+    /// TAKE took the job's locks (A-7a): its token is TAKE's, and its locks the ones TAKE
+    /// rendered. They are the worker's own (tests/it/render.rs holds the two renderers to
+    /// one answer); where they differ anyway, TAKE's are the ones held, so they are the ones
+    /// extended and released, and the difference is logged as the bug it is.
+    fn taken_locks(&mut self, locks: Vec<crate::locks::LockSpec>, token: String) {
+        if locks != self.rendered.locks {
+            error!(target: LOG_TARGET, queue = %self.queue, class = %self.job.class, worker = ?self.rendered.locks, take = ?locks, "TAKE rendered other lock ids than the worker; the ones TAKE took are held");
+            self.rendered.locks = locks;
+        }
+        self.token = token;
     }
 
     /// When it was reserved.

@@ -16,6 +16,7 @@ mod reserve;
 mod retry;
 mod run;
 pub mod signals;
+mod take;
 
 pub use janitor::{janitor_pass, recover_process, JanitorReport};
 
@@ -141,6 +142,15 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The holder fields of [`Identity::lockinfo`], as the object's text without its closing
+    /// brace: TAKE (lib_take.lua) appends the queue, class and digest it learns in Redis.
+    pub fn lockinfo_head(&self) -> String {
+        let mut s = self.lockinfo("", "", "");
+        let cut = s.rfind(",\"queue\":").unwrap_or(s.len());
+        s.truncate(cut);
+        s
+    }
+
     /// The holder metadata stored with a job's locks (`lockinfo`, shown by `locketd locks`).
     /// Serialized from borrowed fields: a `json!` map first costs a job about 7k instructions
     /// more.
@@ -241,6 +251,12 @@ pub struct Worker {
     /// a fused RESERVE within a second of it trusts its `MGET` of them.
     guard_types_seen: Option<Instant>,
     metrics: crate::metrics::Metrics,
+    /// TAKE (A-7a): the process's take plan, when TAKE is on.
+    take: Option<Arc<take::TakeState>>,
+    /// This slot's handlers, each once: TAKE is sent only while all are ready now (H-8).
+    take_handlers: Vec<Arc<dyn crate::handler::Handler>>,
+    /// A TAKE whose reply never came: its rids and token, sent again as they were.
+    take_resend: Option<(Vec<String>, String)>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -298,7 +314,12 @@ impl Worker {
             idle: Arc::new(idle::Idle::new()),
             pending: None,
             guard_types_seen: None,
+            take: None,
+            take_handlers: Vec::new(),
+            take_resend: None,
         };
+        worker.take = worker.take_state();
+        worker.take_handlers = worker.handlers.distinct();
         worker.idle.report_leases();
         for k in 2..=slots {
             let peer = worker.peer(k);
@@ -325,6 +346,7 @@ impl Worker {
     /// handlers, with an identity of its own.
     fn peer(&self, k: u32) -> Worker {
         let handlers = self.handlers.for_slot();
+        let handlers_distinct = handlers.distinct();
         Worker {
             sole_handler: handlers.sole(),
             title_prefix: self.title_prefix.clone(),
@@ -346,6 +368,9 @@ impl Worker {
             plans: self.plans.clone(),
             pending: None,
             guard_types_seen: None,
+            take: self.take.clone(),
+            take_handlers: handlers_distinct,
+            take_resend: None,
         }
     }
 

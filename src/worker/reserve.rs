@@ -3,6 +3,7 @@
 //! idle wait, a pause, a parked slot, presumed death).
 
 use super::retry::{sleep_or_stop, wait_unpaused};
+use super::take::Took;
 use super::{Control, StopReason, Worker};
 use crate::store::random_hex;
 use crate::store::{self, ReserveFlags, Reserved};
@@ -43,7 +44,7 @@ impl Worker {
                     continue;
                 }
             };
-            let reserved = match self.reserve_next(&queues).await {
+            let (reserved, took) = match self.reserve_next(&queues).await {
                 Next::Go(r) => r,
                 Next::Again => continue,
                 Next::Stop(r) => return r,
@@ -63,7 +64,8 @@ impl Worker {
                     self.redis_ok();
                     backoff = Duration::from_millis(100);
                     self.idle.took_job().await;
-                    if let Some(reason) = self.process(queue, payload, rid, control, dead).await {
+                    let job = self.process(queue, payload, rid, took, control, dead);
+                    if let Some(reason) = job.await {
                         return reason;
                     }
                     self.title(&waiting);
@@ -163,8 +165,12 @@ impl Worker {
         Next::Go(())
     }
 
-    /// RESERVE from `queues`, carrying the last job's FINISH when one is pending.
-    async fn reserve_next(&mut self, queues: &[String]) -> Next<redis::RedisResult<Reserved>> {
+    /// RESERVE from `queues`, carrying the last job's FINISH when one is pending; sent
+    /// as TAKE (A-7a, `take.rs`) when it can be, with what TAKE did with the job.
+    async fn reserve_next(
+        &mut self,
+        queues: &[String],
+    ) -> Next<(redis::RedisResult<Reserved>, Option<Took>)> {
         let rid = random_hex(8);
         // at least once a second a RESERVE looks at the types of the pause and cap keys
         // (one EXISTS); the fused ones in between trust their MGET of them.
@@ -179,19 +185,28 @@ impl Worker {
             if let Some(r) = self.flush_pending().await {
                 return Next::Stop(r);
             }
-            return Next::Go(Ok(Reserved::Nothing {
-                skipped: vec![],
-                unreadable: vec![],
-                paused: vec![],
-                capped: vec![],
-                refused: vec![],
-            }));
+            return Next::Go((
+                Ok(Reserved::Nothing {
+                    skipped: vec![],
+                    unreadable: vec![],
+                    paused: vec![],
+                    capped: vec![],
+                    refused: vec![],
+                }),
+                None,
+            ));
+        }
+        if let Some(next) = self.take_next(rid.clone(), queues, flags, sent).await {
+            return next;
+        }
+        if self.take.is_some() {
+            self.metrics.take("off");
         }
         let Some(mut p) = self.pending.take() else {
             let slot = self.slot();
             let reserved = store::reserve(&mut self.conn.clone(), &slot, &rid, queues, flags).await;
             self.note_guard_look(flags, sent, &reserved);
-            return Next::Go(reserved);
+            return Next::Go((reserved, None));
         };
         // The last job's FINISH and this RESERVE in one round trip.
         let slot = self.slot();
@@ -210,7 +225,7 @@ impl Worker {
             Ok((finished, reserved)) => {
                 self.note_guard_look(flags, sent, &reserved);
                 self.report_finish(&p, Some(finished), p.tried);
-                Next::Go(reserved)
+                Next::Go((reserved, None))
             }
             Err(e) if crate::conn::is_refusal(&e) => {
                 // Refused before any write (S-6): not a resend. Flushed on its own, which
@@ -229,7 +244,7 @@ impl Worker {
             Err(e) => {
                 p.tried = true;
                 self.pending = Some(p);
-                Next::Go(Err(e))
+                Next::Go((Err(e), None))
             }
         }
     }
@@ -237,7 +252,7 @@ impl Worker {
     /// Remembers when a RESERVE that looked at the pause and cap keys' types found none of
     /// another type; one that found some (or reserved nothing: the idle path looks anyway)
     /// makes the next ones look too.
-    fn note_guard_look(
+    pub(super) fn note_guard_look(
         &mut self,
         flags: ReserveFlags,
         sent: Instant,
@@ -361,7 +376,7 @@ impl Worker {
 }
 
 /// What the loop does next when a step, rather than Redis's answer, decides it.
-enum Next<T> {
+pub(super) enum Next<T> {
     /// Go on with this.
     Go(T),
     /// Back to the top of the loop.

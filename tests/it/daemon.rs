@@ -30,6 +30,7 @@ pub(crate) const SHORT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------------
 
 /// A daemon config with the short timings of these tests; locket settings can be replaced.
+#[derive(Clone)]
 pub(crate) struct Cfg {
     queues: String,
     top: Vec<String>,

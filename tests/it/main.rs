@@ -47,6 +47,7 @@ mod stories;
 mod supervision;
 mod support;
 mod systemd_units;
+mod take;
 mod threaded_adapters;
 mod threads;
 mod threads_chaos;

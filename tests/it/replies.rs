@@ -1,6 +1,8 @@
 //! Replies the daemon cannot read (E-3; issue 37 findings 3–5), through a proxy between the
-//! daemon and a real `redis-server` that tampers with the reply to the first FINISH+RESERVE:
-//! Redis ran the call (the last job's end recorded, the next job reserved), but the daemon
+//! daemon and a real `redis-server` that tampers with the reply to the first call that carries
+//! a FINISH (TAKE, A-7a, with its inner FINISH+RESERVE; or FINISH+RESERVE itself where TAKE is
+//! not sent): Redis ran the call (the last job's end recorded, the next job reserved and
+//! started), but the daemon
 //! cannot tell. Whatever the reply (garbage, a RESP3 type, a reply with an unrequested one
 //! behind it, arrays nested a million deep), the call's outcome is unknown and it takes the
 //! path of a call whose connection dropped: no job is lost, none is recorded twice, and the
@@ -41,6 +43,7 @@ fn every_job_survives(tamper: Tamper, slots: u32) {
     }
     let proxy = ReplyProxy::start(&redis, tamper, 1, |args| {
         is_fcall_of(args, "finish_reserve")
+            || (is_fcall_of(args, "take") && args.iter().any(|a| a == b"finish_reserve"))
     });
     let mut d = Daemon::builder(&redis)
         .config(&config)

@@ -321,6 +321,16 @@ impl Handler for PersistentHandler {
         self.shared.backoff_until()
     }
 
+    fn ready_now(&self) -> bool {
+        // A slot busy (a boot, a check) is not ready now.
+        self.shared.backoff_until().is_none()
+            && self
+                .parts()
+                .slot
+                .try_lock()
+                .is_ok_and(|s| s.proc.as_ref().is_some_and(|p| p.exited().is_none()))
+    }
+
     fn after_run(&self, stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
         let parts = self.parts();
         Box::pin(async move {

@@ -290,7 +290,7 @@ impl Pool {
             .find_map(|p| p.take_thread(id, watch).map(|(k, rx)| (p, k, rx)))
     }
 
-    fn has_room(&self) -> bool {
+    pub(super) fn has_room(&self) -> bool {
         self.procs()
             .iter()
             .any(|p| p.usable() && p.busy() < p.capacity)

@@ -501,6 +501,10 @@ impl Handler for ThreadedHandler {
         self.pool.backoff_until()
     }
 
+    fn ready_now(&self) -> bool {
+        self.pool.backoff_until().is_none() && self.pool.has_room()
+    }
+
     fn after_run(&self, stopped: Option<Stopped>) -> BoxFuture<'static, ()> {
         let this = self.clone_parts();
         Box::pin(async move { this.after_run(stopped).await })

@@ -100,6 +100,15 @@ if ARGV[12] == '' and acq.plain(a) then
   return {'ok', a.wnow + a.ttl}
 end
 
+-- A-7a: TAKE leaves the digest out of a start on free limit-1 locks (the plain case above);
+-- the full path keys conflicts and units by it, so it is worked out now.
+if ARGV[11] == '' and acq.digest_later then
+  a.digest = acq.digest_later()
+  ARGV[11] = a.digest
+  a.info_inner = a.info_inner .. ',"digest":"' .. a.digest .. '"'
+  a.info_sep = ','
+end
+
 -- The full path: the rates are read before any write (RL-1, RL-2), then the locks of a
 -- larger limit are purged and counted (L-4), the locked_by names checked (D-5), and the
 -- limit-1 locks taken while nothing conflicts.

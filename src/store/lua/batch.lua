@@ -8,7 +8,7 @@
 -- KEYS         the keys of every call, call after call
 -- ARGV[1]      m, the number of calls
 -- ARGV[2+3j]   for call j = 0..m-1: its script ("reserve", "acquire", "finish" or
--- ARGV[3+3j]   "finish_reserve"), its number of keys and its number of arguments
+-- ARGV[3+3j]   "finish_reserve" or "take"), its number of keys and its number of arguments
 -- ARGV[4+3j]
 -- ARGV[2+3m..] the arguments of every call, call after call
 --
@@ -20,6 +20,7 @@ local ops = {
   acquire = acquire_part,
   finish = finish_part,
   finish_reserve = finish_reserve_part,
+  take = take_part,
 }
 local reads_of = {
   reserve = reserve_reads,

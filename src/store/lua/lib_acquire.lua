@@ -5,6 +5,10 @@
 -- Only the job-path scripts and their FUNCTION library include this file (scripts.rs).
 local acq = {}
 
+-- A-7a: set by TAKE (take.lua) around its ACQUIRE: the job's digest, worked out when the step
+-- needs it (acquire.lua), since a start on free limit-1 locks does without it.
+acq.digest_later = nil
+
 -- The step's state: its keys and arguments, and the lockinfo object's fields. The lockinfo
 -- object gets its times and per-lock fields appended as text (the object from the worker holds
 -- none of them), which spares a cjson decode and encode per lock. Its fields without the

@@ -60,6 +60,12 @@ if rid then
   must_be('recover', locket_prefix(ARGV[8]) .. 'running:' .. (queue or ''), 'set')
   if state == 'running' then
     local digest = redis.call('HGET', KEYS[1], 'digest') or ''
+    -- A-7a: a job TAKE started on free limit-1 locks has no digest in its record; it is the
+    -- payload's, worked out here (a payload the renderer refuses keeps none).
+    if digest == '' and payload then
+      local ok, job = pcall(render_payload, payload, queue or '')
+      if ok then digest = render_digest(job) end
+    end
     local requeue = false
     if ARGV[2] == 'requeue' and digest ~= '' then
       local n = redis.call('HINCRBY', KEYS[6], digest, 1)

@@ -16,7 +16,7 @@
 -- Everything is inside one `do` block (a script's chunk has room for 200 locals) and reached
 -- through `render_payload` and `render_template`. Errors are raised as
 -- {err = 'LOCKET_RENDER ...'}: the caller sees them, and nothing has been written yet.
-local render_payload, render_template, render_sha256, render_digest
+local render_payload, render_template, render_sha256, render_digest, render_json_string
 do
   -- Set by `setup` at the first call: a FUNCTION library's load may not read `string`,
   -- `math`, `table` or `bit` (only calls may).
@@ -584,5 +584,11 @@ do
 
   -- The job's digest, for the callers that place holds under it (D-1).
   render_digest = digest
+
+  -- A string as serde_json writes it (TAKE's working-on record and lockinfo, lib_take.lua).
+  render_json_string = function(str)
+    if not ready then setup() end
+    return json_string(str)
+  end
 end
 

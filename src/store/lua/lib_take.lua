@@ -1,0 +1,79 @@
+-- TAKE's steps (take.lua; locking-semantics.md A-7a): the worker's take plan read for a
+-- reserved job's class, and that job's ACQUIRE call built from the plan and the payload.
+-- Needs render.lua (render_payload, render_template, render_digest, render_json_string), which
+-- scripts.rs puts before it.
+local take = {}
+
+-- The largest payload TAKE decodes: the renderer is Lua, and a script runs alone (a 10 MB
+-- payload would hold Redis for seconds); a larger one is left to the worker's own ACQUIRE.
+local TAKE_MAX_PAYLOAD = 65536
+
+-- Take plan entries decoded, by their text: a FUNCTION library keeps them between calls (an
+-- EVAL script decodes each once per call). Cleared past 256, so a plan set that changes often
+-- cannot grow it without bound.
+local take_decoded, take_count = {}, 0
+
+-- The entry for `class` in the worker's take plan `plan_key` (its class, else "*"): the table
+-- {on = conflict fallback, locks = {{template, limit}...}}, or nil and the reason the job is
+-- left to the worker's own ACQUIRE ("no_plan": the key is gone; "class": the plan marks the
+-- class "0").
+function take.plan(plan_key, class)
+  local got = redis.call('HMGET', plan_key, class, '*')
+  local text = got[1] or got[2]
+  if not text then return nil, 'no_plan' end
+  if text == '0' then return nil, 'class' end
+  local p = take_decoded[text]
+  if p == nil then
+    local ok, v = pcall(cjson.decode, text)
+    p = (ok and type(v) == 'table' and type(v['locks']) == 'table') and v or false
+    if take_count >= 256 then take_decoded, take_count = {}, 0 end
+    take_decoded[text] = p
+    take_count = take_count + 1
+  end
+  if not p then return nil, 'class' end
+  return p
+end
+
+-- ACQUIRE's KEYS and ARGV (acquire.lua's layout) for the job reserved as {"job", q, payload,
+-- rid, ...} in the slot record `inflight` (`s`: take.lua's step state). Returns them, the job's
+-- class, its lock ids and their limits; or nil and the reason the plan cannot take the job.
+function take.acquire_call(s, res, again)
+  local q, payload, rid = res[2], res[3], res[4]
+  if #payload > s.max_bytes or #payload > TAKE_MAX_PAYLOAD then return nil, 'size' end
+  local ok, job = pcall(render_payload, payload, q)
+  if not ok then return nil, 'payload' end
+  local plan, why = take.plan(s.plan_key, job.class)
+  if not plan then return nil, why end
+  local prefix = s.prefix
+  local K = {s.inflight, s.queue_prefix .. q, s.ns .. 'queues', prefix .. 'counter:' .. q,
+    s.worker_key, prefix .. 'locks'}
+  local A = {rid, s.token, s.lock_ttl, s.counter_ttl, plan['on'], '', '', prefix .. 'counter:', q,
+    job.class, '', '', s.wnow, again and '1' or '0'}
+  local ids, limits, seen = {}, {}, {}
+  for _, l in ipairs(plan['locks']) do
+    local okr, id, text = pcall(render_template, l[1], job)
+    -- T-5: an id hashed from a longer text needs its source sent (lock_id_source): the
+    -- worker's own ACQUIRE sends it.
+    if not okr or id ~= text then return nil, 'render' end
+    -- One id twice in a job is one lock (as the worker renders it).
+    if not seen[id] then
+      seen[id] = true
+      local i = #ids + 1
+      ids[i], limits[i] = id, int(l[2])
+      K[6 + i] = prefix .. 'lock:' .. id
+      A[13 + 2 * i] = id
+      A[14 + 2 * i] = limits[i]
+    end
+  end
+  prefetch(acquire_reads(K, A))
+  -- The payload digest (SHA-256 in Lua: the costliest step of TAKE) is left out: a start on
+  -- free limit-1 locks does without it (its record's digest and its locks' lockinfo have
+  -- none; the worker works it out and sends it with FINISH), and ACQUIRE's full path works it
+  -- out when it needs it (acq.digest_later, set by take.lua).
+  local qj = render_json_string(q)
+  A[6] = '{"queue":' .. qj .. ',"run_at":"' .. s.run_at .. '","payload":' .. payload ..
+    ',"worker":' .. s.node_worker .. '}'
+  A[7] = s.info_head .. ',"queue":' .. qj .. ',"class":' .. render_json_string(job.class) .. '}'
+  s.job = job
+  return K, A, job.class, ids, limits
+end

@@ -1,0 +1,182 @@
+//! TAKE on the worker's side (locking-semantics.md A-7a): whether the next RESERVE goes out as
+//! TAKE (RESERVE and the job's ACQUIRE+START in one call), the call itself with the slot's
+//! pending FINISH, and what the worker does with the jobs TAKE settled away. The job TAKE left
+//! in the slot goes on in `job.rs` (`process`).
+
+use super::reserve::Next;
+use super::Worker;
+use crate::resque::failure;
+use crate::store::{self, random_hex, AcquireOutcome, ReserveFlags, Reserved, TakeArgs, Taken};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+use tracing::{error, warn};
+
+/// The target of this file's log lines (the job path's).
+const LOG_TARGET: &str = "locketd::worker";
+
+/// Reservations one TAKE may make: the slot's, and one more for each job before it that its
+/// class's policy settled away (parked, requeued, discarded), so a backlog of locked jobs is
+/// passed over eight at a time.
+pub(super) const TAKE_RIDS: usize = 8;
+
+/// The process's take plan and whether Redis holds it (shared by a process's slots).
+#[derive(Debug)]
+pub(super) struct TakeState {
+    pub(super) plan: store::TakePlan,
+    /// Written to Redis; cleared when TAKE finds it gone (it is written again).
+    pub(super) published: AtomicBool,
+    /// TAKE was refused by Redis (a script error): the slots send the two calls from then on.
+    pub(super) refused: AtomicBool,
+}
+
+/// The job TAKE left in the slot, with what the worker needs to go on from there.
+#[derive(Debug)]
+pub(super) struct Took {
+    pub(super) taken: Taken,
+    /// The lock token TAKE was given.
+    pub(super) token: String,
+    /// When TAKE was sent (L-9's `t` for a job it started).
+    pub(super) sent_at: Instant,
+}
+
+impl Worker {
+    /// The take plan of this worker's config and handlers (None when TAKE is off).
+    pub(super) fn take_state(&self) -> Option<Arc<TakeState>> {
+        if !self.config.locket.one_call_take || self.lock_queues.is_some() {
+            return None;
+        }
+        Some(Arc::new(TakeState {
+            plan: store::TakePlan::new(&self.keys, &self.plans, &self.handlers),
+            published: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether the next RESERVE goes out as TAKE: it is on, its plan is in Redis (written now
+    /// if it is not), and every handler of the slot is ready now (H-8). A TAKE whose reply was
+    /// lost is always sent again as TAKE.
+    async fn take_ready(&mut self) -> bool {
+        let Some(t) = self.take.clone() else {
+            return false;
+        };
+        if self.take_resend.is_some() {
+            return true;
+        }
+        if t.refused.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !self.take_handlers.iter().all(|h| h.ready_now()) {
+            return false;
+        }
+        if !t.published.load(Ordering::Relaxed) {
+            let mut conn = self.conn.manager().clone();
+            match store::publish_take_plan(&mut conn, &t.plan).await {
+                Ok(()) => t.published.store(true, Ordering::Relaxed),
+                Err(e) => {
+                    warn!(target: LOG_TARGET, error = %e, key = %t.plan.key, "could not write the take plan: jobs are reserved and locked in two calls until it is written");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// RESERVE as TAKE, with the slot's pending FINISH; `None` when TAKE is not sent now.
+    pub(super) async fn take_next(
+        &mut self,
+        rid: String,
+        queues: &[String],
+        flags: ReserveFlags,
+        sent: Instant,
+    ) -> Option<Next<(redis::RedisResult<Reserved>, Option<Took>)>> {
+        if !self.take_ready().await {
+            return None;
+        }
+        let (rids, token, resent) = match self.take_resend.take() {
+            Some((rids, token)) => (rids, token, true),
+            None => {
+                let mut rids = Vec::with_capacity(TAKE_RIDS);
+                rids.push(rid);
+                rids.extend((1..TAKE_RIDS).map(|_| random_hex(8)));
+                (rids, random_hex(16), false)
+            }
+        };
+        let t = self.take.clone()?;
+        let lt = &self.config.locket;
+        let run_at = crate::resque::time::run_at(SystemTime::now());
+        let node_worker = serde_json::to_string(failure::node_worker_name(&self.id.worker_id))
+            .unwrap_or_default();
+        let head = self.id.lockinfo_head();
+        let args = TakeArgs {
+            plan_key: &t.plan.key,
+            token: &token,
+            lock_ttl: lt.lock_ttl.get(),
+            counter_ttl: lt.counter_ttl.get(),
+            lockinfo_head: &head,
+            run_at: &run_at,
+            node_worker: &node_worker,
+            max_payload: self.config.max_payload_bytes,
+            resent,
+            rids: &rids,
+        };
+        let mut pending = self.pending.take();
+        let slot = self.slot();
+        let backend = self.config.failure_backend;
+        let took = {
+            let fin = pending.as_ref().map(|p| (p.request(backend), p.holds()));
+            let fin = fin.as_ref().map(|(r, h)| (r, h));
+            store::take(&mut self.conn.clone(), &slot, fin, queues, flags, &args).await
+        };
+        match took {
+            Ok(reply) => {
+                if let Some(p) = &pending {
+                    self.report_finish(p, reply.finished, p.tried);
+                }
+                self.note_guard_look(flags, sent, &reply.reserved);
+                for s in &reply.settled {
+                    self.settled_away(s);
+                }
+                if let Some(Taken::Kept(why)) = &reply.taken {
+                    if why == "no_plan" {
+                        // Gone from Redis (expired, deleted): written again before the next.
+                        t.published.store(false, Ordering::Relaxed);
+                    }
+                }
+                let took = reply.taken.map(|taken| Took {
+                    taken,
+                    token,
+                    sent_at: sent,
+                });
+                Some(Next::Go((reply.reserved, took)))
+            }
+            Err(e) if crate::conn::is_refusal(&e) => {
+                // A deterministic refusal is not sent again: the slots go back to the two
+                // calls, which report what Redis refuses in their own steps (E-3).
+                error!(target: LOG_TARGET, error = %e, "Redis refused TAKE; reserving and locking in two calls from now on");
+                t.refused.store(true, Ordering::Relaxed);
+                self.pending = pending;
+                Some(Next::Again)
+            }
+            Err(e) => {
+                // It may have landed: sent again with the same rids and token, which finds
+                // what it reserved or started (take.lua), and the FINISH marked as a resend.
+                if let Some(p) = pending.as_mut() {
+                    p.tried = true;
+                }
+                self.pending = pending;
+                self.take_resend = Some((rids, token));
+                Some(Next::Go((Err(e), None)))
+            }
+        }
+    }
+
+    /// A job TAKE reserved and settled away by its class's policy: counted and logged as
+    /// ACQUIRE's conflicts are (O-1).
+    fn settled_away(&mut self, s: &store::SettledAway) {
+        self.metrics.take("one_call");
+        if let AcquireOutcome::Conflict { action, conflicts } = &s.outcome {
+            self.log_conflict(&s.class, &s.queue, &s.digest, action, conflicts, false);
+        }
+    }
+}
