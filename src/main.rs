@@ -123,13 +123,12 @@ fn init_logging(cfg: &Config) -> FlushLogs {
     // on that same broken pipe, hence log_internal_errors(false).
     let json = cfg.log_format == LogFormat::Json;
     let sink = LogSink::start(std::io::stderr(), json);
-    let writer = sink.clone();
     // One event per write: the text format keeps each event on one line (it escapes the
     // newlines inside an event, src/logline.rs) before the event is queued, and the queue's
     // thread writes several events at once.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(move || writer.writer())
+        .with_writer(sink.clone())
         .log_internal_errors(false);
     match cfg.log_format {
         LogFormat::Json => builder
