@@ -54,6 +54,7 @@ pub mod error;
 pub mod handler;
 pub mod host;
 pub mod locks;
+pub mod logline;
 pub mod logsink;
 pub mod master;
 pub mod metrics;

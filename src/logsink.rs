@@ -4,95 +4,170 @@
 //! stopped reading (a journald stall, Docker's blocking log mode, a full pipe), the next log
 //! line blocked the worker's only runtime thread: lock extensions (A-10), the local lock
 //! deadline (L-9) and the process lease all froze while the handler ran on, and a second
-//! holder could start beside it. Here every line is handed to a bounded queue with a
-//! non-blocking send and written by a thread of its own; when the queue is full the line is
-//! dropped and counted, and once the sink takes lines again the thread writes one notice with
-//! the number dropped. At exit [`LogSink::flush`] waits, bounded, for the queue to drain.
+//! holder could start beside it. Here every line is appended to a bounded queue and written by
+//! a thread of its own; when the queue is full the line is dropped and counted, and the next
+//! line the queue takes is preceded by one notice with the number dropped. At exit
+//! [`LogSink::flush`] waits, bounded, for the queue to drain.
+//!
+//! The queue is one byte buffer under a mutex, which the writer thread swaps for an empty one:
+//! a line costs a copy into it, not an allocation and a channel message of its own (a worker
+//! at `info` logs two lines per job; the channel and the allocator were about 900 of their
+//! instructions a job).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 /// Lines queued at most while the sink does not take them (a few MiB of typical lines).
 pub const QUEUE_LINES: usize = 8192;
 
-enum Msg {
-    Line(Vec<u8>),
-    Flush(SyncSender<()>),
+/// What the daemon has handed over and the writer thread has not taken yet.
+#[derive(Default)]
+struct Queue {
+    /// Whole lines, in order.
+    bytes: Vec<u8>,
+    lines: usize,
+    /// Lines dropped since the last notice was queued.
+    unreported: u64,
+    /// Flushes waiting for the lines queued before them.
+    flushes: Vec<SyncSender<()>>,
+    /// The writer thread waits on [`Shared::wake`] for a line (whoever queues one wakes it).
+    idle: bool,
+    /// False when there is no writer thread: lines are dropped at once, uncounted.
+    running: bool,
+    /// Every [`LogSink`] is gone: the thread writes what is left and ends.
+    closed: bool,
 }
 
-/// The queue and its writer thread. Cloned into every [`SinkWriter`].
-#[derive(Clone)]
-pub struct LogSink {
-    tx: SyncSender<Msg>,
-    dropped: Arc<AtomicU64>,
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    dropped: AtomicU64,
+    json: bool,
 }
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing panics while holding it; a poisoned queue is still a queue.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The last [`LogSink`] clone to go tells the thread to finish.
+struct Handle(Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.wake.notify_one();
+    }
+}
+
+/// The queue and its writer thread. Also tracing's `MakeWriter`: one [`SinkWriter`] per event.
+#[derive(Clone)]
+pub struct LogSink(Arc<Handle>);
 
 impl LogSink {
     /// Starts the writer thread over `out`. `json`: the dropped-lines notice is written as a
     /// JSON object, like the other lines, instead of text.
     pub fn start<W: Write + Send + 'static>(out: W, json: bool) -> LogSink {
-        let (tx, rx) = sync_channel(QUEUE_LINES);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counter = dropped.clone();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                running: true,
+                ..Queue::default()
+            }),
+            wake: Condvar::new(),
+            dropped: AtomicU64::new(0),
+            json,
+        });
+        let theirs = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("locketd-log".into())
-            .spawn(move || write_lines(out, rx, &counter, json));
+            .spawn(move || write_lines(out, &theirs));
         if let Err(e) = spawned {
-            // No thread: every line is dropped (and counted), the daemon still runs.
+            // No thread: every line is dropped, the daemon still runs.
             eprintln!("locketd: cannot start the log writer thread: {e}");
+            shared.lock().running = false;
         }
-        LogSink { tx, dropped }
+        LogSink(Arc::new(Handle(shared)))
     }
 
-    /// A writer for one event (tracing's `MakeWriter` takes a closure returning it).
-    pub fn writer(&self) -> SinkWriter {
-        SinkWriter(self.clone())
+    fn shared(&self) -> &Shared {
+        &(self.0).0
+    }
+
+    /// A writer for one event.
+    pub fn writer(&self) -> SinkWriter<'_> {
+        SinkWriter(self)
     }
 
     /// Log lines dropped so far because the sink did not take them.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.shared().dropped.load(Ordering::Relaxed)
+    }
+
+    /// Queues `line` (one event) without waiting, or drops and counts it when the queue is full.
+    fn push(&self, line: &[u8]) {
+        let shared = self.shared();
+        let mut q = shared.lock();
+        if !q.running {
+            return;
+        }
+        if q.lines >= QUEUE_LINES {
+            q.unreported += 1;
+            drop(q);
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if q.unreported > 0 {
+            let text = notice(q.unreported, shared.json);
+            q.bytes.extend_from_slice(text.as_bytes());
+            q.unreported = 0;
+        }
+        q.bytes.extend_from_slice(line);
+        q.lines += 1;
+        let wake = std::mem::take(&mut q.idle);
+        drop(q);
+        if wake {
+            shared.wake.notify_one();
+        }
     }
 
     /// Waits until every line queued before this call is written, at most `timeout`. False
     /// when the sink did not take them in time (those lines are then lost at exit).
     pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let shared = self.shared();
         let (done_tx, done_rx) = sync_channel(1);
-        let mut msg = Msg::Flush(done_tx);
-        loop {
-            match self.tx.try_send(msg) {
-                Ok(()) => break,
-                Err(TrySendError::Disconnected(_)) => return false,
-                Err(TrySendError::Full(m)) => {
-                    if Instant::now() >= deadline {
-                        return false;
-                    }
-                    msg = m;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+        {
+            let mut q = shared.lock();
+            if !q.running {
+                return false;
             }
+            q.flushes.push(done_tx);
+            q.idle = false;
         }
-        done_rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .is_ok()
+        shared.wake.notify_one();
+        done_rx.recv_timeout(timeout).is_ok()
     }
 }
 
-/// One event's writer: hands the formatted event to the queue without waiting.
-pub struct SinkWriter(LogSink);
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogSink {
+    type Writer = SinkWriter<'a>;
 
-impl Write for SinkWriter {
+    fn make_writer(&'a self) -> SinkWriter<'a> {
+        SinkWriter(self)
+    }
+}
+
+/// One event's writer: hands the formatted event to the queue without waiting (tracing's fmt
+/// layer writes an event with one `write_all`).
+pub struct SinkWriter<'a>(&'a LogSink);
+
+impl Write for SinkWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self.0.tx.try_send(Msg::Line(buf.to_vec())) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-            Err(TrySendError::Full(_)) => {
-                self.0.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.0.push(buf);
         Ok(buf.len())
     }
 
@@ -105,63 +180,57 @@ impl Write for SinkWriter {
 const NAP: Duration = Duration::from_millis(10);
 /// Empty naps in a row before it blocks until the next line.
 const IDLE_NAPS: u32 = 2;
+/// A batch buffer grown past this by a burst is given back after it is written.
+const KEEP_BYTES: usize = 256 * 1024;
 
-/// The writer thread. Under load it takes lines in batches, one write per batch, and naps
-/// [`NAP`] between batches, so that a busy daemon does not wake it once per line (a futex wake
-/// and a context switch per line cost more than the line); after [`IDLE_NAPS`] empty naps it
-/// blocks until the next line, so that an idle daemon costs nothing. A line reaches stderr at
-/// most one nap after it was logged, and every queued line before the process exits
-/// ([`LogSink::flush`]). The nap was 1 ms: a prefork worker's log thread then took 7% of the
-/// worker's CPU samples, two thirds of it in `clock_nanosleep` (docs/dev/performance-log.md).
-fn write_lines<W: Write>(mut out: W, rx: Receiver<Msg>, dropped: &AtomicU64, json: bool) {
-    let mut reported = 0;
+/// The writer thread. Under load it takes the queued lines as one batch, one write per batch,
+/// and naps [`NAP`] between batches, so that a busy daemon does not wake it once per line (a
+/// futex wake and a context switch per line cost more than the line); after [`IDLE_NAPS`]
+/// empty naps it blocks until the next line, so that an idle daemon costs nothing. A line
+/// reaches stderr at most one nap after it was logged, and every queued line before the
+/// process exits ([`LogSink::flush`]). The nap was 1 ms: a prefork worker's log thread then took
+/// 7% of the worker's CPU samples, two thirds of it in `clock_nanosleep`
+/// (docs/dev/performance-log.md). The queue's lock is never held while writing.
+fn write_lines<W: Write>(mut out: W, shared: &Shared) {
     let mut batch: Vec<u8> = Vec::new();
     let mut idle_naps = 0;
     loop {
-        let msg = match rx.try_recv() {
-            Ok(m) => m,
-            Err(TryRecvError::Empty) => {
-                if !batch.is_empty() {
-                    let _ = out.write_all(&batch);
-                    batch.clear();
-                }
-                if idle_naps < IDLE_NAPS {
-                    idle_naps += 1;
-                    std::thread::sleep(NAP);
-                    continue;
-                }
-                match rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => return,
-                }
-            }
-            Err(TryRecvError::Disconnected) => break,
+        let (flushes, closed) = {
+            let mut q = shared.lock();
+            std::mem::swap(&mut q.bytes, &mut batch);
+            q.lines = 0;
+            (std::mem::take(&mut q.flushes), q.closed)
         };
-        idle_naps = 0;
-        match msg {
-            Msg::Line(line) => {
-                let now = dropped.load(Ordering::Relaxed);
-                if now > reported {
-                    batch.extend_from_slice(notice(now - reported, json).as_bytes());
-                    reported = now;
-                }
-                batch.extend_from_slice(&line);
-                if batch.len() >= 64 * 1024 {
-                    // A sink that fails (a reader gone for good) loses the lines; nothing
-                    // panics.
-                    let _ = out.write_all(&batch);
-                    batch.clear();
-                }
+        if !batch.is_empty() {
+            idle_naps = 0;
+            // A sink that fails (a reader gone for good) loses the lines; nothing panics.
+            let _ = out.write_all(&batch);
+            batch.clear();
+            if batch.capacity() > KEEP_BYTES {
+                batch = Vec::new();
             }
-            Msg::Flush(done) => {
-                let _ = out.write_all(&batch);
-                batch.clear();
-                let _ = out.flush();
+        }
+        if !flushes.is_empty() {
+            let _ = out.flush();
+            for done in flushes {
                 let _ = done.send(());
             }
         }
+        if closed {
+            return;
+        }
+        if idle_naps < IDLE_NAPS {
+            idle_naps += 1;
+            std::thread::sleep(NAP);
+            continue;
+        }
+        let mut q = shared.lock();
+        while q.bytes.is_empty() && q.flushes.is_empty() && !q.closed {
+            q.idle = true;
+            q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+        q.idle = false;
     }
-    let _ = out.write_all(&batch);
 }
 
 fn notice(n: u64, json: bool) -> String {
@@ -209,7 +278,7 @@ fn write_stamp(secs: u64, micros: u32, w: &mut impl std::fmt::Write) -> std::fmt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::time::Instant;
 
     /// A sink that blocks until told to go, then records what it was given.
     #[derive(Clone)]
@@ -238,8 +307,8 @@ mod tests {
         let sink = LogSink::start(gate.clone(), false);
         let started = Instant::now();
         let mut w = sink.writer();
-        // The writer thread holds at most one 64 KiB batch (about 6,000 of these lines) and
-        // the queue QUEUE_LINES: of four times QUEUE_LINES, at least QUEUE_LINES are dropped.
+        // The writer thread holds at most one batch of QUEUE_LINES lines and the queue
+        // QUEUE_LINES more: of four times QUEUE_LINES, at least QUEUE_LINES are dropped.
         for i in 0..(4 * QUEUE_LINES) {
             w.write_all(format!("line {i}\n").as_bytes()).unwrap();
         }
@@ -265,8 +334,31 @@ mod tests {
         w.write_all(b"after\n").unwrap();
         assert!(sink.flush(Duration::from_secs(5)));
         let text = String::from_utf8(gate.1.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("log lines were dropped"), "no notice");
-        assert!(text.ends_with("after\n"));
+        // The notice comes with the first line taken after the drops.
+        assert!(
+            text.ends_with(" log lines were dropped: stderr was not being read\nafter\n"),
+            "{}",
+            &text[text.len().saturating_sub(200)..]
+        );
+    }
+
+    // The thread writes what is left once the last sink is gone, and ends.
+    #[test]
+    fn the_last_lines_are_written_when_the_sink_goes() {
+        let gate = Gate(Arc::default(), Arc::default());
+        *gate.0 .0.lock().unwrap() = true;
+        let sink = LogSink::start(gate.clone(), false);
+        let shared = sink.0 .0.clone();
+        sink.writer().write_all(b"one\n").unwrap();
+        sink.writer().write_all(b"two\n").unwrap();
+        drop(sink);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // The thread holds the last other reference to the queue until it ends.
+        while Arc::strong_count(&shared) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(Arc::strong_count(&shared), 1, "the thread did not end");
+        assert_eq!(gate.1.lock().unwrap().as_slice(), b"one\ntwo\n");
     }
 
     #[test]

@@ -123,59 +123,25 @@ fn init_logging(cfg: &Config) -> FlushLogs {
     // on that same broken pipe, hence log_internal_errors(false).
     let json = cfg.log_format == LogFormat::Json;
     let sink = LogSink::start(std::io::stderr(), json);
-    let writer = sink.clone();
-    // One event per write here: OneLine escapes the newlines inside an event before it is
-    // queued (the queue's thread writes several events at once).
+    // One event per write: the text format keeps each event on one line (it escapes the
+    // newlines inside an event, src/logline.rs) before the event is queued, and the queue's
+    // thread writes several events at once.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(move || OneLine {
-            out: writer.writer(),
-            escape: !json,
-        })
-        .log_internal_errors(false)
-        .with_timer(locketd::logsink::LogClock);
+        .with_writer(sink.clone())
+        .log_internal_errors(false);
     match cfg.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Json => builder
+            .with_timer(locketd::logsink::LogClock)
+            .json()
+            .flatten_event(true)
+            .init(),
+        LogFormat::Text => builder
+            .with_ansi(false)
+            .event_format(locketd::logline::TextFormat::default())
+            .init(),
     }
     FlushLogs(sink)
-}
-
-/// The text log's stderr: one event, one line. Queue and class names come from job producers
-/// and are logged as given, so a newline in one would start a line of its own (a forged
-/// `ERROR` line, say); inside an event, newlines and carriage returns are written as `\n` and
-/// `\r`. (The JSON format escapes them already.)
-/// It wraps each event's writer, before the event is queued; `escape` is off for JSON.
-struct OneLine<W> {
-    out: W,
-    escape: bool,
-}
-
-impl<W: std::io::Write> std::io::Write for OneLine<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
-        if !self.escape || !body.iter().any(|b| *b == b'\n' || *b == b'\r') {
-            self.out.write_all(buf)?;
-            return Ok(buf.len());
-        }
-        let mut out = Vec::with_capacity(buf.len() + 16);
-        for &b in body {
-            match b {
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'\r' => out.extend_from_slice(b"\\r"),
-                b => out.push(b),
-            }
-        }
-        if body.len() < buf.len() {
-            out.push(b'\n');
-        }
-        self.out.write_all(&out)?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
 }
 
 /// `check-config`: how the class plans published in Redis (D-3a) differ from this file's, as
@@ -510,9 +476,8 @@ async fn run_master(
 
 #[cfg(test)]
 mod tests {
-    use super::{redis_from, Cli, OneLine};
+    use super::{redis_from, Cli};
     use clap::Parser;
-    use std::io::Write;
 
     // Issue 29 item 5: the origin named when no Redis answers. The flag and REDIS_URL cases
     // run through the binary (tests/it/first_run.rs); the default cannot (it is port 6379).
@@ -532,22 +497,6 @@ mod tests {
         assert_eq!(
             redis_from(&cli, "redis = \"redis://h:1/0\"\n"),
             "given by REDIS_URL"
-        );
-    }
-
-    // A class name with a newline must not start a line of its own in the text log.
-    #[test]
-    fn one_event_stays_one_line() {
-        let mut out = OneLine {
-            out: Vec::new(),
-            escape: true,
-        };
-        out.write_all(b"WARN no handler class=X\nERROR forged\r\n")
-            .unwrap();
-        out.write_all(b"INFO plain\n").unwrap();
-        assert_eq!(
-            String::from_utf8(out.out).unwrap(),
-            "WARN no handler class=X\\nERROR forged\\r\nINFO plain\n"
         );
     }
 }
