@@ -349,89 +349,9 @@ impl Worker {
         }
     }
 
-    /// A job TAKE answered for (A-7a): one it started runs once its handler says it is ready
-    /// (H-8: TAKE was sent because every handler was ready now; one that is not any more has
-    /// the job put back at the tail of its queue, its locks released, by FINISH); any other
-    /// answer is ACQUIRE's, settled as `settle` does.
-    async fn taken(
-        &mut self,
-        p: &Planned,
-        outcome: AcquireOutcome,
-        sent_at: Instant,
-        control: &Control,
-        dead: &CancellationToken,
-    ) -> Acquire {
-        let AcquireOutcome::Started { fences, .. } = outcome else {
-            return self
-                .settle(p, Some(outcome), sent_at, false, false, dead)
-                .await;
-        };
-        let readiness = tokio::select! {
-            r = p.handler.prepare() => r,
-            _ = control.quit.cancelled() => crate::handler::Readiness::NotReady {
-                until: Instant::now(),
-                why: "the worker is stopping".into(),
-            },
-            _ = dead.cancelled() => return Acquire::Ended(Some(StopReason::PresumedDead)),
-        };
-        if let crate::handler::Readiness::NotReady { why, .. } = readiness {
-            warn!(target: LOG_TARGET, queue = %p.queue, class = %p.job.class, why = %why, "handler not ready for a job TAKE started: job put back at the tail of its queue");
-            self.metrics.lock_conflict("deferred");
-            return Acquire::Ended(self.requeue_started(p).await);
-        }
-        Acquire::Started { fences, sent_at }
-    }
-
-    /// A reserved job that cannot start (E-1, E-2): failed as it is. One TAKE started anyway
-    /// (its Lua renderer took what the worker's refuses: a bug, logged) has its locks released
-    /// by the same FINISH.
-    async fn unstarted(
-        &mut self,
-        u: Unstarted,
-        took: Option<Took>,
-        started: Instant,
-    ) -> Option<StopReason> {
-        let unique = u.unique.as_ref();
-        let (mut token, mut locks) = (String::new(), Vec::new());
-        if let Some(Took {
-            taken: Taken::Acquired {
-                outcome, locks: l, ..
-            },
-            token: t,
-            ..
-        }) = took
-        {
-            match outcome {
-                AcquireOutcome::Started { .. } => {
-                    error!(target: LOG_TARGET, queue = %u.queue, class = %u.class, "TAKE started a job the worker cannot run; failing it and releasing its locks");
-                    (token, locks) = (t, l);
-                }
-                AcquireOutcome::Conflict { .. } | AcquireOutcome::Missing => {
-                    // Settled away by its policy, or no longer this slot's: nothing to record.
-                    return None;
-                }
-                AcquireOutcome::Dead => return Some(StopReason::PresumedDead),
-                AcquireOutcome::Cancelled(_) => {}
-            }
-        }
-        self.finish_job(
-            &u.rid,
-            &u.queue,
-            &token,
-            &locks,
-            &u.raw,
-            Err(u.failure),
-            &u.class,
-            started,
-            None,
-            unique.map(|u| (u, false)),
-        )
-        .await
-    }
-
     /// What ACQUIRE's answer means for the job: it started, or its path ends here (the
     /// conflict path: requeued, discarded, delayed or failed by the script, O-1 logged).
-    async fn settle(
+    pub(super) async fn settle(
         &mut self,
         p: &Planned,
         acquired: Option<AcquireOutcome>,
@@ -598,7 +518,7 @@ impl Worker {
 
     /// A started job back to the tail of its queue, its locks and start-time holds released
     /// (A-11's requeue, and a TAKE whose handler was not ready after all).
-    async fn requeue_started(&mut self, p: &Planned) -> Option<StopReason> {
+    pub(super) async fn requeue_started(&mut self, p: &Planned) -> Option<StopReason> {
         let release = p.rendered.releases(false);
         let holds = FinishHolds {
             class: &p.job.class,
@@ -658,7 +578,7 @@ pub(super) struct Planned {
     pub(super) job: Job,
     pub(super) handler: Arc<dyn Handler>,
     /// When it was reserved (for the job's duration).
-    started: Instant,
+    pub(super) started: Instant,
     /// The payload digest (holds, lockinfo).
     digest: String,
     plans: Arc<Plans>,
@@ -693,18 +613,18 @@ impl Planned {
 }
 
 /// A reserved job that cannot start, to be failed as it is.
-struct Unstarted {
-    rid: String,
-    queue: String,
+pub(super) struct Unstarted {
+    pub(super) rid: String,
+    pub(super) queue: String,
     /// The payload as text (lossy when it was not UTF-8).
-    raw: String,
-    class: String,
-    failure: JobFailure,
-    unique: Option<UniqueEntry>,
+    pub(super) raw: String,
+    pub(super) class: String,
+    pub(super) failure: JobFailure,
+    pub(super) unique: Option<UniqueEntry>,
 }
 
 /// How ACQUIRE ended for the job's path.
-enum Acquire {
+pub(super) enum Acquire {
     /// The job started: its fencing numbers, and when the ACQUIRE that started it was sent
     /// (L-9's `t`).
     Started { fences: Vec<u64>, sent_at: Instant },

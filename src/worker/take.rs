@@ -1,15 +1,17 @@
 //! TAKE on the worker's side (locking-semantics.md A-7a): whether the next RESERVE goes out as
 //! TAKE (RESERVE and the job's ACQUIRE+START in one call), the call itself with the slot's
-//! pending FINISH, and what the worker does with the jobs TAKE settled away. The job TAKE left
-//! in the slot goes on in `job.rs` (`process`).
+//! pending FINISH, what the worker does with the jobs TAKE settled away, and with the job TAKE
+//! answered for (`taken`, `unstarted`; the rest of its path is `job.rs`'s `process`).
 
+use super::job::{Acquire, Planned, Unstarted};
 use super::reserve::Next;
-use super::Worker;
+use super::{Control, StopReason, Worker};
 use crate::resque::failure;
 use crate::store::{self, random_hex, AcquireOutcome, ReserveFlags, Reserved, TakeArgs, Taken};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 /// The target of this file's log lines (the job path's).
@@ -178,5 +180,87 @@ impl Worker {
         if let AcquireOutcome::Conflict { action, conflicts } = &s.outcome {
             self.log_conflict(&s.class, &s.queue, &s.digest, action, conflicts, false);
         }
+    }
+}
+
+impl Worker {
+    /// A job TAKE answered for (A-7a): one it started runs once its handler says it is ready
+    /// (H-8: TAKE was sent because every handler was ready now; one that is not any more has
+    /// the job put back at the tail of its queue, its locks released, by FINISH); any other
+    /// answer is ACQUIRE's, settled as `settle` does.
+    pub(super) async fn taken(
+        &mut self,
+        p: &Planned,
+        outcome: AcquireOutcome,
+        sent_at: Instant,
+        control: &Control,
+        dead: &CancellationToken,
+    ) -> Acquire {
+        let AcquireOutcome::Started { fences, .. } = outcome else {
+            return self
+                .settle(p, Some(outcome), sent_at, false, false, dead)
+                .await;
+        };
+        let readiness = tokio::select! {
+            r = p.handler.prepare() => r,
+            _ = control.quit.cancelled() => crate::handler::Readiness::NotReady {
+                until: Instant::now(),
+                why: "the worker is stopping".into(),
+            },
+            _ = dead.cancelled() => return Acquire::Ended(Some(StopReason::PresumedDead)),
+        };
+        if let crate::handler::Readiness::NotReady { why, .. } = readiness {
+            warn!(target: LOG_TARGET, queue = %p.queue, class = %p.job.class, why = %why, "handler not ready for a job TAKE started: job put back at the tail of its queue");
+            self.metrics.lock_conflict("deferred");
+            return Acquire::Ended(self.requeue_started(p).await);
+        }
+        Acquire::Started { fences, sent_at }
+    }
+
+    /// A reserved job that cannot start (E-1, E-2): failed as it is. One TAKE started anyway
+    /// (its Lua renderer took what the worker's refuses: a bug, logged) has its locks released
+    /// by the same FINISH.
+    pub(super) async fn unstarted(
+        &mut self,
+        u: Unstarted,
+        took: Option<Took>,
+        started: Instant,
+    ) -> Option<StopReason> {
+        let unique = u.unique.as_ref();
+        let (mut token, mut locks) = (String::new(), Vec::new());
+        if let Some(Took {
+            taken: Taken::Acquired {
+                outcome, locks: l, ..
+            },
+            token: t,
+            ..
+        }) = took
+        {
+            match outcome {
+                AcquireOutcome::Started { .. } => {
+                    error!(target: LOG_TARGET, queue = %u.queue, class = %u.class, "TAKE started a job the worker cannot run; failing it and releasing its locks");
+                    (token, locks) = (t, l);
+                }
+                AcquireOutcome::Conflict { .. } | AcquireOutcome::Missing => {
+                    // Settled away by its policy, or no longer this slot's: nothing to record.
+                    return None;
+                }
+                AcquireOutcome::Dead => return Some(StopReason::PresumedDead),
+                AcquireOutcome::Cancelled(_) => {}
+            }
+        }
+        self.finish_job(
+            &u.rid,
+            &u.queue,
+            &token,
+            &locks,
+            &u.raw,
+            Err(u.failure),
+            &u.class,
+            started,
+            None,
+            unique.map(|u| (u, false)),
+        )
+        .await
     }
 }
