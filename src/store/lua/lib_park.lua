@@ -16,7 +16,34 @@
 -- and it writes nothing before every check of what it moves was made. Returns the entries
 -- moved (decoded), how many stay (counted up to one past `max`), and whether it stopped at
 -- one that cannot move.
+-- parked_wake of one entry (a release's handoff, PK-2): the same writes, checks and reply,
+-- without the tables and loops a run of entries needs (the hot key's every release comes here).
+local function wake_head(prefix, res)
+  local pk = prefix .. 'parked:' .. res
+  local raw = redis.pcall('LRANGE', pk, '0', '1')
+  if type(raw) ~= 'table' or raw.err then return {}, 1, true end
+  local e = raw[1]
+  if e == nil then return {}, 0, false end
+  local ok, d = pcall(cjson.decode, e)
+  if not ok or type(d) ~= 'table' then return {}, #raw, true end
+  local q, payload = d['queue'], d['payload']
+  if type(q) ~= 'string' or type(payload) ~= 'string' then return {}, #raw, true end
+  local ns = string.sub(prefix, 1, #prefix - 7)
+  local qk = ns .. 'queue:' .. q
+  local r = redis.pcall('LPUSH', qk, payload)
+  if type(r) == 'table' and r.err then return {}, #raw, true end
+  d['qk'] = qk
+  redis.call('LPOP', pk)
+  local class = d['class']
+  count(prefix, nil, 'woken', type(class) == 'string' and class or '')
+  redis.pcall('SADD', ns .. 'queues', q)
+  redis.pcall('HINCRBY', prefix .. 'parked_queues', q, '-1')
+  if #raw == 1 then redis.pcall('ZREM', prefix .. 'parked', res) end
+  return {d}, #raw - 1, false
+end
+
 parked_wake = function(prefix, res, max)
+  if max == 1 then return wake_head(prefix, res) end
   local pk = prefix .. 'parked:' .. res
   local raw = redis.pcall('LRANGE', pk, 0, max)
   if type(raw) ~= 'table' or raw.err then return {}, 1, true end
