@@ -162,6 +162,13 @@ impl Template {
         &self.source
     }
 
+    /// Whether rendering needs a SHA-256 of the job (`{digest}`, `{args_digest}`).
+    pub fn needs_digest(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Digest | Part::ArgsDigest))
+    }
+
     /// The parsed template as the Lua renderer takes it (src/store/lua/render.lua):
     /// `{"src": <text>, "parts": [...]}`, each part a literal string or a placeholder array
     /// (`["class"]`, `["queue"]`, `["digest"]`, `["args_digest"]`, `["args"]`, or

@@ -176,8 +176,8 @@ pub struct Snapshot {
     pub lock_conflicts: BTreeMap<String, u64>,
     /// Reserved jobs by how their locks were taken (A-7a): `one_call` (TAKE locked and
     /// started them in the call that reserved them), else why the worker's own ACQUIRE did
-    /// (`no_plan`, `class`, `size`, `payload`, `render`, `error`, `started`, `off`: TAKE not
-    /// sent, for a handler not ready, `one_call_take = false` or `lock_queues`).
+    /// (`no_plan`, `class`, `digest`, `size`, `payload`, `render`, `error`, `started`, `off`:
+    /// TAKE not sent then, for a handler not ready).
     #[serde(default)]
     pub takes: BTreeMap<String, u64>,
     /// Locks lost while a job ran.

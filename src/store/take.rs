@@ -5,9 +5,12 @@
 //! Layout: the hash `<ns>:locket:take:<digest>`, `digest` the SHA-256 of the plan set's
 //! canonical JSON (the same settings give the same key on every host, so two versions of a
 //! daemon in one rolling deploy each read their own). Fields: each class with a plan table or
-//! a handler of its own, and `*` for every other class; values: `"0"` for a class TAKE leaves
-//! to the worker's own ACQUIRE, else `{"on":<conflict fallback>,"locks":[[<template>,<limit>]...]}`
-//! (`<template>` as [`Template::compiled`](crate::locks::template::Template::compiled) gives it).
+//! a handler of its own, and `*` for every other class; values: a word for a class TAKE leaves
+//! to the worker's own ACQUIRE (`class`: its settings or no handler; `digest`: a lock template
+//! with `{digest}` or `{args_digest}`, whose SHA-256 in Lua costs Redis more than the round trip
+//! it saves, the default template among them), else
+//! `{"on":<conflict fallback>,"locks":[[<template>,<limit>]...]}` (`<template>` as
+//! [`Template::compiled`](crate::locks::template::Template::compiled) gives it).
 //! A class qualifies when its ACQUIRE needs no options (acquire.lua's ARGV[12] is empty): no
 //! holds or `locked_by`, no rates, no fencing, no unique policy that follows the job, and a
 //! conflict policy of `requeue`, `park` (with the default `max_parked` and `on_park_full`) or
@@ -59,9 +62,15 @@ pub fn takes_class(plan: &ClassPlan) -> bool {
         && !plan.unique.as_ref().is_some_and(|u| u.policy.follows_job())
 }
 
+/// A class's entry: its JSON, or the word that says why TAKE leaves it to the worker.
 fn entry(plan: &ClassPlan, handled: bool) -> String {
     if !handled || !takes_class(plan) {
-        return "0".to_string();
+        return "class".to_string();
+    }
+    // SHA-256 in Lua costs a job about 50 us of Redis CPU (the whole two-call job path costs
+    // about 90): more than the round trip it saves (docs/dev/performance-log.md, issue 40).
+    if plan.locks.iter().any(|(t, _)| t.needs_digest()) {
+        return "digest".to_string();
     }
     let locks: Vec<_> = plan
         .locks
@@ -72,6 +81,11 @@ fn entry(plan: &ClassPlan, handled: bool) -> String {
 }
 
 impl TakePlan {
+    /// Whether the plan takes any class in one call (else TAKE is not worth sending).
+    pub fn takes_any(&self) -> bool {
+        self.fields.iter().any(|(_, v)| v.starts_with('{'))
+    }
+
     /// The take plan of a worker with these plans and handlers.
     pub fn new(keys: &Keys, plans: &Plans, handlers: &Handlers) -> TakePlan {
         let mut classes: Vec<&str> = plans
@@ -166,8 +180,8 @@ pub enum Taken {
         /// The locks rendered from the plan.
         locks: Vec<LockSpec>,
     },
-    /// The job stays reserved for the worker's own ACQUIRE: why ("no_plan", "class", "size",
-    /// "payload", "render", "started").
+    /// The job stays reserved for the worker's own ACQUIRE: why ("no_plan", "class",
+    /// "digest", "size", "payload", "render", "error", "started").
     Kept(String),
 }
 
@@ -338,4 +352,63 @@ pub async fn take<C: ConnectionLike + Send>(
         taken: parse_taken(taken)?,
         settled: parse_settled(settled)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn plan_of(text: &str) -> TakePlan {
+        let config = Config::parse(&format!("queues = \"q\"\n{text}"), "t").expect("config");
+        let plans = Plans::compile(&config).expect("plans");
+        TakePlan::new(
+            &Keys::new("resque"),
+            &plans,
+            &Handlers::from_config(&config),
+        )
+    }
+
+    fn field<'a>(p: &'a TakePlan, name: &str) -> &'a str {
+        &p.fields.iter().find(|(f, _)| f == name).expect(name).1
+    }
+
+    // A-7a: which classes TAKE locks in one call, and the word for the others.
+    #[test]
+    fn the_take_plan_names_each_class_and_why_one_is_left_to_two_calls() {
+        let p = plan_of(
+            "[classes.Free]\nbuiltin = \"noop\"\nlock = \"acct:{args[0]}\"\nlimit = 3\n\
+             [classes.Digest]\nbuiltin = \"noop\"\n\
+             [classes.Delay]\nbuiltin = \"noop\"\nlock = \"a:{args[0]}\"\non_conflict = \"delay\"\n\
+             [classes.Held]\nbuiltin = \"noop\"\nlock = \"a:{args[0]}\"\nholds = [{ name = \"h\" }]\n\
+             [classes.Unlocked]\nbuiltin = \"noop\"\nlock = false\n\
+             [classes.NoHandler]\nlock = \"a:{args[0]}\"\n",
+        );
+        let free: serde_json::Value = serde_json::from_str(field(&p, "Free")).expect("JSON");
+        assert_eq!(free["on"], "park");
+        assert_eq!(free["locks"][0][1], 3);
+        assert_eq!(free["locks"][0][0]["src"], "acct:{args[0]}");
+        assert_eq!(field(&p, "Digest"), "digest");
+        assert_eq!(field(&p, "Delay"), "class");
+        assert_eq!(field(&p, "Held"), "class");
+        assert_eq!(field(&p, "NoHandler"), "class");
+        let unlocked: serde_json::Value =
+            serde_json::from_str(field(&p, "Unlocked")).expect("JSON");
+        assert_eq!(unlocked["locks"], serde_json::json!([]));
+        // No fallback handler: a class named nowhere is failed by the worker, never locked.
+        assert_eq!(field(&p, "*"), "class");
+        assert!(p.takes_any());
+        assert!(p.key.starts_with("resque:locket:take:"));
+        // The key follows the settings: another limit, another key; the same, the same key.
+        let q =
+            plan_of("[classes.Free]\nbuiltin = \"noop\"\nlock = \"acct:{args[0]}\"\nlimit = 2\n");
+        assert_ne!(q.key, p.key);
+        assert_eq!(
+            q.key,
+            plan_of("[classes.Free]\nlock = \"acct:{args[0]}\"\nbuiltin = \"noop\"\nlimit = 2\n")
+                .key
+        );
+        // Only default templates: nothing to take in one call.
+        assert!(!plan_of("[classes.A]\nbuiltin = \"noop\"\n").takes_any());
+    }
 }

@@ -48,8 +48,12 @@ impl Worker {
         if !self.config.locket.one_call_take || self.lock_queues.is_some() {
             return None;
         }
+        let plan = store::TakePlan::new(&self.keys, &self.plans, &self.handlers);
+        if !plan.takes_any() {
+            return None;
+        }
         Some(Arc::new(TakeState {
-            plan: store::TakePlan::new(&self.keys, &self.plans, &self.handlers),
+            plan,
             published: AtomicBool::new(false),
             refused: AtomicBool::new(false),
         }))

@@ -286,7 +286,9 @@ fn a7a_two_daemons_with_different_plans_run_both_paths_without_overlap() {
             runs = runs.display()
         ),
     );
-    let base = cfg("q");
+    // A second class that TAKE can lock keeps TAKE on in the second daemon too, so its jobs
+    // of `Same` are left to two calls by the plan (counted as `class`), not by TAKE being off.
+    let base = cfg("q").class("Other", &script, "lock = \"o:{args[0]}\"");
     let one = base
         .clone()
         .class("Same", &script, "lock = \"k:{args[0]}\"")

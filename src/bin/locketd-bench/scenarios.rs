@@ -45,7 +45,18 @@ fn noop_run(
     let mut ctx = Ctx::new(opts, exe)?;
     let n = ctx.jobs(200_000);
     ctx.push_noop("bench", "Noop", n)?;
-    let config = ctx.config(&["bench".into()], NOOP_CLASSES);
+    let classes = match &opts.lock {
+        Some(t) => NOOP_CLASSES.replacen(
+            "builtin = \"noop\"\n",
+            &format!(
+                "builtin = \"noop\"\nlock = {}\n",
+                toml::Value::from(t.as_str())
+            ),
+            1,
+        ),
+        None => NOOP_CLASSES.to_string(),
+    };
+    let config = ctx.config(&["bench".into()], &classes);
     let (d, mut daemon) = ctx.drain(&config, workers, n)?;
     d.report(label);
     rows.push(row(

@@ -15,13 +15,13 @@ local take_decoded, take_count = {}, 0
 
 -- The entry for `class` in the worker's take plan `plan_key` (its class, else "*"): the table
 -- {on = conflict fallback, locks = {{template, limit}...}}, or nil and the reason the job is
--- left to the worker's own ACQUIRE ("no_plan": the key is gone; "class": the plan marks the
--- class "0").
+-- left to the worker's own ACQUIRE ("no_plan": the key is gone; else the entry's word, "class"
+-- or "digest", src/store/take.rs).
 function take.plan(plan_key, class)
   local got = redis.call('HMGET', plan_key, class, '*')
   local text = got[1] or got[2]
   if not text then return nil, 'no_plan' end
-  if text == '0' then return nil, 'class' end
+  if string.byte(text, 1) ~= 123 then return nil, text end
   local p = take_decoded[text]
   if p == nil then
     local ok, v = pcall(cjson.decode, text)
@@ -34,16 +34,34 @@ function take.plan(plan_key, class)
   return p
 end
 
+-- A string as JSON (render.lua's writer), kept per string while the library lives: a queue's
+-- and a class's name are written into every record of their jobs.
+local json_names, json_count = {}, 0
+local function json_name(str)
+  local j = json_names[str]
+  if j == nil then
+    j = render_json_string(str)
+    if json_count >= 1024 then json_names, json_count = {}, 0 end
+    json_names[str] = j
+    json_count = json_count + 1
+  end
+  return j
+end
+
 -- ACQUIRE's KEYS and ARGV (acquire.lua's layout) for the job reserved as {"job", q, payload,
 -- rid, ...} in the slot record `inflight` (`s`: take.lua's step state). Returns them, the job's
 -- class, its lock ids and their limits; or nil and the reason the plan cannot take the job.
 function take.acquire_call(s, res, again)
   local q, payload, rid = res[2], res[3], res[4]
   if #payload > s.max_bytes or #payload > TAKE_MAX_PAYLOAD then return nil, 'size' end
-  local ok, job = pcall(render_payload, payload, q)
-  if not ok then return nil, 'payload' end
-  local plan, why = take.plan(s.plan_key, job.class)
+  -- The class as the payload's text seems to name it, to read the plan before decoding the
+  -- payload: a job of a class left to the worker costs no decode. The match is only a guess
+  -- (a "class" member inside args may come first): the decoded class must be the same.
+  local guess = string.match(payload, '"class"%s*:%s*"([^"\\]*)"')
+  local plan, why = take.plan(s.plan_key, guess or '')
   if not plan then return nil, why end
+  local ok, job = pcall(render_payload, payload, q)
+  if not ok or job.class ~= guess then return nil, 'payload' end
   local prefix = s.prefix
   local K = {s.inflight, s.queue_prefix .. q, s.ns .. 'queues', prefix .. 'counter:' .. q,
     s.worker_key, prefix .. 'locks'}
@@ -70,10 +88,10 @@ function take.acquire_call(s, res, again)
   -- free limit-1 locks does without it (its record's digest and its locks' lockinfo have
   -- none; the worker works it out and sends it with FINISH), and ACQUIRE's full path works it
   -- out when it needs it (acq.digest_later, set by take.lua).
-  local qj = render_json_string(q)
+  local qj = json_name(q)
   A[6] = '{"queue":' .. qj .. ',"run_at":"' .. s.run_at .. '","payload":' .. payload ..
     ',"worker":' .. s.node_worker .. '}'
-  A[7] = s.info_head .. ',"queue":' .. qj .. ',"class":' .. render_json_string(job.class) .. '}'
+  A[7] = s.info_head .. ',"queue":' .. qj .. ',"class":' .. json_name(job.class) .. '}'
   s.job = job
   return K, A, job.class, ids, limits
 end

@@ -10,7 +10,8 @@
 --
 -- KEYS[1..n]    the inner call's keys: reserve.lua's, or finish_reserve.lua's
 -- KEYS[n+1]     <ns>:locket:take:<plan set digest>, the worker's take plan (a HASH: class or
---               "*" -> the class's entry, "0" for a class taken the two-call way)
+--               "*" -> the class's entry, or the word "class" or "digest" for a class taken
+--               the two-call way; src/store/take.rs)
 -- ARGV[1]       the inner call: "reserve" or "finish_reserve"
 -- ARGV[2]       n, the inner call's number of keys
 -- ARGV[3]       m, the inner call's number of arguments
@@ -34,7 +35,7 @@
 --   finished   FINISH's reply, or false without one
 --   reserved   the slot's last RESERVE reply (reserve.lua), or finish_reserve.lua's error pair
 --   taken      for a reserved job: {"acquired", ACQUIRE's reply, digest or "", id, limit, ...} or
---              {"kept", reason}: reason "no_plan" (KEYS[n+1] is gone), "class", "size",
+--              {"kept", reason}: reason "no_plan" (KEYS[n+1] is gone), "class", "digest", "size",
 --              "payload", "render", "error" (ACQUIRE raised, having written nothing) or
 --              "started" (sent again, and the job was started by another token); false for
 --              no job
