@@ -148,7 +148,7 @@ struct Opts {
     /// not halt between round trips (docs/dev/performance-log.md, "Idle CPUs").
     #[arg(long)]
     spin: bool,
-    /// The `Noop` class's lock template in `noop` (default: the class default,
+    /// The `Noop` class's lock template in `noop` and the adapters' (`ruby`, ...) (default: the class default,
     /// `{class}:{args_digest}`), e.g. `{class}:{args[0]}`: TAKE (A-7a) takes a class in one
     /// call only when its lock ids need no digest.
     #[arg(long)]

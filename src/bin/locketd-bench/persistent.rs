@@ -134,7 +134,12 @@ fn adapter_drain(
     label: &str,
     rows: &mut Vec<Row>,
 ) -> Result<Drain> {
-    let (mut d, daemon) = drain_fresh(ctx, &persistent_classes(command), "Noop", workers, n)?;
+    let mut classes = persistent_classes(command);
+    // `--lock`: the `*` table (the last one) gets the template.
+    if let Some(t) = &ctx.opts.lock {
+        classes.push_str(&format!("lock = {}\n", toml::Value::from(t.as_str())));
+    }
+    let (mut d, daemon) = drain_fresh(ctx, &classes, "Noop", workers, n)?;
     // One more sample: a process counts from its second sighting, and a short drain may end
     // before the handlers (children of workers, themselves counted from their second) had two.
     daemon.peak_rss(&mut d.rss);
