@@ -45,7 +45,11 @@ pub(super) struct Took {
 impl Worker {
     /// The take plan of this worker's config and handlers (None when TAKE is off).
     pub(super) fn take_state(&self) -> Option<Arc<TakeState>> {
-        if !self.config.locket.one_call_take || self.lock_queues.is_some() {
+        // The multi-slot mode gathers its slots' calls into one batch per round trip already;
+        // there TAKE measured slower (its reads are not in the batch's MGET, and its decode is
+        // Redis's CPU): `noop --workers 2 --slots 32`, 15,152-15,831 jobs/s against
+        // 21,853-23,441 (docs/dev/performance-log.md, issue 40).
+        if !self.config.locket.one_call_take || self.lock_queues.is_some() || self.multi {
             return None;
         }
         let plan = store::TakePlan::new(&self.keys, &self.plans, &self.handlers);
