@@ -25,6 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
         ],
     ),
+    ("the text log's format, over its sink", &["logline"]),
     ("the lock model", &["locks"]),
     ("errors", &["error"]),
     ("the connection", &["conn"]),

@@ -23,7 +23,6 @@ use super::scripts::scripts;
 use super::{text, unexpected, AcquireOutcome, FinishHolds, FinishRequest, Reserved, SlotRef};
 use crate::config::plans::{ClassPlan, Plans};
 use crate::conn::evalsha;
-use crate::handler::Handlers;
 use crate::locks::{canonical, LockSpec, Policy};
 use crate::resque::keys::Keys;
 use redis::aio::ConnectionLike;
@@ -86,27 +85,29 @@ impl TakePlan {
         self.fields.iter().any(|(_, v)| v.starts_with('{'))
     }
 
-    /// The take plan of a worker with these plans and handlers.
-    pub fn new(keys: &Keys, plans: &Plans, handlers: &Handlers) -> TakePlan {
+    /// The take plan of a worker with these plans and handlers: `handled` the classes with a
+    /// handler of their own, `fallback` whether the others have one (`Handlers::classes`,
+    /// `Handlers::has_fallback`).
+    pub fn new<'a>(keys: &Keys, plans: &'a Plans, handled: &[&'a str], fallback: bool) -> TakePlan {
         let mut classes: Vec<&str> = plans
             .fields()
             .map(|(f, _)| f)
             .filter(|f| !f.is_empty() && *f != "*")
-            .chain(handlers.classes())
+            .chain(handled.iter().copied())
             .collect();
         classes.sort_unstable();
         classes.dedup();
         let mut fields: Vec<(String, String)> = classes
             .into_iter()
             .map(|c| {
-                let handled = handlers.get(c).is_some();
-                (c.to_string(), entry(plans.get(c), handled))
+                let has = fallback || handled.contains(&c);
+                (c.to_string(), entry(plans.get(c), has))
             })
             .collect();
         // Any class named nowhere: the "*" table (else the defaults) and the fallback handler.
         // (A class literally named "*" is that table.)
         fields.retain(|(c, _)| c != "*");
-        let other = entry(plans.get("\u{0}"), handlers.has_fallback());
+        let other = entry(plans.get("\u{0}"), fallback);
         fields.push(("*".to_string(), other));
         fields.sort();
         let body = serde_json::Value::from(
@@ -362,10 +363,13 @@ mod tests {
     fn plan_of(text: &str) -> TakePlan {
         let config = Config::parse(&format!("queues = \"q\"\n{text}"), "t").expect("config");
         let plans = Plans::compile(&config).expect("plans");
+        let handlers = crate::handler::Handlers::from_config(&config);
+        let handled: Vec<&str> = handlers.classes().collect();
         TakePlan::new(
             &Keys::new("resque"),
             &plans,
-            &Handlers::from_config(&config),
+            &handled,
+            handlers.has_fallback(),
         )
     }
 

@@ -52,7 +52,9 @@ impl Worker {
         if !self.config.locket.one_call_take || self.lock_queues.is_some() || self.multi {
             return None;
         }
-        let plan = store::TakePlan::new(&self.keys, &self.plans, &self.handlers);
+        let handled: Vec<&str> = self.handlers.classes().collect();
+        let fallback = self.handlers.has_fallback();
+        let plan = store::TakePlan::new(&self.keys, &self.plans, &handled, fallback);
         if !plan.takes_any() {
             return None;
         }
