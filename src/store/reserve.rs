@@ -65,7 +65,20 @@ pub(super) fn reserve_args(
 }
 
 /// Marks the RESERVE part of a FINISH+RESERVE that raised (finish_reserve.lua).
-pub(super) const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
+const RESERVE_ERROR: &[u8] = b"__locket_reserve_error__";
+
+/// The RESERVE part of a call that carried a FINISH: its reply, or the error it raised after
+/// the FINISH landed (finish_reserve.lua's marker).
+pub(super) fn parse_after_finish(reserved: Vec<Value>) -> RedisResult<Reserved> {
+    match reserved.as_slice() {
+        [Value::BulkString(mark), msg] if mark == RESERVE_ERROR => Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "RESERVE failed after its FINISH landed",
+            text(msg),
+        ))),
+        _ => parse_reserved(reserved),
+    }
+}
 
 pub(super) fn parse_reserved(reply: Vec<Value>) -> RedisResult<Reserved> {
     match reply.first().map(text).as_deref() {
@@ -152,17 +165,7 @@ pub async fn finish_and_reserve<C: ConnectionLike + Send>(
     };
     match <[Value; 2]>::try_from(reply) {
         Ok([finished, Value::Array(reserved)]) => {
-            let reserved = match reserved.as_slice() {
-                [Value::BulkString(mark), msg] if mark == RESERVE_ERROR => {
-                    Err(redis::RedisError::from((
-                        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                        "RESERVE failed after its FINISH landed",
-                        text(msg),
-                    )))
-                }
-                _ => parse_reserved(reserved),
-            };
-            Ok((text(&finished) == "ok", reserved))
+            Ok((text(&finished) == "ok", parse_after_finish(reserved)))
         }
         Ok(other) => unexpected("finish_reserve", &Value::Array(other.to_vec())),
         Err(v) => unexpected("finish_reserve", &Value::Array(v)),

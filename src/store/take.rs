@@ -18,7 +18,7 @@
 
 use super::acquire::parse_acquired;
 use super::finish::finish_parts;
-use super::reserve::{parse_reserved, reserve_args, reserve_keys, ReserveFlags, RESERVE_ERROR};
+use super::reserve::{parse_after_finish, reserve_args, reserve_keys, ReserveFlags};
 use super::scripts::scripts;
 use super::{text, unexpected, AcquireOutcome, FinishHolds, FinishRequest, Reserved, SlotRef};
 use crate::config::plans::{ClassPlan, Plans};
@@ -335,16 +335,7 @@ pub async fn take<C: ConnectionLike + Send>(
         v => Some(text(&v) == "ok"),
     };
     let reserved = match reserved {
-        Value::Array(r) => match r.as_slice() {
-            [Value::BulkString(mark), msg] if mark == RESERVE_ERROR => {
-                Err(redis::RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                    "RESERVE failed after its FINISH landed",
-                    text(msg),
-                )))
-            }
-            _ => parse_reserved(r),
-        },
+        Value::Array(r) => parse_after_finish(r),
         other => unexpected("take", &other),
     };
     Ok(TakeReply {
