@@ -146,6 +146,9 @@ pub async fn read_locks<C: ConnectionLike + Send>(
         .filter(|l| prefix.is_none_or(|p| l.id.starts_with(p)))
         .collect();
     out.total += lock1.len() as u64;
+    // A-7a: a job TAKE started on free limit-1 locks has no digest in its lock's value; it is
+    // worked out from the payload in its slot's record (row, token, record key).
+    let mut no_digest: Vec<(usize, String, String)> = Vec::new();
     for chunk in lock1.chunks(CHUNK) {
         let mut pipe = redis::pipe();
         for l in chunk {
@@ -156,12 +159,21 @@ pub async fn read_locks<C: ConnectionLike + Send>(
             let mut blocked: Vec<String> = redis::from_redis_value(r).unwrap_or_default();
             blocked.sort();
             let info = l.holder.info.clone().unwrap_or(Value::Null);
+            if let (Value::Null, Some(p), Some(s)) = (
+                &info["digest"],
+                info["process"].as_str(),
+                info["slot"].as_u64(),
+            ) {
+                let record = keys.inflight(&format!("{p}:{s}"));
+                no_digest.push((out.rows.len(), l.holder.token.clone(), record));
+            }
             let left = l.holder.deadline_ms as i64 - now;
             let hs = vec![holder_row(&l.holder.token, &info, now, left)];
             out.rows
                 .push(json!({"lock_id": l.id, "holders": hs, "blocked_queues": blocked}));
         }
     }
+    fill_digests(conn, &mut out.rows, &no_digest).await;
     // Earliest deadline first, as the index orders the others.
     out.rows.sort_by_key(|r| {
         r["holders"]
@@ -183,6 +195,40 @@ pub async fn read_locks<C: ConnectionLike + Send>(
         row["parked"] = json!(n);
     }
     Ok(out)
+}
+
+/// The digests of the limit-1 holders in `missing` (row, token, slot record), from the payload
+/// in each record that the same token still runs; a record gone or moved on leaves it null.
+async fn fill_digests<C: ConnectionLike + Send>(
+    conn: &mut C,
+    rows: &mut [Value],
+    missing: &[(usize, String, String)],
+) {
+    for chunk in missing.chunks(CHUNK) {
+        let mut pipe = redis::pipe();
+        for (_, _, record) in chunk {
+            pipe.cmd("HMGET").arg(record).arg("token").arg("payload");
+        }
+        let Ok(replies) = pipe
+            .ignore_errors()
+            .query_async::<Vec<redis::Value>>(conn)
+            .await
+        else {
+            return;
+        };
+        for ((row, token, _), r) in chunk.iter().zip(replies) {
+            let (t, payload): (Option<String>, Option<String>) =
+                redis::from_redis_value(r).unwrap_or_default();
+            let job: Option<Value> = payload.and_then(|p| serde_json::from_str(&p).ok());
+            if let (Some(t), Some(job)) = (t, job) {
+                if t == *token {
+                    let class = job["class"].as_str().unwrap_or_default();
+                    let digest = crate::locks::canonical::digest(class, &job["args"]);
+                    rows[*row]["holders"][0]["digest"] = json!(digest);
+                }
+            }
+        }
+    }
 }
 
 /// One holder as `locketd locks --json` shows it, from its info JSON (`lockinfo`, or a

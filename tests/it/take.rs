@@ -67,12 +67,18 @@ async fn take(
         slot_key: &slot.slot_key,
         worker_id: &slot.worker_id,
     };
+    // The holder's fields as a worker of this slot writes them (Identity::lockinfo_head).
+    let process = slot.slot_key.strip_suffix(":0").expect("slot 0");
+    let head = format!(
+        r#"{{"process":"{process}","slot":0,"resque_worker":"{}""#,
+        slot.worker_id
+    );
     let args = TakeArgs {
         plan_key: &plan.key,
         token,
         lock_ttl: Duration::from_secs(30),
         counter_ttl: Duration::from_secs(15),
-        lockinfo_head: r#"{"process":"testhost:1:x","slot":0,"resque_worker":"testhost:1:q""#,
+        lockinfo_head: &head,
         run_at: "2026-11-28T12:00:00.000Z",
         node_worker: "\"testhost:1\"",
         max_payload: 1 << 20,
@@ -166,6 +172,20 @@ async fn a7a_a_free_job_starts_in_one_call_and_a_resend_is_answered_as_it_stands
     let w: serde_json::Value = serde_json::from_str(&working).expect("working-on JSON");
     assert_eq!(w["queue"], "q");
     assert_eq!(w["payload"]["args"][0], 7);
+
+    // The lock's value has no digest (none was worked out); `locketd locks` gives the one of
+    // the payload in the holder's record.
+    assert!(!lock.contains("\"digest\""), "{lock}");
+    let listing = locketd::admin::read_locks(c, &k, None, 10)
+        .await
+        .expect("locks");
+    let row = listing
+        .rows
+        .iter()
+        .find(|r| r["lock_id"] == "acct:7")
+        .expect("acct:7 listed");
+    let digest = locketd::locks::canonical::digest("Mail", &serde_json::json!([7]));
+    assert_eq!(row["holders"][0]["digest"], digest.as_str());
 
     let again = take(c, &slot, &plan, &rids, &token, true).await;
     assert_eq!(rid_of(&again), rids[0]);
