@@ -43,6 +43,12 @@ pub fn sha256_hex(data: &[u8]) -> String {
     lower_hex(&Sha256::digest(data))
 }
 
+/// SHA-1 hex of `data`: the key a parked job's handed unit is kept for, the SHA1 of its
+/// payload's exact bytes (locking-semantics.md PK-3; Redis's `redis.sha1hex` in the scripts).
+pub fn sha1_hex(data: &[u8]) -> String {
+    lower_hex(&sha1::Sha1::digest(data))
+}
+
 /// `bytes` as lowercase hex, two digits a byte. (`hex::encode` collects a char iterator, a few
 /// times slower; two digests a job go through here.)
 pub fn lower_hex(bytes: &[u8]) -> String {
@@ -417,6 +423,13 @@ mod tests {
     fn lower_hex_writes_two_lowercase_digits_a_byte() {
         assert_eq!(lower_hex(&[0x00, 0x0f, 0x10, 0xa5, 0xff]), "000f10a5ff");
         assert_eq!(lower_hex(&[]), "");
+    }
+
+    // PK-3: the handoff key is Redis's redis.sha1hex of the payload's bytes.
+    #[test]
+    fn sha1_hex_matches_the_standard_vector() {
+        // printf '%s' abc | sha1sum
+        assert_eq!(sha1_hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
     }
 
     // locking-semantics.md §1.1: digest of {"args":A,"class":C}

@@ -25,6 +25,7 @@ use crate::config::plans::{ClassPlan, Plans};
 use crate::conn::evalsha;
 use crate::locks::{canonical, LockSpec, Policy};
 use crate::resque::keys::Keys;
+use crate::resque::payload::Job;
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 use serde_json::json;
@@ -256,15 +257,28 @@ fn parse_settled(v: Value) -> RedisResult<Vec<SettledAway>> {
     };
     list.into_iter()
         .map(|e| match e {
-            Value::Array(mut f) if f.len() == 5 => {
+            Value::Array(mut f) if f.len() == 6 => {
                 let outcome = match f.pop() {
                     Some(Value::Array(r)) => parse_acquired(r)?,
                     _ => return unexpected("take", &Value::Nil),
                 };
+                let (queue, class) = (text(&f[0]), text(&f[1]));
+                let mut digest = text(&f[2]);
+                if digest.is_empty() {
+                    // A park sends the payload in its place (PK-3 keys the unit by the
+                    // payload's SHA1): the digest is the worker's, for its log line.
+                    let payload = match &f[4] {
+                        Value::BulkString(b) => b.as_slice(),
+                        _ => &[],
+                    };
+                    if let Ok(job) = Job::decode(payload, &queue, 0) {
+                        digest = canonical::digest(&job.class, &job.args);
+                    }
+                }
                 Ok(SettledAway {
-                    queue: text(&f[0]),
-                    class: text(&f[1]),
-                    digest: text(&f[2]),
+                    queue,
+                    class,
+                    digest,
                     rid: text(&f[3]),
                     outcome,
                 })

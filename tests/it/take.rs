@@ -200,8 +200,8 @@ async fn a7a_a_free_job_starts_in_one_call_and_a_resend_is_answered_as_it_stands
 }
 
 // A-7a, P-1, PK-1: a job whose lock is held is settled away by its policy (parked) and the
-// next job is reserved and taken in the same call; the digest the step worked out is the
-// worker's (SHA-256 of the canonical class and args).
+// next job is reserved and taken in the same call; the settled job's digest is the worker's
+// (SHA-256 of the canonical class and args), worked out from the payload the step sends back.
 #[tokio::test]
 async fn a7a_a_locked_job_is_parked_and_the_next_taken_in_the_same_call() {
     let server = RedisServer::start();
@@ -238,14 +238,70 @@ async fn a7a_a_locked_job_is_parked_and_the_next_taken_in_the_same_call() {
     ));
     let parked = lrange(c, &format!("{NS}:locket:parked:lock:acct:7")).await;
     assert_eq!(parked.len(), 1);
-    assert!(parked[0].contains(&digest), "{parked:?}");
+    // PK-3: the entry is the job's exact payload; no digest was worked out in Lua for it (its
+    // unit would be keyed by the payload's SHA1), the worker's is the one above.
+    let entry: serde_json::Value = serde_json::from_str(&parked[0]).expect("entry");
+    assert_eq!(entry["payload"], parked_payload.as_str(), "{parked:?}");
+    assert!(entry.get("digest").is_none(), "{parked:?}");
     assert_eq!(rid_of(&got), rids[1]);
     let rec: HashMap<String, String> = cmd(c, &["HGETALL", &keys().inflight(&b.slot_key)]).await;
     assert_eq!(
         (rec["state"].as_str(), rec["payload"].as_str()),
         ("running", free.as_str())
     );
-    assert!(!parked.contains(&parked_payload) || parked[0].contains("acct"));
+}
+
+// A-7a, PK-3: TAKE takes over a handoff to its job whether a release of this version made it
+// (`~` and the SHA1 of the payload) or an earlier version did (`~` and the job's digest, which
+// TAKE works out in Lua only then); a job of the key for which neither is meant parks.
+#[tokio::test]
+async fn a7a_take_takes_over_a_handoff_of_either_form() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    let plan = plan();
+    store::publish_take_plan(c, &plan).await.expect("publish");
+    let k = keys();
+    let a = Slot::new(c, "a").await;
+    for (n, args) in [
+        (1, serde_json::json!([5, "x"])),
+        (2, serde_json::json!([5, "y"])),
+    ] {
+        let p = payload_of("Mail", &args);
+        let key = if n == 1 {
+            locketd::locks::canonical::sha1_hex(p.as_bytes())
+        } else {
+            locketd::locks::canonical::digest("Mail", &args)
+        };
+        let v = format!(r#"{{"blocked":0,"token":"~{key}","handoff":true,"queue":"q"}}"#);
+        let _: () = cmd(c, &["SET", &k.lock("acct:5"), &v, "PX", "10000"]).await;
+        // Another job of the key first: it meets the handoff and parks.
+        push(c, "Mail", serde_json::json!([5, "other"])).await;
+        let got = take(c, &a, &plan, &rids(), &random_hex(16), false).await;
+        assert_eq!(got.settled.len(), 1, "form {n}: {:?}", got.settled);
+        assert!(got.taken.is_none(), "form {n}: nothing else queued");
+        // The job the handoff is for takes it over in one call.
+        let _: i64 = cmd(c, &["RPUSH", &k.queue("q"), &p]).await;
+        let token = random_hex(16);
+        let got = take(c, &a, &plan, &rids(), &token, false).await;
+        assert!(
+            matches!(
+                got.taken,
+                Some(Taken::Acquired {
+                    outcome: AcquireOutcome::Started { .. },
+                    ..
+                })
+            ),
+            "form {n}: {:?}",
+            got.taken
+        );
+        let held: Option<String> = cmd(c, &["GET", &k.lock("acct:5")]).await;
+        assert!(held.unwrap_or_default().contains(&token), "form {n}");
+        let _: i64 = cmd(
+            c,
+            &["DEL", &k.lock("acct:5"), &keys().inflight(&a.slot_key)],
+        )
+        .await;
+    }
 }
 
 // A-7a: a class the plan leaves to the worker (a delay policy needs options) and a plan gone

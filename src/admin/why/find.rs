@@ -39,6 +39,8 @@ pub(super) struct Ctx<'a> {
     pub slots: &'a [Slot],
     pub now: u64,
     pub digest: &'a str,
+    /// The member or handoff token a woken job's unit has: `~` and its payload's SHA1 (PK-3).
+    pub unit: &'a str,
 }
 
 fn facts(queue: &str, payload: &str, rid: Option<&str>) -> JobFacts {

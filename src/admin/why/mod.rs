@@ -508,12 +508,17 @@ pub async fn explain<C: ConnectionLike + Send>(
         Place::Reserved { .. } => reasons::Stage::Reserved,
         _ => reasons::Stage::Away,
     };
+    let unit = format!(
+        "~{}",
+        crate::locks::canonical::sha1_hex(facts.payload.as_bytes())
+    );
     let ctx = find::Ctx {
         keys: &keys,
         config,
         slots: &slots,
         now,
         digest: &digest,
+        unit: &unit,
     };
     why.reasons = reasons::reasons(conn, &ctx, &job, &rendered, stage).await?;
     Ok(why)

@@ -116,8 +116,8 @@ async fn queue_reasons<C: ConnectionLike + Send>(
 }
 
 /// Each of the job's locks that is full, with its holders. A unit kept for this very job (it
-/// was woken from the lock's parked list, PK-3: the holder `~<its digest>`) is its own, not a
-/// holder in its way.
+/// was woken from the lock's parked list, PK-3: the holder `~<SHA1 of its payload>`, or
+/// `~<its digest>` from an earlier version) is its own, not a holder in its way.
 async fn lock_reasons<C: ConnectionLike + Send>(
     conn: &mut C,
     ctx: &Ctx<'_>,
@@ -133,7 +133,7 @@ async fn lock_reasons<C: ConnectionLike + Send>(
             .into_iter()
             .filter(|h| h.deadline_ms > now)
             .collect();
-        live.retain(|h| h.token != mine);
+        live.retain(|h| h.token != mine && h.token != ctx.unit);
         if live.is_empty() || (live.len() as u64) < u64::from(l.limit) {
             continue;
         }

@@ -100,15 +100,6 @@ if ARGV[12] == '' and acq.plain(a) then
   return {'ok', a.wnow + a.ttl}
 end
 
--- A-7a: TAKE leaves the digest out of a start on free limit-1 locks (the plain case above);
--- the full path keys conflicts and units by it, so it is worked out now.
-if ARGV[11] == '' and acq.digest_later then
-  a.digest = acq.digest_later()
-  ARGV[11] = a.digest
-  a.info_inner = a.info_inner .. ',"digest":"' .. a.digest .. '"'
-  a.info_sep = ','
-end
-
 -- The full path: the rates are read before any write (RL-1, RL-2), then the locks of a
 -- larger limit are purged and counted (L-4), the locked_by names checked (D-5), and the
 -- limit-1 locks taken while nothing conflicts.
@@ -129,6 +120,14 @@ end
 if #a.rates > 0 then
   rate_record(a.prefix, a.rates, a.rate_logs, now_ms(), 'acquire',
     function() acq.undo_taken(a) end, ARGV[1])
+end
+-- A-7a: TAKE sends no digest. A start on limit-1 locks records none (`locketd locks` works it
+-- out from the slot's record), nor does a park (its unit is keyed by the payload's SHA1,
+-- PK-3); a job that holds a lock of a larger limit has it in that lock's lockinfo.
+if ARGV[11] == '' and acq.digest_later and acq.holds_larger(a) then
+  ARGV[11] = acq.digest_of(a)
+  a.info_inner = a.info_inner .. ',"digest":"' .. a.digest .. '"'
+  a.info_sep = ','
 end
 local ids, out, fence_list = acq.hold_locks(a)
 local holds, now = acq.add_holds(a)

@@ -5,8 +5,10 @@
 -- Only the job-path scripts and their FUNCTION library include this file (scripts.rs).
 local acq = {}
 
--- A-7a: set by TAKE (take.lua) around its ACQUIRE: the job's digest, worked out when the step
--- needs it (acquire.lua), since a start on free limit-1 locks does without it.
+-- A-7a: set by TAKE (take.lua) around its ACQUIRE: the job's payload, which TAKE has in hand,
+-- and its digest, worked out only when a handoff from an earlier version needs it
+-- (acq.digest_of): TAKE sends no digest.
+acq.take_payload = nil
 acq.digest_later = nil
 
 -- The step's state: its keys and arguments, and the lockinfo object's fields. The lockinfo
@@ -145,7 +147,10 @@ function acq.options(a)
   -- against it.
   a.was_empty, a.kept_for_me, a.handed = {}, {}, {}
   a.id_jsons = {}
-  a.payload_read = nil
+  a.payload_read = acq.take_payload
+  -- PK-3: the member of each larger lock kept for this job, by lock key (acq.kept_unit), and
+  -- this job's handoff key (acq.unit_key)
+  a.members, a.unit = {}, nil
   -- the limit-1 locks taken, the handoffs they replaced, the fence numbers handed out, and
   -- the limit-1 locks taken over from a ZSET of only this payload's unit (L-1b)
   a.taken, a.handoffs, a.fences, a.zset_mine = {}, {}, {}, {}
@@ -209,11 +214,59 @@ function acq.lock1_conflict(a, lk, id, limit)
   return {'lock', id, holders, limit, int(now_ms() + math.max(left, 0))}
 end
 
+-- PK-3: this job's handoff key, the SHA1 of its payload's bytes (lib_park.lua unit_key:
+-- Redis's own SHA1, so a park and a take-over cost no hashing in Lua).
+function acq.unit_key(a)
+  if a.unit == nil then a.unit = redis.sha1hex(acq.job_payload(a) or '') end
+  return a.unit
+end
+
+-- The job's digest: sent by the worker, or worked out for TAKE (acq.digest_later), which
+-- sends none.
+function acq.digest_of(a)
+  if a.digest == '' and acq.digest_later then a.digest = acq.digest_later() end
+  return a.digest
+end
+
 -- PK-3, L-1b: whether a limit-1 lock's value is a handoff to this job's payload
--- (lib_park.lua lock1_hand: "~<digest>" in place of the token).
+-- (lib_park.lua lock1_hand: "~<SHA1 of the payload>" in place of the token; an earlier
+-- version's handoff has the job's 64-digit digest there).
 function acq.handed_to_me(a, hv)
-  return hv and string.sub(hv, 23, 23) == '~' and
-    string.sub(hv, 24, 24 + #a.digest) == a.digest .. '"'
+  if not (hv and string.sub(hv, 23, 23) == '~') then return false end
+  if string.sub(hv, 64, 64) == '"' then
+    return string.sub(hv, 24, 63) == acq.unit_key(a)
+  end
+  local d = acq.digest_of(a)
+  return d ~= '' and string.sub(hv, 24, 24 + #d) == d .. '"'
+end
+
+-- PK-3: whether the larger lock `lk` keeps a unit for this job (lockn_handoff): its member
+-- "~<SHA1 of the payload>", or, kept by an earlier version, "~<digest>" (looked for when the
+-- worker sent the digest). The member found is kept in a.members for the step's ZREM.
+function acq.kept_unit(a, lk)
+  local m = '~' .. acq.unit_key(a)
+  if redis.call('ZSCORE', lk, m) then
+    a.members[lk] = m
+    return true
+  end
+  if a.digest ~= '' and redis.call('ZSCORE', lk, '~' .. a.digest) then
+    a.members[lk] = '~' .. a.digest
+    return true
+  end
+  return false
+end
+
+-- Whether any lock of the job has a limit above 1.
+function acq.holds_larger(a)
+  for i = 1, a.n do
+    if tonumber(a.A[14 + 2 * i]) > 1 then return true end
+  end
+  return false
+end
+
+-- The member kept for this job in larger lock `lk`, to remove or give on.
+function acq.kept_member(a, lk)
+  return a.members[lk] or ('~' .. acq.unit_key(a))
 end
 
 -- L-4: every lock of a larger limit is purged and counted first: all or nothing. Every
@@ -248,7 +301,7 @@ function acq.check_larger_locks(a)
         local holders = 0
         if not empty then holders = redis.call('ZCARD', lk) end
         a.was_empty[i] = (holders == 0)
-        if holders > 0 and redis.call('ZSCORE', lk, '~' .. a.digest) then
+        if holders > 0 and acq.kept_unit(a, lk) then
           a.kept_for_me[i] = true
           holders = holders - 1
         end
@@ -309,7 +362,7 @@ function acq.lock1_on_zset(a, lk, id)
   -- a key of another type counts as full
   if type(members) ~= 'number' then return acq.lock1_conflict(a, lk, id, 1) end
   if members == 0 then return 'free' end
-  local own = redis.call('ZSCORE', lk, '~' .. a.digest) ~= false
+  local own = acq.kept_unit(a, lk)
   if own and members == 1 then return 'mine' end
   local first = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
   return {'lock', id, members - (own and 1 or 0), 1, first[2] or '0', kept = own}

@@ -23,7 +23,8 @@ function acq.park_entry(a)
   a.park_res = c1[1] .. ':' .. c1[2]
   local park_key = prefix .. 'parked:' .. a.park_res
   local entry = {rid = a.A[1], queue = a.queue, payload = acq.job_payload(a),
-    parked_at = a.wnow, class = a.class, digest = a.digest, attempt = 1, ttl = a.ttl,
+    parked_at = a.wnow, class = a.class, digest = a.digest ~= '' and a.digest or nil,
+    attempt = 1, ttl = a.ttl,
     limit = tonumber(c1[4]) or 0, unique = opt['unique']}
   if c1[7] then
     entry['period'] = tonumber(c1[7][3])
@@ -42,7 +43,7 @@ function acq.park_entry(a)
     count(prefix, a.now, 'park_full', a.class)
     return opt['park_full'] or 'requeue'
   elseif at_head then
-    unkeep_for_head(prefix, c1[2], a.digest)
+    unkeep_for_head(prefix, c1[2], acq.kept_member(a, prefix .. 'lock:' .. c1[2]))
   end
   return 'park'
 end
@@ -66,12 +67,13 @@ end
 -- a larger lock's ZSET, or a limit-1 lock's handoff): the unit goes on to the next job parked
 -- on that lock, or is freed.
 function acq.give_back_units(a)
-  local prefix, digest = a.prefix, a.digest
+  local prefix = a.prefix
   for i in pairs(a.kept_for_me) do
     local lk, id = acq.lock_at(a, i)
     local ik = prefix .. 'lockinfo:' .. id
-    redis.call('ZREM', lk, '~' .. digest)
-    redis.call('HDEL', ik, '~' .. digest)
+    local m = acq.kept_member(a, lk)
+    redis.call('ZREM', lk, m)
+    redis.call('HDEL', ik, m)
     fix_lock(lk, ik, a.K[6], id)
     parked_wake_freed(lk, a.counter_prefix, 1)
   end

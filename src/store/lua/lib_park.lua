@@ -103,16 +103,18 @@ parked_wake = function(prefix, res, max)
   return moved, left, bad
 end
 
--- The payload digest a parked entry's unit is kept for (an entry parked by an older version
--- has none: the SHA1 of its payload).
-local function entry_digest(d)
-  return type(d['digest']) == 'string' and d['digest'] or redis.sha1hex(d['payload'])
+-- PK-3: the key a parked entry's unit is kept for, the SHA1 of its payload's bytes (Redis's
+-- own SHA1: no hashing in Lua, and no digest needed from the worker, which TAKE does not
+-- send). The woken job is pushed with those very bytes, so its ACQUIRE finds the same key
+-- (acq.unit_key).
+local function unit_key(d)
+  return redis.sha1hex(d['payload'])
 end
 
 -- PK-2, PK-3 for a limit-1 lock whose unit is free (its holder left, or its lease lapsed):
 -- wakes the first job parked on it and hands the unit to it: the lock's value becomes a
--- handoff, `~` and that job's payload digest in place of a token, for the job's lock_ttl.
--- Only an ACQUIRE of that digest (that job, or one with the same class and args) takes it
+-- handoff, `~` and the SHA1 of that job's payload in place of a token, for the job's
+-- lock_ttl. Only an ACQUIRE of that payload (that job, or one with the same bytes) takes it
 -- over (acquire.lua), whatever its limit (L-1b: a job of a larger limit makes the lock its
 -- ZSET); every other job meets the lock
 -- full and parks behind the others, so the jobs of one key run in parking order. The handoff
@@ -122,7 +124,7 @@ local function lock1_hand(prefix, lk, id)
   local moved, left, bad = parked_wake(prefix, 'lock:' .. id, 1)
   if #moved == 0 then return moved, left, bad end
   local d = moved[1]
-  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. entry_digest(d) ..
+  local v = '{"blocked":' .. (left > 0 and '2' or '0') .. ',"token":"~' .. unit_key(d) ..
     '","handoff":true,"queue":' .. cjson.encode(d['queue']) .. '}'
   redis.call('SET', lk, v, 'PX', int(tonumber(d['ttl']) or 35000))
   known[lk] = v
@@ -135,25 +137,28 @@ lock1_handoff = function(prefix, lk, id)
 end
 
 -- One unit of the ZSET `lk` kept for the parked entry `d` (lockn_handoff): the member
--- `~<digest>`, scored with the entry's lock_ttl deadline, and its lockinfo field. `parked`:
--- its job stays parked at the head of the list (a place-holder, L-1b). Never raises (PK-6).
+-- `~<SHA1 of its payload>`, scored with the entry's lock_ttl deadline, and its lockinfo field.
+-- `parked`: its job stays parked at the head of the list (a place-holder, L-1b). Never raises
+-- (PK-6).
 local function keep_unit(lk, ik, d, now, parked)
-  local who = entry_digest(d)
+  local who = unit_key(d)
   local r = redis.pcall('ZADD', lk, int(now + (tonumber(d['ttl']) or 35000)), '~' .. who)
   if type(r) ~= 'number' then return false end
+  local digest = type(d['digest']) == 'string' and
+    (',"digest":' .. cjson.encode(d['digest'])) or ''
   redis.pcall('HSET', ik, '~' .. who, '{"handoff":true,"queue":' .. cjson.encode(d['queue']) ..
-    ',"digest":"' .. who .. '","limit":' .. int(tonumber(d['limit']) or 0) ..
+    digest .. ',"limit":' .. int(tonumber(d['limit']) or 0) ..
     (parked and ',"parked":true' or '') .. ',"acquired_at":' .. int(now) .. '}')
   return true
 end
 
 -- PK-2, PK-3, PK-5 for a lock of a larger limit (a ZSET) with `n` free units: wakes jobs
 -- parked on it and keeps a unit for each, as lock1_handoff does for a limit-1 lock: the
--- member `~<digest of the woken payload>` scored with the woken job's lock_ttl deadline counts
--- as a holder (its lockinfo field says it is a handoff). Only an ACQUIRE of that digest takes
+-- member `~<SHA1 of the woken payload>` scored with the woken job's lock_ttl deadline counts
+-- as a holder (its lockinfo field says it is a handoff). Only an ACQUIRE of that payload takes
 -- it over (acquire.lua); every other job meets the lock full and parks behind the others. A
 -- handoff that its job does not take lapses as a holder's lease does, and the purge that
--- drops it wakes the next job. Two woken jobs of one digest share one member (the second
+-- drops it wakes the next job. Two woken jobs of one payload share one member (the second
 -- then takes a free unit, or parks again).
 -- L-1b, mixed limits: units go in parking order, and a job gets one only when its own limit
 -- admits it beside the lock's members and beside the jobs given one before it in this step
@@ -185,7 +190,7 @@ lockn_handoff = function(p, id, n)
       broken = true
       break
     end
-    local who = entry_digest(d)
+    local who = unit_key(d)
     local limit = math.max(tonumber(d['limit']) or 1, 1)
     local own = not given[who] and redis.call('ZSCORE', lk, '~' .. who) ~= false
     local others = members - (own and 1 or 0)
@@ -230,15 +235,16 @@ end
 -- (acquire.lua). Its unit goes, and so does the place-holder of the job that was first
 -- (lockn_handoff keeps one for the head only), and nobody is woken: the lock's next release
 -- or lapse hands the unit to the head. Units kept for jobs that cannot start would otherwise
--- wait on each other until they lapse. Never raises.
-local function unkeep_for_head(p, id, who)
+-- wait on each other until they lapse. `member`: the woken job's (acq.kept_member). Never
+-- raises.
+local function unkeep_for_head(p, id, member)
   local lk, ik = p .. 'lock:' .. id, p .. 'lockinfo:' .. id
-  local drop = {'~' .. who}
+  local drop = {member}
   local was_first = redis.pcall('LINDEX', p .. 'parked:lock:' .. id, 1)
   if type(was_first) == 'string' then
     local ok, d = pcall(cjson.decode, was_first)
     if ok and type(d) == 'table' and type(d['payload']) == 'string' then
-      drop[2] = '~' .. entry_digest(d)
+      drop[2] = '~' .. unit_key(d)
     end
   end
   if type(redis.pcall('ZREM', lk, unpack(drop))) == 'number' then

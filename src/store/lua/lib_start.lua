@@ -21,7 +21,7 @@ end
 -- limit-1 handoff to it, becomes its unit (L-1b); jobs parked behind the handoff wake for the
 -- units this job's limit leaves (PK-2). Returns the lock's deadline.
 function acq.hold_larger_lock(a, i, lk, id, limit, id_json)
-  local prefix, ttl, digest = a.prefix, a.ttl, a.digest
+  local prefix, ttl = a.prefix, a.ttl
   local ik = prefix .. 'lockinfo:' .. id
   local now = now_ms()
   local deadline = now + ttl
@@ -29,8 +29,9 @@ function acq.hold_larger_lock(a, i, lk, id, limit, id_json)
     ',"extended_at":' .. int(now) .. ',"limit":' .. int(limit) .. ',"lock_id":' .. id_json ..
     ',"lock_id_source":' .. acq.source_json(a, i, id_json)
   if a.kept_for_me[i] then
-    redis.call('ZREM', lk, '~' .. digest)
-    redis.call('HDEL', ik, '~' .. digest)
+    local m = acq.kept_member(a, lk)
+    redis.call('ZREM', lk, m)
+    redis.call('HDEL', ik, m)
   end
   if a.handed[i] then
     -- L-1b: the limit-1 handoff to this payload becomes this job's unit of the ZSET.

@@ -85,9 +85,10 @@ function take.acquire_call(s, res, again)
   end
   prefetch(acquire_reads(K, A))
   -- The payload digest (SHA-256 in Lua: the costliest step of TAKE) is left out: a start on
-  -- free limit-1 locks does without it (its record's digest and its locks' lockinfo have
-  -- none; the worker works it out and sends it with FINISH), and ACQUIRE's full path works it
-  -- out when it needs it (acq.digest_later, set by take.lua).
+  -- limit-1 locks does without it (its record's digest and its locks' lockinfo have none; the
+  -- worker works it out and sends it with FINISH), and so does a park (its unit is keyed by
+  -- the payload's SHA1, PK-3); ACQUIRE works it out only for a start that holds a lock of a
+  -- larger limit, or a handoff an earlier version made (acq.digest_later, set by take.lua).
   local qj = json_name(q)
   A[6] = '{"queue":' .. qj .. ',"run_at":"' .. s.run_at .. '","payload":' .. payload ..
     ',"worker":' .. s.node_worker .. '}'

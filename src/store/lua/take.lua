@@ -39,7 +39,8 @@
 --              "payload", "render", "error" (ACQUIRE raised, having written nothing) or
 --              "started" (sent again, and the job was started by another token); false for
 --              no job
---   settled    per job settled away before it: {queue, class, digest, rid, ACQUIRE's reply}
+--   settled    per job settled away before it: {queue, class, digest or "", rid, payload
+--              (when the digest is ""), ACQUIRE's reply}
 
 local nk, na = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = 3 + na
@@ -65,8 +66,9 @@ local function take_job(res, again)
     local K, A, cls, ids, limits = take.acquire_call(s, res, again)
     if not K then return {'kept', A}, nil end
     acq.digest_later = function() return render_digest(s.job) end
+    acq.take_payload = res[3]
     local reply = acquire_part(K, A)
-    acq.digest_later = nil
+    acq.digest_later, acq.take_payload = nil, nil
     local o = {'acquired', reply, A[11]}
     for i = 1, #ids do
       o[#o + 1] = ids[i]
@@ -74,7 +76,7 @@ local function take_job(res, again)
     end
     return o, cls
   end)
-  acq.digest_later = nil
+  acq.digest_later, acq.take_payload = nil, nil
   if ok then return out, class end
   return {'kept', 'error'}, nil
 end
@@ -122,7 +124,11 @@ while reserved[1] == 'job' do
   if not settled_away(taken) or used >= #rids then
     return {finished, reserved, taken, settled}
   end
-  settled[#settled + 1] = {reserved[2], class, taken[3], reserved[4], taken[2]}
+  -- A park sends no digest (its unit is keyed by the payload's SHA1, PK-3): the payload
+  -- then goes with the entry, and the worker works the digest out for its log.
+  local digest = taken[3]
+  settled[#settled + 1] = {reserved[2], class, digest, reserved[4],
+    digest == '' and reserved[3] or '', taken[2]}
   used = used + 1
   ra[1] = rids[used]
   reserved = reserve_part(rk, ra)
