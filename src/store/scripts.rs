@@ -81,6 +81,18 @@ macro_rules! lib_parts {
     };
 }
 
+/// The renderer's files, in the order they need: render_sha256.lua (SHA-256, and the names the
+/// three define), render_cjson.lua (the usual payload read by cjson), render.lua.
+macro_rules! render_lua {
+    () => {
+        concat!(
+            include_str!("lua/render_sha256.lua"),
+            include_str!("lua/render_cjson.lua"),
+            include_str!("lua/render.lua"),
+        )
+    };
+}
+
 /// [`script!`] with the renderer (render.lua) between the library and the body: RECOVER
 /// works out the digest of a job TAKE started without one (A-7a).
 macro_rules! script_with_render {
@@ -88,7 +100,7 @@ macro_rules! script_with_render {
         concat!(
             replicate!(),
             lib_parts!(),
-            include_str!("lua/render.lua"),
+            render_lua!(),
             "local function main_part(KEYS, ARGV)\n",
             include_str!(concat!("lua/", $file)),
             "\nend\n",
@@ -162,7 +174,7 @@ fn job_path_parts() -> String {
 
 /// The Lua renderer of key templates and payloads (render.lua, locking-semantics.md D-3a), as
 /// the differential test runs it beside the Rust renderer.
-pub const RENDER_LUA: &str = include_str!("lua/render.lua");
+pub const RENDER_LUA: &str = render_lua!();
 
 /// PUSH or PUSH_AT as an EVAL script: the shared helpers, the renderer, the plans and
 /// push_lib.lua, then the body, counts written in the step.
@@ -171,7 +183,7 @@ macro_rules! push_script {
         concat!(
             replicate!(),
             lib_parts!(),
-            include_str!("lua/render.lua"),
+            render_lua!(),
             include_str!("lua/plans.lua"),
             include_str!("lua/push_lib.lua"),
             "local function main_part(KEYS, ARGV)\n",

@@ -257,6 +257,9 @@ pub struct Worker {
     take_handlers: Vec<Arc<dyn crate::handler::Handler>>,
     /// A TAKE whose reply never came: its rids and token, sent again as they were.
     take_resend: Option<(Vec<String>, String)>,
+    /// TAKE's texts of this slot, made at its first TAKE: the Resque worker id they were made
+    /// for, the lockinfo head and the node-resque worker name as JSON.
+    take_texts: Option<(String, String, String)>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -317,6 +320,7 @@ impl Worker {
             take: None,
             take_handlers: Vec::new(),
             take_resend: None,
+            take_texts: None,
         };
         worker.take = worker.take_state();
         worker.take_handlers = worker.handlers.distinct();
@@ -371,6 +375,7 @@ impl Worker {
             take: self.take.clone(),
             take_handlers: handlers_distinct,
             take_resend: None,
+            take_texts: None,
         }
     }
 

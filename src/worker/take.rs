@@ -115,19 +115,28 @@ impl Worker {
             }
         };
         let t = self.take.clone()?;
+        // The slot's identity does not change job to job: its texts are made once.
+        if self
+            .take_texts
+            .as_ref()
+            .is_none_or(|(w, _, _)| *w != self.id.worker_id)
+        {
+            let node_worker = serde_json::to_string(failure::node_worker_name(&self.id.worker_id))
+                .unwrap_or_default();
+            let head = self.id.lockinfo_head();
+            self.take_texts = Some((self.id.worker_id.clone(), head, node_worker));
+        }
+        let (_, head, node_worker) = self.take_texts.as_ref()?;
         let lt = &self.config.locket;
         let run_at = crate::resque::time::run_at(SystemTime::now());
-        let node_worker = serde_json::to_string(failure::node_worker_name(&self.id.worker_id))
-            .unwrap_or_default();
-        let head = self.id.lockinfo_head();
         let args = TakeArgs {
             plan_key: &t.plan.key,
             token: &token,
             lock_ttl: lt.lock_ttl.get(),
             counter_ttl: lt.counter_ttl.get(),
-            lockinfo_head: &head,
+            lockinfo_head: head,
             run_at: &run_at,
-            node_worker: &node_worker,
+            node_worker,
             max_payload: self.config.max_payload_bytes,
             resent,
             rids: &rids,

@@ -289,3 +289,78 @@ fn lua_sha256_matches_known_vectors() {
         );
     }
 }
+
+// D-3a, T-2 (render_cjson.lua): a payload cjson would read otherwise than JSON is left to
+// render.lua's own reader, and one cjson reads renders as Rust renders it.
+#[test]
+fn payloads_read_by_cjson_render_as_rust_does() {
+    let redis = RedisServer::start();
+    let mut conn = redis.sync_conn();
+    let deep = format!(
+        r#"{{"class":"A","args":[{}1{}]}}"#,
+        "[".repeat(130),
+        "]".repeat(130)
+    );
+    // (payload, whether cjson reads it)
+    let cases: Vec<(String, bool)> = [
+        (r#"{"class":"A","args":[12345]}"#, true),
+        (
+            r#"{"class":"A","args":[-7,"x y",{"id":42,"list":[1,[2]],"":"e"}],"queue":"q"}"#,
+            true,
+        ),
+        (r#"{"class":"A","args":[-0,0,10,100]}"#, true),
+        (r#"{"class":"A","args":[999999999999999]}"#, true),
+        (r#"{"args":[1],"class":"A","args":[2]}"#, true),
+        (r#"{"class":"A"}"#, true),
+        (r#"{"class":"A","args":[1000000000000000]}"#, false),
+        (r#"{"class":"A","args":[9007199254740993]}"#, false),
+        (r#"{"class":"A","args":[01]}"#, false),
+        (r#"{"class":"A","args":[-01]}"#, false),
+        (r#"{"class":"A","args":[1,00]}"#, false),
+        (r#"{"class":"A","args":[nan]}"#, false),
+        (r#"{"class":"A","args":[inf]}"#, false),
+        (r#"{"class":"A","args":[0x10]}"#, false),
+        (r#"{"class":"A","args":[+1]}"#, false),
+        (r#"{"class":"A","args":[1.]}"#, false),
+        (r#"{"class":"A","args":[1.5]}"#, false),
+        (r#"{"class":"A","args":[1e5]}"#, false),
+        (r#"{"class":"A","args":[1-2]}"#, false),
+        (r#"{"class":"A","args":[true,null]}"#, false),
+        (r#"{"class":"A","args":null}"#, false),
+        (r#"{"class":"A","args":[[]]}"#, false),
+        (r#"{"class":"A","args":[{}]}"#, false),
+        (r#"{"class":"A","args":[]}"#, false),
+        (r#"{"class":"A","args":{"a":1}}"#, false),
+        (r#"{"class": "A","args":[1]}"#, false),
+        ("{\"class\":\"A\",\"args\":[\"a\\u00e9\"]}", false),
+        ("{\"class\":\"A\",\"args\":[\"\u{e9}\"]}", false),
+        ("{\"class\":\"A\",\"args\":[\"a\tb\"]}", false),
+        ("{\"class\":\"A\",\"args\":[\"a\u{1}b\"]}", false),
+        ("{\"class\":\"A\",\"args\":[\"a\u{7f}b\"]}", false),
+        (r#"{"class":"A","args":[1]}x"#, false),
+        (r#"{"class":"A","args":[1]"#, false),
+        (r#"[1]"#, false),
+        (r#"{"class":"","args":[1]}"#, false),
+        (r#"{"class":1,"args":[1]}"#, false),
+        (r#"{"class":"A","args":"x"}"#, false),
+        (deep.as_str(), false),
+    ]
+    .iter()
+    .map(|(p, c)| (p.to_string(), *c))
+    .collect();
+    let script = format!(
+        "{RENDER_LUA}\nlocal out = {{}}\nfor i = 1, #ARGV do out[i] = render_cjson_payload(ARGV[i], 'q') and 1 or 0 end\nreturn out"
+    );
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&script).arg(0);
+    for (p, _) in &cases {
+        cmd.arg(p.as_str());
+    }
+    let read: Vec<i64> = cmd.query(&mut conn).expect("EVAL of render_cjson_payload");
+    for ((p, want), got) in cases.iter().zip(&read) {
+        assert_eq!(*got == 1, *want, "read by cjson: {p}");
+    }
+    let payloads: Vec<String> = cases.into_iter().map(|(p, _)| p).collect();
+    let (rendered, _) = compare(&mut conn, &payloads);
+    assert!(rendered >= 12, "only {rendered} payloads rendered");
+}

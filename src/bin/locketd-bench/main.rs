@@ -153,6 +153,10 @@ struct Opts {
     /// call only when its lock ids need no digest.
     #[arg(long)]
     lock: Option<String>,
+    /// Settings of locketd's `[locket]` section, added to every config the bench writes, e.g.
+    /// `one_call_take = false` (the two calls of the binaries before TAKE, A-7a).
+    #[arg(long)]
+    locket: Vec<String>,
 }
 
 /// One line of the summary table.
@@ -403,6 +407,13 @@ impl Ctx {
         }
         c.push('\n');
         c.push_str(classes);
+        if !self.opts.locket.is_empty() {
+            c.push_str("\n[locket]\n");
+            for l in &self.opts.locket {
+                c.push_str(l);
+                c.push('\n');
+            }
+        }
         c
     }
 

@@ -165,13 +165,24 @@ local function finish_reads(K, A)
   return out
 end
 -- ACQUIRE: the lease, the queue's counter and cap (A-22: a conflict frees its unit) and the
--- job's limit-1 locks.
+-- job's limit-1 locks. (The list is made by one constructor, and the cap's key once per
+-- queue: a table grown one entry at a time is resized at each power of two.)
+local cap_keys = {}
 local function acquire_reads(K, A)
-  local out = {}
-  out[#out + 1] = lease_key(locket_prefix(A[8]), K[1])
-  out[#out + 1] = cancel_start_key(locket_prefix(A[8]), A[1])
-  out[#out + 1] = K[4]
-  out[#out + 1] = locket_prefix(A[8]) .. 'cap:' .. A[9]
+  local prefix = locket_prefix(A[8])
+  local by_q = child(cap_keys, prefix)
+  local cap = by_q[A[9]]
+  if cap == nil then
+    cap = prefix .. 'cap:' .. A[9]
+    by_q[A[9]] = cap
+  end
+  local lease = lease_key(prefix, K[1])
+  local out
+  if lease then
+    out = {lease, cancel_start_key(prefix, A[1]), K[4], cap}
+  else
+    out = {cancel_start_key(prefix, A[1]), K[4], cap}
+  end
   for i = 1, (#A - 14) / 2 do
     if (tonumber(A[14 + 2 * i]) or 1) <= 1 then out[#out + 1] = K[6 + i] end
   end

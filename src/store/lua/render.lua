@@ -5,8 +5,10 @@
 --
 -- Redis's cjson turns numbers into doubles (9007199254740993 becomes ...992, `1.0` and `1` are
 -- one value, `1e400` is refused), so the payload is read here by a JSON reader of its own that
--- keeps each number's text; SHA-256 is written here with the `bit` library (Redis has SHA-1
--- only). Templates are not parsed here: Rust parses them (T-1, T-7) and publishes each one
+-- keeps each number's text; only a payload that cjson is sure to read the same (compact
+-- printable ASCII, no escape, whole numbers under 10^15) is read by cjson
+-- (render_cjson.lua, which costs Redis about a quarter less). SHA-256 is render_sha256.lua's.
+-- Templates are not parsed here: Rust parses them (T-1, T-7) and publishes each one
 -- compiled, as the `parts` list of its plan (src/config/published.rs):
 --   "text"                        literal text (`{{`/`}}` already unescaped)
 --   ["class"] ["queue"] ["digest"] ["args_digest"] ["args"]
@@ -14,71 +16,18 @@
 --                                 string step names an object member
 --
 -- Everything is inside one `do` block (a script's chunk has room for 200 locals) and reached
--- through `render_payload` and `render_template`. Errors are raised as
+-- through `render_payload` and `render_template` (declared in render_sha256.lua, which
+-- src/store/scripts.rs puts first, with render_cjson.lua, before this file). Errors are raised as
 -- {err = 'LOCKET_RENDER ...'}: the caller sees them, and nothing has been written yet.
-local render_payload, render_template, render_sha256, render_digest, render_json_string
 do
   -- Set by `setup` at the first call: a FUNCTION library's load may not read `string`,
   -- `math`, `table` or `bit` (only calls may).
   local byte, sub, char, find, fmt, concat, floor, abs
-  local band, bor, bxor, rshift, lshift, ror, tobit, tohex
   local ready = false
   local setup
 
   local function fail(msg)
     error({err = 'LOCKET_RENDER ' .. msg})
-  end
-
-  -- ---------------------------------------------------------------- SHA-256 (FIPS 180-4)
-  local K = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-  }
-  local W = {}
-
-  -- Lowercase hex SHA-256 of the bytes of `msg`.
-  render_sha256 = function(msg)
-    if not ready then setup() end
-    local len = #msg
-    local bits = len * 8
-    msg = msg .. '\128' .. string.rep('\0', (55 - len) % 64) ..
-      char(floor(bits / 2^56) % 256, floor(bits / 2^48) % 256, floor(bits / 2^40) % 256,
-        floor(bits / 2^32) % 256, floor(bits / 2^24) % 256, floor(bits / 2^16) % 256,
-        floor(bits / 2^8) % 256, bits % 256)
-    local h0, h1, h2, h3 = tobit(0x6a09e667), tobit(0xbb67ae85), tobit(0x3c6ef372), tobit(0xa54ff53a)
-    local h4, h5, h6, h7 = tobit(0x510e527f), tobit(0x9b05688c), tobit(0x1f83d9ab), tobit(0x5be0cd19)
-    for off = 1, #msg, 64 do
-      for i = 0, 15 do
-        local b1, b2, b3, b4 = byte(msg, off + i * 4, off + i * 4 + 3)
-        W[i + 1] = bor(lshift(b1, 24), lshift(b2, 16), lshift(b3, 8), b4)
-      end
-      for i = 17, 64 do
-        local w15, w2 = W[i - 15], W[i - 2]
-        local s0 = bxor(ror(w15, 7), ror(w15, 18), rshift(w15, 3))
-        local s1 = bxor(ror(w2, 17), ror(w2, 19), rshift(w2, 10))
-        W[i] = tobit(W[i - 16] + s0 + W[i - 7] + s1)
-      end
-      local a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
-      for i = 1, 64 do
-        local S1 = bxor(ror(e, 6), ror(e, 11), ror(e, 25))
-        local ch = bxor(g, band(e, bxor(f, g)))
-        local t1 = h + S1 + ch + K[i] + W[i]
-        local S0 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
-        local maj = bor(band(a, b), band(c, bor(a, b)))
-        h, g, f, e = g, f, e, tobit(d + t1)
-        d, c, b, a = c, b, a, tobit(t1 + S0 + maj)
-      end
-      h0, h1, h2, h3 = tobit(h0 + a), tobit(h1 + b), tobit(h2 + c), tobit(h3 + d)
-      h4, h5, h6, h7 = tobit(h4 + e), tobit(h5 + f), tobit(h6 + g), tobit(h7 + h)
-    end
-    return tohex(h0, 8) .. tohex(h1, 8) .. tohex(h2, 8) .. tohex(h3, 8) ..
-      tohex(h4, 8) .. tohex(h5, 8) .. tohex(h6, 8) .. tohex(h7, 8)
   end
 
   -- ---------------------------------------------------------------- JSON reader
@@ -98,9 +47,14 @@ do
     fail('payload is not valid JSON: ' .. what .. ' at byte ' .. pos)
   end
 
+  -- (A byte is looked at first: compact JSON, what the clients write, has no whitespace, and a
+  -- pattern search costs several times a byte's read.)
   local function skip_ws()
-    local _, e = find(s, '^[ \t\n\r]+', pos)
-    if e then pos = e + 1 end
+    local c = byte(s, pos)
+    if c == 32 or c == 9 or c == 10 or c == 13 then
+      local _, e = find(s, '^[ \t\n\r]+', pos)
+      pos = e + 1
+    end
   end
 
   -- Rust's from_utf8: no overlong forms, no surrogates, nothing above U+10FFFF.
@@ -156,6 +110,14 @@ do
 
   local function read_string()
     pos = pos + 1 -- the opening quote
+    -- The usual string, without an escape: its text as it stands.
+    local q = find(s, '[%z\1-\31"\\]', pos)
+    if q and byte(s, q) == 34 then
+      local seg = sub(s, pos, q - 1)
+      check_utf8(seg)
+      pos = q + 1
+      return seg
+    end
     local out = {}
     while true do
       local i = find(s, '[%z\1-\31"\\]', pos)
@@ -208,8 +170,10 @@ do
     local start = pos
     local _, e = find(s, '^-?%d+', pos)
     if not e then perr('expected a value') end
-    local int = sub(s, start, e)
-    if find(int, '^-?0%d') then perr('leading zero') end
+    local e0 = e
+    local z = start
+    if byte(s, z) == 45 then z = z + 1 end -- -
+    if byte(s, z) == 48 and e > z then perr('leading zero') end
     pos = e + 1
     if byte(s, pos) == 46 then -- .
       _, e = find(s, '^%.%d+', pos)
@@ -222,7 +186,8 @@ do
       if not e then perr('expected an exponent') end
       pos = e + 1
     end
-    return {num = sub(s, start, pos - 1)}
+    -- `int`: digits alone (with a sign), which canonical_number leaves as they are.
+    return {num = sub(s, start, pos - 1), int = pos == e0 + 1}
   end
 
   local function read_array(depth, max)
@@ -344,7 +309,11 @@ do
     return ryu_layout(fmt('%.16e', x))
   end
 
-  local function canonical_number(t)
+  local function canonical_number(t, int)
+    if int then
+      if t == '-0' then return '0' end
+      return t
+    end
     if not find(t, '[.eE]') then
       if t == '-0' then return '0' end
       return t
@@ -366,9 +335,6 @@ do
   setup = function()
     byte, sub, char, find, fmt = string.byte, string.sub, string.char, string.find, string.format
     concat, floor, abs = table.concat, math.floor, math.abs
-    band, bor, bxor, rshift, lshift, ror, tobit, tohex =
-      bit.band, bit.bor, bit.bxor, bit.rshift, bit.lshift, bit.ror, bit.tobit, bit.tohex
-    for i = 1, 64 do K[i] = tobit(K[i]) end
     for c = 0, 31 do
       local ch = char(c)
       if not escapes[ch] then escapes[ch] = fmt('\\u%04x', c) end
@@ -403,7 +369,7 @@ do
     elseif v == NULL then
       out[#out + 1] = 'null'
     elseif v.num then
-      out[#out + 1] = canonical_number(v.num)
+      out[#out + 1] = canonical_number(v.num, v.int)
     elseif v.arr then
       out[#out + 1] = '['
       for i = 1, v.n do
@@ -438,6 +404,8 @@ do
   -- {class, args, queue} whose canonical args and digests are computed once, when first needed.
   render_payload = function(text, queue)
     if not ready then setup() end
+    local fast = render_cjson_payload(text, queue)
+    if fast then return fast end
     s, pos, lenient = text, 1, false
     skip_ws()
     if byte(s, pos) ~= 123 then
@@ -526,7 +494,9 @@ do
   end
 
   -- T-6: `{args[i]...}` walked; a step that does not exist names the template and the path.
-  local function walk(t, job, steps)
+  -- (The walk that names the path; `walk` below, without the names, hands a step that does
+  -- not exist to this one.)
+  local function walk_named(t, job, steps)
     local cur, path = job.args, 'args'
     for i = 2, #steps do
       local step = steps[i]
@@ -554,6 +524,23 @@ do
     return cur
   end
 
+  local function walk(t, job, steps)
+    local cur = job.args
+    for i = 2, #steps do
+      local step, nxt = steps[i], nil
+      if type(cur) == 'table' then
+        if type(step) == 'number' then
+          if cur.arr then nxt = cur[step + 1] end
+        elseif cur.obj then
+          nxt = cur.map[step]
+        end
+      end
+      if nxt == nil then return walk_named(t, job, steps) end
+      cur = nxt
+    end
+    return cur
+  end
+
   -- One template `t` ({src = text, parts = {...}}) rendered for `job` (T-3), capped by T-5:
   -- returns the id and the full rendered text.
   render_template = function(t, job)
@@ -570,7 +557,13 @@ do
         elseif what == 'args' then out[#out + 1] = args_json(job)
         elseif what == 'path' then
           local v = walk(t, job, part)
-          if type(v) == 'string' then out[#out + 1] = v else out[#out + 1] = canonical(v) end
+          if type(v) == 'string' then
+            out[#out + 1] = v
+          elseif type(v) == 'table' and v.num then
+            out[#out + 1] = canonical_number(v.num, v.int)
+          else
+            out[#out + 1] = canonical(v)
+          end
         else
           fail('key template ' .. json_string(t.src) .. ': unknown part ' .. tostring(what))
         end
