@@ -13,31 +13,21 @@
 # prints: free job K instr, hot job K instr, their ratio
 set -euo pipefail
 exe=$(readlink -f "$1"); take=${2:-true}
+. "$(dirname "$0")/hot-key-lib.sh"
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
 
 # Redis instructions of one drain: KIND hot|free, N jobs.
 run() {
-  local kind=$1 n=$2 dir port i user secs
+  local kind=$1 n=$2 dir port
   dir=$(mktemp -d)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" redis-server --port "$port" \
     --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no >"$dir/valgrind.log" 2>&1 &
   local vpid=$!
   for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  cat >"$dir/c.toml" <<EOT
-queues = "q"
-workers = 2
-redis = "redis://127.0.0.1:$port"
-[classes.Hot]
-builtin = "sleep"
-lock = "user:{args[1]}"
-[locket]
-one_call_take = $take
-EOT
-  for i in $(seq 1 "$n"); do
-    if [ "$kind" = hot ]; then user=u1; secs=0.02; else user="u$i"; secs=0; fi
-    printf 'RPUSH resque:queue:q {"class":"Hot","args":[%s,"%s",%d]}\n' "$secs" "$user" "$i"
-  done | sed 's/ {/ '"'"'{/; s/}$/}'"'"'/' | redis-cli -p "$port" >/dev/null
+  hot_config "$dir" "$port" "[locket]
+one_call_take = $take"
+  push_jobs "$port" "$kind" "$n" 0
   "$exe" --config "$dir/c.toml" >"$dir/daemon.log" 2>&1 &
   local dpid=$!
   for _ in $(seq 1200); do

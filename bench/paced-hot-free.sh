@@ -10,26 +10,17 @@
 # usage: bench/paced-hot-free.sh LOCKETD_BINARY [N (default 500)]
 set -euo pipefail
 exe=$(readlink -f "$1"); n=${2:-500}
+. "$(dirname "$0")/hot-key-lib.sh"
 
 run() {
-  local kind=$1 dir port pid i user secs c0 c1 p0 t0 t1
+  local kind=$1 dir port pid c0 c1 p0 p1 t0 t1
   dir=$(mktemp -d)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" >/dev/null
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  cat >"$dir/c.toml" <<EOT
-queues = "q"
-workers = 2
-redis = "redis://127.0.0.1:$port"
-[classes.Hot]
-builtin = "sleep"
-lock = "user:{args[1]}"
-EOT
-  for i in $(seq 1 "$n"); do
-    if [ "$kind" = hot ]; then user=u1; secs=0.02; else user="u$i"; secs=0.04; fi
-    printf "RPUSH resque:queue:q '{\"class\":\"Hot\",\"args\":[%s,\"%s\",%d]}'\n" "$secs" "$user" "$i"
-  done | redis-cli -p "$port" >/dev/null
+  hot_config "$dir" "$port"
+  push_jobs "$port" "$kind" "$n" 0.04
   cpu() { redis-cli -p "$port" info cpu | awk -F: '/used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
   processed() { redis-cli -p "$port" get resque:stat:processed; }
   "$exe" --config "$dir/c.toml" >"$dir/daemon.log" 2>&1 &
