@@ -163,10 +163,24 @@ pub struct TakeArgs<'a> {
     pub node_worker: &'a str,
     /// The largest payload the worker decodes.
     pub max_payload: usize,
-    /// Sent again after a call whose reply never came (the same rids and token).
+    /// Sent again after a call whose reply never came (the same rid and token).
     pub resent: bool,
-    /// One rid per reservation the step may make: the first, and one per job settled away.
-    pub rids: &'a [String],
+    /// The first reservation's rid; the k-th's is [`take_rid`]`(rid, k)`.
+    pub rid: &'a str,
+    /// The most reservations the step may make: the first, and one per job settled away.
+    pub reservations: usize,
+}
+
+/// The rid of a TAKE's `k`-th reservation (from 1), made from the first's as take.lua makes
+/// it: the first 16 hex digits of the SHA1 of `"<first>/<k>"` (A-7a). The worker sends only
+/// the first.
+pub fn take_rid(first: &str, k: usize) -> String {
+    if k <= 1 {
+        return first.to_string();
+    }
+    let mut hex = canonical::sha1_hex(format!("{first}/{k}").as_bytes());
+    hex.truncate(16);
+    hex
 }
 
 /// What TAKE did with the job it left in the slot.
@@ -299,7 +313,7 @@ pub async fn take<C: ConnectionLike + Send>(
     flags: ReserveFlags,
     args: &TakeArgs<'_>,
 ) -> RedisResult<TakeReply> {
-    let rid = args.rids.first().map(String::as_str).unwrap_or_default();
+    let rid = args.rid;
     let fparts = finish.map(|(req, holds)| finish_parts(slot, req, holds));
     let nkeys = 2 + fparts.as_ref().map_or(0, |(k, _)| k.len());
     let reply: Value = evalsha(conn, &scripts().direct.take, nkeys + 1, |cmd| {
@@ -332,10 +346,8 @@ pub async fn take<C: ConnectionLike + Send>(
             .arg(args.run_at)
             .arg(args.node_worker)
             .arg(args.max_payload)
-            .arg(if args.resent { "1" } else { "0" });
-        for r in args.rids {
-            cmd.arg(r.as_str());
-        }
+            .arg(if args.resent { "1" } else { "0" })
+            .arg(args.reservations);
     })
     .await?;
     let Value::Array(reply) = reply else {

@@ -255,8 +255,8 @@ pub struct Worker {
     take: Option<Arc<take::TakeState>>,
     /// This slot's handlers, each once: TAKE is sent only while all are ready now (H-8).
     take_handlers: Vec<Arc<dyn crate::handler::Handler>>,
-    /// A TAKE whose reply never came: its rids and token, sent again as they were.
-    take_resend: Option<(Vec<String>, String)>,
+    /// A TAKE whose reply never came: its first rid and token, sent again as they were.
+    take_resend: Option<(String, String)>,
     /// TAKE's texts of this slot, made at its first TAKE: the Resque worker id they were made
     /// for, the lockinfo head and the node-resque worker name as JSON.
     take_texts: Option<(String, String, String)>,

@@ -105,14 +105,9 @@ impl Worker {
         if !self.take_ready().await {
             return None;
         }
-        let (rids, token, resent) = match self.take_resend.take() {
-            Some((rids, token)) => (rids, token, true),
-            None => {
-                let mut rids = Vec::with_capacity(TAKE_RIDS);
-                rids.push(rid);
-                rids.extend((1..TAKE_RIDS).map(|_| random_hex(8)));
-                (rids, random_hex(16), false)
-            }
+        let (rid, token, resent) = match self.take_resend.take() {
+            Some((rid, token)) => (rid, token, true),
+            None => (rid, random_hex(16), false),
         };
         let t = self.take.clone()?;
         // The slot's identity does not change job to job: its texts are made once.
@@ -139,7 +134,8 @@ impl Worker {
             node_worker,
             max_payload: self.config.max_payload_bytes,
             resent,
-            rids: &rids,
+            rid: &rid,
+            reservations: TAKE_RIDS,
         };
         let mut pending = self.pending.take();
         let slot = self.slot();
@@ -186,7 +182,7 @@ impl Worker {
                     p.tried = true;
                 }
                 self.pending = pending;
-                self.take_resend = Some((rids, token));
+                self.take_resend = Some((rid, token));
                 Some(Next::Go((Err(e), None)))
             }
         }

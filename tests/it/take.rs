@@ -83,7 +83,8 @@ async fn take(
         node_worker: "\"testhost:1\"",
         max_payload: 1 << 20,
         resent,
-        rids,
+        rid: &rids[0],
+        reservations: rids.len(),
     };
     store::take(
         c,
@@ -97,8 +98,11 @@ async fn take(
     .expect("TAKE")
 }
 
+/// The rids of a TAKE of up to 8 reservations: a random first, and the ones take.lua makes
+/// from it (A-7a), which the step's replies must name.
 fn rids() -> Vec<String> {
-    (0..8).map(|_| random_hex(8)).collect()
+    let first = random_hex(8);
+    (1..=8).map(|k| store::take_rid(&first, k)).collect()
 }
 
 async fn push(c: &mut Conn, class: &str, args: serde_json::Value) -> String {

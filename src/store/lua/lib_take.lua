@@ -8,19 +8,47 @@ local take = {}
 -- payload would hold Redis for seconds); a larger one is left to the worker's own ACQUIRE.
 local TAKE_MAX_PAYLOAD = 65536
 
+-- A-7a: the rid of a TAKE's k-th reservation. The worker sends the first; each one after it
+-- (a job before it was settled away) is the first 16 hex digits of the SHA1 of
+-- "<first rid>/<k>" (src/store/take.rs take_rid makes the same), so no rid that goes unused
+-- is sent, and a step sent again names the same ones.
+local function take_rid(first, k)
+  if k == 1 then return first end
+  return string.sub(redis.sha1hex(first .. '/' .. k), 1, 16)
+end
+
 -- Take plan entries decoded, by their text: a FUNCTION library keeps them between calls (an
 -- EVAL script decodes each once per call). Cleared past 256, so a plan set that changes often
 -- cannot grow it without bound.
 local take_decoded, take_count = {}, 0
+
+-- Plan entries read, by plan key and class. A plan key names the SHA-256 of its plan set
+-- (src/store/take.rs), so the entry read once is that key's entry for as long as the library
+-- lives: the job after the first costs no HMGET. Cleared past 1,024 (a class name comes from
+-- the payload). A key found gone is not remembered: the worker writes it again.
+local take_entries, take_entry_count = {}, 0
 
 -- The entry for `class` in the worker's take plan `plan_key` (its class, else "*"): the table
 -- {on = conflict fallback, locks = {{template, limit}...}}, or nil and the reason the job is
 -- left to the worker's own ACQUIRE ("no_plan": the key is gone; else the entry's word, "class"
 -- or "digest", src/store/take.rs).
 function take.plan(plan_key, class)
-  local got = redis.call('HMGET', plan_key, class, '*')
-  local text = got[1] or got[2]
-  if not text then return nil, 'no_plan' end
+  local per = take_entries[plan_key]
+  local text = per and per[class]
+  if text == nil then
+    local got = redis.call('HMGET', plan_key, class, '*')
+    text = got[1] or got[2]
+    if not text then return nil, 'no_plan' end
+    if take_entry_count >= 1024 then
+      take_entries, take_entry_count, per = {}, 0, nil
+    end
+    if not per then
+      per = {}
+      take_entries[plan_key] = per
+    end
+    per[class] = text
+    take_entry_count = take_entry_count + 1
+  end
   if string.byte(text, 1) ~= 123 then return nil, text end
   local p = take_decoded[text]
   if p == nil then

@@ -25,11 +25,12 @@
 --               string, for the working-on record
 -- ARGV[t+7]     the largest payload in bytes the worker decodes
 -- ARGV[t+8]     "1" when the step is sent again after one whose reply never came: a
---               reservation of one of the rids below found in the slot's record is answered
+--               reservation of one of the step's rids found in the slot's record is answered
 --               as the first step left it (started: the same reply; reserved: ACQUIRE again,
 --               marked as sent again), nothing reserved twice
--- ARGV[t+9..]   rids, the first for the first reservation, the others for the reservations
---               that follow a job settled away
+-- ARGV[t+9]     the most reservations the step makes: one, and one more for each job settled
+--               away. The first's rid is its RESERVE's; the k-th's is take_rid(first, k), made
+--               here (lib_take.lua), so the worker sends one rid
 --
 -- Returns {finished, reserved, taken, settled}:
 --   finished   FINISH's reply, or false without one
@@ -45,7 +46,6 @@
 local nk, na = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = 3 + na
 local ik, ia = slice(KEYS, 1, nk), slice(ARGV, 4, t)
-local rids = slice(ARGV, t + 9, #ARGV)
 -- RESERVE's keys and arguments: the last two inner keys, the inner arguments after FINISH's
 -- (finish_reserve.lua's layout).
 local rk = {ik[nk - 1], ik[nk]}
@@ -55,6 +55,7 @@ local s = {plan_key = KEYS[nk + 1], inflight = rk[1], prefix = ra[4], queue_pref
   ns = string.sub(ra[5], 1, -7), token = ARGV[t + 1], lock_ttl = ARGV[t + 2],
   counter_ttl = ARGV[t + 3], info_head = ARGV[t + 4], run_at = ARGV[t + 5],
   node_worker = ARGV[t + 6], max_bytes = tonumber(ARGV[t + 7]) or 0, wnow = ra[6]}
+local first_rid, most = ra[1], tonumber(ARGV[t + 9]) or 1
 s.worker_key = s.ns .. 'worker:' .. ra[2]
 
 -- ACQUIRE of the reserved job `res` (acquire.lua, run as its own step would run it):
@@ -95,8 +96,8 @@ local finished = false
 if ARGV[t + 8] == '1' then
   local rec = redis.call('HMGET', s.inflight, 'rid', 'state', 'token', 'queue', 'payload')
   local mine = false
-  for _, r in ipairs(rids) do
-    if rec[1] == r then mine = true end
+  for k = 1, most do
+    if rec[1] == take_rid(first_rid, k) then mine = true end
   end
   if mine and rec[4] and rec[5] then
     if fin then
@@ -121,7 +122,7 @@ local settled = {}
 local used = 1
 while reserved[1] == 'job' do
   local taken, class = take_job(reserved, false)
-  if not settled_away(taken) or used >= #rids then
+  if not settled_away(taken) or used >= most then
     return {finished, reserved, taken, settled}
   end
   -- A park sends no digest (its unit is keyed by the payload's SHA1, PK-3): the payload
@@ -130,7 +131,7 @@ while reserved[1] == 'job' do
   settled[#settled + 1] = {reserved[2], class, digest, reserved[4],
     digest == '' and reserved[3] or '', taken[2]}
   used = used + 1
-  ra[1] = rids[used]
+  ra[1] = take_rid(first_rid, used)
   reserved = reserve_part(rk, ra)
 end
 return {finished, reserved, false, settled}
