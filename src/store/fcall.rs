@@ -34,10 +34,15 @@ const UNKNOWN: u8 = 0;
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
-/// Whether this connection's Redis runs the library (shared by a connection's clones), and
-/// where its loads are recorded.
+/// Whether this connection's Redis runs the library (shared by a connection's clones), where
+/// its loads are recorded, and the list of TAKE's keys and arguments the library holds for the
+/// one-slot job path's connection (take_args.rs).
 #[derive(Debug, Default)]
-pub(crate) struct Mode(AtomicU8, OnceLock<String>);
+pub(crate) struct Mode(
+    AtomicU8,
+    OnceLock<String>,
+    std::sync::Mutex<super::take_args::Lists>,
+);
 
 impl Mode {
     fn get(&self) -> u8 {
@@ -109,6 +114,11 @@ impl Mode {
         if self.get() == UNKNOWN {
             self.load(conn).await?;
         }
+        if self.get() == FUNCTIONS && op == "take" {
+            if let Some(reply) = self.take_by_changes(conn, evalsha).await {
+                return reply;
+            }
+        }
         if self.get() == FUNCTIONS {
             let function = scripts().library.function(op);
             let head = [b"FCALL".as_slice(), function.as_bytes()];
@@ -134,6 +144,45 @@ impl Mode {
             }
         })
         .await
+    }
+
+    /// TAKE by the library's `take_args` (take_args.rs): its keys and arguments as the changes
+    /// from the list the library holds for the slot, or whole when it holds none (its
+    /// `LOCKET_ARGS_MISS`, answered before anything is done, sends them whole at once). None
+    /// when the library cannot be loaded any more: the caller sends EVALSHA.
+    async fn take_by_changes(&self, conn: &mut Plain, evalsha: &Cmd) -> Option<RedisResult<Value>> {
+        // EVALSHA <sha> <numkeys> <keys...> <args...>
+        let mut it = evalsha.args_iter().skip(2).filter_map(|a| match a {
+            Arg::Simple(b) => Some(b),
+            _ => None,
+        });
+        let nkeys: usize = std::str::from_utf8(it.next()?).ok()?.parse().ok()?;
+        let entries: Vec<&[u8]> = it.collect();
+        let function = scripts().library.function("take_args");
+        let lists = || self.2.lock().unwrap_or_else(|e| e.into_inner());
+        let mut whole = false;
+        let mut loaded = false;
+        loop {
+            let (cmd, version) = lists().command(&function, nkeys, &entries, whole);
+            let reply = send(conn, &cmd).await;
+            match &reply {
+                Err(e) if !whole && args_missed(e) => whole = true,
+                Err(e) if !loaded && function_missing(e) => {
+                    lists().settled(version, nkeys, &entries, false);
+                    if let Err(e) = self.load(conn).await {
+                        return Some(Err(e));
+                    }
+                    if self.get() != FUNCTIONS {
+                        return None;
+                    }
+                    (whole, loaded) = (true, true);
+                }
+                _ => {
+                    lists().settled(version, nkeys, &entries, reply.is_ok());
+                    return Some(reply);
+                }
+            }
+        }
     }
 
     /// Loads the library unless this connection's Redis was tried already: whether job-path
@@ -282,6 +331,11 @@ async fn send<C: ConnectionLike + Send>(conn: &mut C, cmd: &Cmd) -> RedisResult<
     conn.req_packed_command(cmd)
         .await
         .and_then(Value::extract_error)
+}
+
+/// The library holds no list of the version a TAKE's changes were sent against.
+fn args_missed(e: &redis::RedisError) -> bool {
+    e.code() == Some(super::take_args::MISS) || e.to_string().contains(super::take_args::MISS)
 }
 
 /// `ERR Function not found`: the library is not (or no longer) loaded.

@@ -17,6 +17,7 @@ mod reserve;
 pub mod schedule;
 pub mod scripts;
 mod take;
+mod take_args;
 pub mod tally;
 mod unique;
 mod upkeep;

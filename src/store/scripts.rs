@@ -235,7 +235,8 @@ impl JobLibrary {
              reset_run()\n\
              local ENTRY = f\n{}\
              end\n\
-             end\n",
+             end\n\
+             {}\n",
             job_path_parts(),
             include_str!("lua/plans.lua"),
             include_str!("lua/push_lib.lua"),
@@ -243,6 +244,7 @@ impl JobLibrary {
             include_str!("lua/push_at.lua"),
             run_and_reply!("ENTRY"),
             run_and_flush!("ENTRY"),
+            include_str!("lua/take_args.lua"),
         );
         let hash = Script::new(&body).get_hash().to_string();
         let name = format!("locketd_{}", &hash[..16]);
@@ -259,6 +261,10 @@ impl JobLibrary {
                 "redis.register_function('{name}_{op}', entry({op}_part))\n"
             ));
         }
+        // TAKE with its arguments sent as changes (take_args.lua, fcall.rs).
+        source.push_str(&format!(
+            "redis.register_function('{name}_take_args', args_delta(entry(take_part)))\n"
+        ));
         // PUSH writes its counts in the step: its callers are clients, not a worker's tally.
         for op in ["push", "push_at"] {
             source.push_str(&format!(

@@ -1083,7 +1083,7 @@ async fn a_batched_reserve_over_nine_thousand_queues_reaches_the_last() {
 }
 
 /// The major version of a test server's Redis.
-async fn redis_major(c: &mut redis::aio::MultiplexedConnection) -> u32 {
+pub(crate) async fn redis_major(c: &mut redis::aio::MultiplexedConnection) -> u32 {
     let info: String = rcmd!(c, "INFO", "server");
     info.lines()
         .find_map(|l| l.strip_prefix("redis_version:"))

@@ -53,8 +53,8 @@ impl Slot {
 }
 
 /// One TAKE of `q` on `slot` with `rids` and `token`.
-async fn take(
-    c: &mut Conn,
+async fn take<C: redis::aio::ConnectionLike + Send>(
+    c: &mut C,
     slot: &Slot,
     plan: &TakePlan,
     rids: &[String],
@@ -440,4 +440,102 @@ fn a7a_two_daemons_with_different_plans_run_both_paths_without_overlap() {
     assert_eq!(r.llen(&format!("{NS}:queue:q")), 0);
     assert_eq!(a.terminate(Duration::from_secs(30)).code(), Some(0));
     assert_eq!(b.terminate(Duration::from_secs(30)).code(), Some(0));
+}
+
+// A-7a, the arguments: the one-slot job path's own connection sends TAKE's keys and arguments
+// whole once, then as their changes from the list the FUNCTION library keeps for the slot
+// (take_args.lua); a library that no longer holds the list (loaded again) answers before doing
+// anything, and the list goes whole. Every TAKE does what the whole call does.
+#[tokio::test]
+async fn a7a_take_arguments_go_as_their_changes_and_whole_when_the_library_lost_them() {
+    let server = RedisServer::start();
+    let c = &mut server.conn().await;
+    if crate::lock::redis_major(c).await < 7 {
+        eprintln!("note: Redis < 7 has no FUNCTION; TAKE goes whole by EVALSHA");
+        return;
+    }
+    let plan = plan();
+    store::publish_take_plan(c, &plan).await.expect("publish");
+    let manager = server
+        .client()
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let mut conn = store::batch::Conn::with_plain(manager, &server.url());
+    let slot = Slot::new(c, "a").await;
+    let k = keys();
+    let _: String = cmd(c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]).await;
+    let _: String = cmd(c, &["CONFIG", "SET", "slowlog-max-len", "10000"]).await;
+    let _: String = cmd(c, &["SLOWLOG", "RESET"]).await;
+    for round in 0..4 {
+        if round == 2 {
+            // The library loaded again: its Lua values, the slot's list among them, are new.
+            let source = &store::scripts::scripts().library.source;
+            let _: String = cmd(c, &["FUNCTION", "LOAD", "REPLACE", source]).await;
+        }
+        let p = push(c, "Mail", serde_json::json!([round])).await;
+        let (rids, token) = (rids(), random_hex(16));
+        let got = take(&mut conn, &slot, &plan, &rids, &token, false).await;
+        assert_eq!(rid_of(&got), rids[0], "round {round}");
+        match &got.taken {
+            Some(Taken::Acquired {
+                outcome: AcquireOutcome::Started { .. },
+                locks,
+                ..
+            }) => assert_eq!(locks[0].id, format!("acct:{round}"), "round {round}"),
+            other => panic!("round {round}: {other:?}"),
+        }
+        let rec: HashMap<String, String> = cmd(c, &["HGETALL", &k.inflight(&slot.slot_key)]).await;
+        assert_eq!(
+            (
+                rec["state"].as_str(),
+                rec["token"].as_str(),
+                rec["payload"].as_str()
+            ),
+            ("running", token.as_str(), p.as_str()),
+            "round {round}"
+        );
+        let lock: String = cmd(c, &["GET", &format!("{NS}:locket:lock:acct:{round}")]).await;
+        assert!(lock.contains(&token), "round {round}: {lock}");
+        // The slot is free again for the next round.
+        let lock_key = format!("{NS}:locket:lock:acct:{round}");
+        let _: i64 = cmd(c, &["DEL", &k.inflight(&slot.slot_key), &lock_key]).await;
+    }
+    // The calls, oldest first: each `take_args` FCALL's base version ("" for a whole list) and
+    // its number of arguments.
+    let log: redis::Value = cmd(c, &["SLOWLOG", "GET", "10000"]).await;
+    let redis::Value::Array(entries) = log else {
+        panic!("SLOWLOG GET: {log:?}")
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let mut calls: Vec<(String, usize)> = entries
+        .iter()
+        .rev()
+        .filter_map(|e| match e {
+            redis::Value::Array(f) => match f.get(3) {
+                Some(redis::Value::Array(args))
+                    if args.len() > 4 && text(&args[1]).ends_with("_take_args") =>
+                {
+                    Some((text(&args[4]), args.len()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let bases: Vec<&str> = calls.iter().map(|(b, _)| b.as_str()).collect();
+    // Whole; changes from version 1; changes from 2, missed by the new library; whole; changes
+    // from 4.
+    assert_eq!(bases, ["", "1", "2", "", "4"], "{calls:?}");
+    // A list of changes is a few entries: the rids, the token, the clock; the slot's keys
+    // and texts are not sent again.
+    let (whole, changes) = (calls.remove(0).1, calls.remove(0).1);
+    assert!(
+        changes * 2 < whole,
+        "changes {changes} arguments against {whole} whole"
+    );
 }
