@@ -172,30 +172,40 @@ impl Reader {
     }
 }
 
-/// How long the end of a run is held back for the next run's lease, so that the two reach the
-/// master in one write: a busy worker's runs follow each other within a millisecond or two.
-pub(super) const FORGET_HOLD: Duration = Duration::from_millis(50);
-/// A run whose lease ends sooner than this is forgotten at once: the master must not kill its
-/// group (a persistent handler's, which outlives the run) while the end waits.
-const FORGET_NOW_WITHIN: Duration = Duration::from_secs(1);
+/// How near the end of the lease the master holds for a handler group the notes held back
+/// against it may come before they go: at least the time a note takes to reach the master
+/// and be read, with room for a busy runtime.
+pub(super) const HOLD_MARGIN: Duration = Duration::from_secs(5);
 
-/// The lease notes on their way to the master (`watchdog.rs`), in order: a run's end
-/// ([`Report::Forget`]) waits up to [`FORGET_HOLD`] for the next note and goes in the same
-/// write with it, which halves the master's wake-ups in a stream of jobs. A lease change goes
-/// at once. The master kills a group only at its lease's end, at least [`FORGET_NOW_WITHIN`]
-/// after a held end, so holding it back changes nothing it does.
+/// The lease notes on their way to the master (`watchdog.rs`), in order, held back while
+/// holding them changes nothing the master does, so that a stream of jobs through one
+/// persistent handler costs the master a wake-up every lease or so, not one a job.
+///
+/// The master kills a reported run's group at the lease end it was told, unless told the run
+/// ended ([`Report::Forget`]). A run's end is held back while that lease end is more than
+/// [`HOLD_MARGIN`] away: the group is the handler's and outlives the run, and the master's
+/// guard over it fires no sooner than it would have. The next run's lease on the same group,
+/// and a lease extension, are held back while the master guards the group with an end no
+/// later than theirs and more than [`HOLD_MARGIN`] away: its guard then kills the group no
+/// later than their own leases end (NEVER-1 holds), and no sooner than [`HOLD_MARGIN`] before
+/// the held notes go. A run that ends before its lease went is never reported. Everything held
+/// goes in one write when that margin is reached ([`LeaseBatch::due`]), or with the first note
+/// that cannot wait: a lease without an end, a new group, an end near its lease's, a job's own
+/// group (H-18). A worker whose runtime stalls longer than the margin may see the master kill
+/// the handler of a job whose lease is still good, which is the backstop erring early.
 #[derive(Debug, Default)]
 pub(super) struct LeaseBatch {
-    /// Each reported run's lease end (CLOCK_MONOTONIC ns; `None`: no end).
-    ends: std::collections::HashMap<u64, Option<u64>>,
+    /// The runs the master guards (their lease sent, their end not): the group and the latest
+    /// lease end it was told (CLOCK_MONOTONIC ns; `None`: no end).
+    told: std::collections::HashMap<u64, (i32, Option<u64>)>,
     held: Vec<Report>,
-    /// When the first held report must go.
+    /// When the held reports must go.
     due: Option<tokio::time::Instant>,
 }
 
 impl LeaseBatch {
     /// Takes `note` (at CLOCK_MONOTONIC `now_ns`) and returns what must be sent now, in order:
-    /// nothing while a run's end is held.
+    /// nothing while it is held.
     pub(super) fn take(
         &mut self,
         note: crate::watchdog::LeaseNote,
@@ -203,29 +213,62 @@ impl LeaseBatch {
         now: tokio::time::Instant,
     ) -> Vec<Report> {
         use crate::watchdog::LeaseNote;
-        match note {
+        let margin = u64::try_from(HOLD_MARGIN.as_nanos()).unwrap_or(u64::MAX);
+        let holds_until = |end: u64| end > now_ns.saturating_add(margin);
+        let report: Report = note.into();
+        let cover = match note {
             LeaseNote::Lease {
-                serial, until_ns, ..
+                pgid,
+                until_ns: Some(until),
+                ..
             } => {
-                self.ends.insert(serial, until_ns);
-                self.held.push(note.into());
-                self.flush()
-            }
-            LeaseNote::Group { .. } => {
-                self.held.push(note.into());
-                self.flush()
-            }
-            LeaseNote::Forget { serial } => {
-                let end = self.ends.remove(&serial).flatten();
-                self.held.push(note.into());
-                let near = u64::try_from(FORGET_NOW_WITHIN.as_nanos()).unwrap_or(u64::MAX);
-                if end.is_some_and(|e| e <= now_ns.saturating_add(near)) {
-                    return self.flush();
+                // The earliest end the master holds for this group, if all it holds for it
+                // end no later than this lease.
+                let ends: Vec<Option<u64>> = self
+                    .told
+                    .values()
+                    .filter(|(g, _)| *g == pgid)
+                    .map(|(_, e)| *e)
+                    .collect();
+                match ends.iter().copied().collect::<Option<Vec<u64>>>() {
+                    Some(ends) if !ends.is_empty() && ends.iter().all(|e| *e <= until) => {
+                        ends.into_iter().min().filter(|e| holds_until(*e))
+                    }
+                    _ => None,
                 }
-                self.due.get_or_insert(now + FORGET_HOLD);
-                Vec::new()
             }
+            LeaseNote::Lease { .. } | LeaseNote::Group { .. } => None,
+            LeaseNote::Forget { serial } => {
+                if let Some(i) = self
+                    .held
+                    .iter()
+                    .position(|r| matches!(r, Report::Lease { serial: s, .. } if *s == serial))
+                {
+                    // The master never heard of this run: nothing to tell it.
+                    if !self.told.contains_key(&serial) {
+                        self.held.remove(i);
+                        return Vec::new();
+                    }
+                }
+                match self.told.get(&serial) {
+                    Some((_, Some(end))) if holds_until(*end) => Some(*end),
+                    _ => None,
+                }
+            }
+        };
+        let Some(end) = cover else {
+            self.held.push(report);
+            return self.flush();
+        };
+        // A later lease of a run held already replaces it.
+        if let Report::Lease { serial, .. } = &report {
+            self.held
+                .retain(|r| !matches!(r, Report::Lease { serial: s, .. } if s == serial));
         }
+        self.held.push(report);
+        let at = now + Duration::from_nanos(end - margin - now_ns);
+        self.due = Some(self.due.map_or(at, |d| d.min(at)));
+        Vec::new()
     }
 
     /// When the held reports must go, if any are held.
@@ -233,10 +276,32 @@ impl LeaseBatch {
         self.due
     }
 
-    /// Everything held, in order.
+    /// Everything held, in order; what the master guards from then on is noted.
     pub(super) fn flush(&mut self) -> Vec<Report> {
         self.due = None;
-        std::mem::take(&mut self.held)
+        let out = std::mem::take(&mut self.held);
+        for r in &out {
+            match r {
+                Report::Lease {
+                    serial,
+                    pgid,
+                    until_ns,
+                } => {
+                    // The master's end only moves later (`kill_later`).
+                    let e = self.told.entry(*serial).or_insert((*pgid, *until_ns));
+                    e.0 = *pgid;
+                    e.1 = match (e.1, *until_ns) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                }
+                Report::Forget { serial } => {
+                    self.told.remove(serial);
+                }
+                _ => {}
+            }
+        }
+        out
     }
 }
 
@@ -261,62 +326,102 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    // A run's end waits for the next run's lease and goes with it, in order, in one batch; a
-    // lease change goes at once; the hold ends at FORGET_HOLD.
+    fn lease(serial: u64, pgid: i32, until: u64) -> LeaseNote {
+        LeaseNote::Lease {
+            serial,
+            pgid,
+            until_ns: Some(until),
+        }
+    }
+
+    // A stream of runs through one persistent handler: the first lease goes; the runs after
+    // it, ends and leases, are held while the master's guard (run 1's end, 45 s) is more than
+    // HOLD_MARGIN away, and go in one write when it is near: run 1's end and the run still
+    // going, whose lease ends no sooner than the guard. A run that ended unreported is never
+    // reported.
     #[tokio::test]
-    async fn a_runs_end_goes_with_the_next_runs_lease() {
+    async fn a_stream_of_runs_on_one_handler_goes_to_the_master_once_a_lease() {
         let mut b = LeaseBatch::default();
         let now = tokio::time::Instant::now();
-        let lease = |serial, until| LeaseNote::Lease {
-            serial,
-            pgid: 42,
-            until_ns: Some(until),
-        };
         assert_eq!(
-            b.take(lease(1, 100 * S), 10 * S, now),
-            vec![lease(1, 100 * S).into()]
+            b.take(lease(1, 42, 45 * S), 10 * S, now),
+            vec![lease(1, 42, 45 * S).into()]
         );
         assert!(b
             .take(LeaseNote::Forget { serial: 1 }, 11 * S, now)
             .is_empty());
-        assert_eq!(b.due(), Some(now + FORGET_HOLD));
+        assert_eq!(b.due(), Some(now + Duration::from_secs(45 - 5 - 11)));
+        for serial in 2..=100 {
+            let t = 11 * S + serial * S / 10;
+            assert!(b.take(lease(serial, 42, t + 35 * S), t, now).is_empty());
+            if serial < 100 {
+                assert!(b.take(LeaseNote::Forget { serial }, t, now).is_empty());
+            }
+        }
+        // Run 100's lease extended: held as well, in place of the first.
+        assert!(b.take(lease(100, 42, 60 * S), 25 * S, now).is_empty());
         assert_eq!(
-            b.take(lease(2, 110 * S), 11 * S, now),
-            vec![Report::Forget { serial: 1 }, lease(2, 110 * S).into()]
+            b.flush(),
+            vec![Report::Forget { serial: 1 }, lease(100, 42, 60 * S).into()]
         );
         assert_eq!(b.due(), None);
-        // Alone, it goes when the hold ends.
+        // The master now guards run 100 (to 60 s): its end is held against that.
         assert!(b
-            .take(LeaseNote::Forget { serial: 2 }, 12 * S, now)
+            .take(LeaseNote::Forget { serial: 100 }, 26 * S, now)
             .is_empty());
-        assert_eq!(b.flush(), vec![Report::Forget { serial: 2 }]);
-        assert!(b.flush().is_empty());
+        assert_eq!(b.flush(), vec![Report::Forget { serial: 100 }]);
+        // Nothing guarded: the next lease goes at once.
+        assert_eq!(
+            b.take(lease(101, 42, 70 * S), 27 * S, now),
+            vec![lease(101, 42, 70 * S).into()]
+        );
     }
 
-    // A run whose lease ends within FORGET_NOW_WITHIN is forgotten at once, with what was held.
+    // What cannot wait goes at once, with everything held before it, in order: a lease of
+    // another group, a lease without an end, a lease that ends before the master's guard
+    // (the master would kill later than it), a job's own group, and a run's end or a lease
+    // within HOLD_MARGIN of the guard's end.
     #[test]
-    fn a_run_whose_lease_ends_soon_is_forgotten_at_once() {
-        let mut b = LeaseBatch::default();
+    fn what_cannot_wait_goes_at_once_with_what_was_held() {
         let now = tokio::time::Instant::now();
-        for (serial, until) in [(1, 50 * S), (2, 10 * S + S / 2)] {
-            b.take(
+        let started = |b: &mut LeaseBatch| {
+            b.take(lease(1, 7, 50 * S), 10 * S, now);
+            assert!(b
+                .take(LeaseNote::Forget { serial: 1 }, 11 * S, now)
+                .is_empty());
+        };
+        let cases: Vec<(LeaseNote, u64)> = vec![
+            (lease(2, 8, 50 * S), 11 * S),
+            (
                 LeaseNote::Lease {
-                    serial,
+                    serial: 2,
                     pgid: 7,
-                    until_ns: Some(until),
+                    until_ns: None,
                 },
-                10 * S,
-                now,
+                11 * S,
+            ),
+            (lease(2, 7, 40 * S), 11 * S),
+            (LeaseNote::Group { serial: 2, pgid: 9 }, 11 * S),
+            // Within the margin of run 1's end: 50 - 5 = 45 s.
+            (lease(2, 7, 80 * S), 46 * S),
+        ];
+        for (note, at) in cases {
+            let mut b = LeaseBatch::default();
+            started(&mut b);
+            assert_eq!(
+                b.take(note, at, now),
+                vec![Report::Forget { serial: 1 }, note.into()],
+                "{note:?}"
             );
+            assert_eq!(b.due(), None);
         }
-        assert!(b
-            .take(LeaseNote::Forget { serial: 1 }, 10 * S, now)
-            .is_empty());
+        // A run's end near its lease's end goes at once.
+        let mut b = LeaseBatch::default();
+        b.take(lease(1, 7, 14 * S), 10 * S, now);
         assert_eq!(
-            b.take(LeaseNote::Forget { serial: 2 }, 10 * S, now),
-            vec![Report::Forget { serial: 1 }, Report::Forget { serial: 2 }]
+            b.take(LeaseNote::Forget { serial: 1 }, 10 * S, now),
+            vec![Report::Forget { serial: 1 }]
         );
-        assert_eq!(b.due(), None);
     }
 
     #[test]
