@@ -63,11 +63,15 @@ s.worker_key = s.ns .. 'worker:' .. ra[2]
 -- reason}. Under pcall: ACQUIRE raises before its first write (S-6), but RESERVE's writes (and
 -- FINISH's) are made, so the job stays reserved, for the worker's own ACQUIRE to report.
 local function take_job(res, again)
+  local rd = reads_done
   local ok, out, class = pcall(function()
     local K, A, cls, ids, limits = take.acquire_call(s, res, again)
     if not K then return {'kept', A}, nil end
     acq.digest_later = function() return render_digest(s.job) end
     acq.take_payload = res[3]
+    -- take.acquire_call read ACQUIRE's keys with its MGET: ACQUIRE does not list them again
+    -- (only for this call: a RESERVE after it lists its own).
+    reads_done = true
     local reply = acquire_part(K, A)
     acq.digest_later, acq.take_payload = nil, nil
     local o = {'acquired', reply, A[11]}
@@ -78,6 +82,7 @@ local function take_job(res, again)
     return o, cls
   end)
   acq.digest_later, acq.take_payload = nil, nil
+  reads_done = rd
   if ok then return out, class end
   return {'kept', 'error'}, nil
 end
