@@ -18,29 +18,13 @@ command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install va
 
 # Redis instructions of one drain: KIND hot|free, N jobs.
 run() {
-  local kind=$1 n=$2 dir port
+  local kind=$1 n=$2 dir
   dir=$(mktemp -d)
-  port=$(free_port)
-  valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" redis-server --port "$port" \
-    --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no >"$dir/valgrind.log" 2>&1 &
-  local vpid=$!
-  for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  hot_config "$dir" "$port" "[locket]
+  callgrind_redis "$dir"
+  hot_config "$dir" "$CG_PORT" "[locket]
 one_call_take = $take"
-  push_jobs "$port" "$kind" "$n" 0
-  "$exe" --config "$dir/c.toml" >"$dir/daemon.log" 2>&1 &
-  local dpid=$!
-  for _ in $(seq 1200); do
-    [ "$(redis-cli -p "$port" get resque:stat:processed)" = "$n" ] && break
-    sleep 0.1
-  done
-  kill "$dpid"; wait "$dpid" || true
-  local done_n; done_n=$(redis-cli -p "$port" get resque:stat:processed)
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$vpid" || true
-  [ "$done_n" = "$n" ] || { echo "only $done_n of $n $kind jobs ran" >&2; rm -rf "$dir"; exit 1; }
-  callgrind_annotate "$dir/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
-  rm -rf "$dir"
+  push_jobs "$CG_PORT" "$kind" "$n" 0
+  callgrind_drain "$dir" "$exe" "$n"
 }
 
 f1=$(run free 100); f3=$(run free 300); h1=$(run hot 100); h3=$(run hot 300)

@@ -18,34 +18,18 @@ command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install va
 
 # Redis instructions of one drain of N jobs.
 run() {
-  local n=$1 dir port
+  local n=$1 dir
   dir=$(mktemp -d)
-  port=$(free_port)
-  valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" redis-server --port "$port" \
-    --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no >"$dir/valgrind.log" 2>&1 &
-  local vpid=$!
-  for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  callgrind_redis "$dir"
   {
-    printf 'queues = "bench"\nworkers = 2\nredis = "redis://127.0.0.1:%s"\n' "$port"
+    printf 'queues = "bench"\nworkers = 2\nredis = "redis://127.0.0.1:%s"\n' "$CG_PORT"
     [ "$take" = omit ] || printf '[locket]\none_call_take = %s\n' "$take"
     printf '[classes.Noop]\nbuiltin = "noop"\nlock = "%s"\n' "$template"
   } >"$dir/c.toml"
   for i in $(seq 0 $((n - 1))); do
     printf 'RPUSH resque:queue:bench "{\\"class\\":\\"Noop\\",\\"args\\":[%d]}"\n' "$i"
-  done | redis-cli -p "$port" >/dev/null
-  "$exe" --config "$dir/c.toml" >"$dir/daemon.log" 2>&1 &
-  local dpid=$!
-  for _ in $(seq 3000); do
-    [ "$(redis-cli -p "$port" get resque:stat:processed)" = "$n" ] && break
-    sleep 0.1
-  done
-  kill "$dpid"; wait "$dpid" || true
-  local done_n; done_n=$(redis-cli -p "$port" get resque:stat:processed)
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$vpid" || true
-  [ "$done_n" = "$n" ] || { echo "only $done_n of $n jobs ran" >&2; rm -rf "$dir"; exit 1; }
-  callgrind_annotate "$dir/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
-  rm -rf "$dir"
+  done | redis-cli -p "$CG_PORT" >/dev/null
+  callgrind_drain "$dir" "$exe" "$n"
 }
 
 a=$(run 300); b=$(run 1300)
