@@ -13,11 +13,10 @@ const MOST_ENTRIES: usize = 255;
 /// The error the library answers a version it does not hold with.
 pub(super) const MISS: &str = "LOCKET_ARGS_MISS";
 
-/// The last list the library took for a stream (the slot's inflight key), as it holds it.
+/// The last list the library took for a stream (the slot's inflight key, the list's first
+/// entry), as it holds it.
 #[derive(Debug, Default)]
 pub(super) struct Sent {
-    /// The stream of the list, its first key.
-    stream: Vec<u8>,
     /// The version the library was told.
     version: u64,
     /// Its number of keys.
@@ -37,8 +36,9 @@ impl Sent {
     fn fits(&self, nkeys: usize, entries: &[&[u8]]) -> bool {
         self.nkeys == nkeys
             && self.ends.len() == entries.len()
+            && !entries.is_empty()
             && entries.len() <= MOST_ENTRIES
-            && entries.first().copied() == Some(self.stream.as_slice())
+            && entries[0] == self.entry(0)
     }
 }
 
@@ -100,9 +100,6 @@ impl Lists {
             return;
         }
         let mut sent = self.sent.take().unwrap_or_default();
-        sent.stream.clear();
-        sent.stream
-            .extend_from_slice(entries.first().copied().unwrap_or_default());
         sent.version = version;
         sent.nkeys = nkeys;
         sent.bytes.clear();

@@ -221,34 +221,12 @@ impl LeaseBatch {
                 pgid,
                 until_ns: Some(until),
                 ..
-            } => {
-                // The earliest end the master holds for this group, if all it holds for it
-                // end no later than this lease.
-                let ends: Vec<Option<u64>> = self
-                    .told
-                    .values()
-                    .filter(|(g, _)| *g == pgid)
-                    .map(|(_, e)| *e)
-                    .collect();
-                match ends.iter().copied().collect::<Option<Vec<u64>>>() {
-                    Some(ends) if !ends.is_empty() && ends.iter().all(|e| *e <= until) => {
-                        ends.into_iter().min().filter(|e| holds_until(*e))
-                    }
-                    _ => None,
-                }
-            }
+            } => self.guard_end(pgid, until).filter(|e| holds_until(*e)),
             LeaseNote::Lease { .. } | LeaseNote::Group { .. } => None,
             LeaseNote::Forget { serial } => {
-                if let Some(i) = self
-                    .held
-                    .iter()
-                    .position(|r| matches!(r, Report::Lease { serial: s, .. } if *s == serial))
-                {
-                    // The master never heard of this run: nothing to tell it.
-                    if !self.told.contains_key(&serial) {
-                        self.held.remove(i);
-                        return Vec::new();
-                    }
+                // Its lease still held: the master never heard of the run, nothing goes.
+                if !self.told.contains_key(&serial) && self.drop_held_lease(serial) {
+                    return Vec::new();
                 }
                 match self.told.get(&serial) {
                     Some((_, Some(end))) if holds_until(*end) => Some(*end),
@@ -262,13 +240,33 @@ impl LeaseBatch {
         };
         // A later lease of a run held already replaces it.
         if let Report::Lease { serial, .. } = &report {
-            self.held
-                .retain(|r| !matches!(r, Report::Lease { serial: s, .. } if s == serial));
+            self.drop_held_lease(*serial);
         }
         self.held.push(report);
         let at = now + Duration::from_nanos(end - margin - now_ns);
         self.due = Some(self.due.map_or(at, |d| d.min(at)));
         Vec::new()
+    }
+
+    /// The earliest lease end the master holds for group `pgid`, if it holds one and none of
+    /// them ends after `until` (nor has no end).
+    fn guard_end(&self, pgid: i32, until: u64) -> Option<u64> {
+        self.told
+            .values()
+            .filter(|(g, _)| *g == pgid)
+            .try_fold(None, |min: Option<u64>, (_, end)| match end {
+                Some(e) if *e <= until => Some(Some(min.map_or(*e, |m| m.min(*e)))),
+                _ => None,
+            })
+            .flatten()
+    }
+
+    /// Drops run `serial`'s held lease; whether there was one.
+    fn drop_held_lease(&mut self, serial: u64) -> bool {
+        let before = self.held.len();
+        self.held
+            .retain(|r| !matches!(r, Report::Lease { serial: s, .. } if *s == serial));
+        self.held.len() < before
     }
 
     /// When the held reports must go, if any are held.
