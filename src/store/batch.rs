@@ -26,6 +26,7 @@ use super::tally::Tally;
 use crate::conn::{Manager, Plain};
 use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -47,6 +48,34 @@ pub struct Conn {
     mode: Arc<Mode>,
     /// The job path's own connection of a one-slot process ([`Conn::with_plain`]).
     plain: Option<Arc<tokio::sync::Mutex<Plain>>>,
+    /// How full the recent batches were ([`Fill`]); stays 0 on a connection that does not batch.
+    fill: Arc<Fill>,
+}
+
+/// The mean number of calls in the connection's recent batches, as a moving average over
+/// about the last 8 batches (in sixteenths of a call, written by the batching task alone).
+///
+/// Calls gather in a batch while earlier batches are on the wire, so a full batch means the
+/// slots spend their time waiting on Redis, and a batch of one or two that each job's own
+/// path (its handler, its frames) takes longer than a round trip: the worker's TAKE choice in
+/// the multi-slot mode reads it (src/worker/take.rs, `take_fits`).
+#[derive(Debug, Default)]
+pub struct Fill(AtomicU32);
+
+impl Fill {
+    /// Folds in one batch of `calls` calls.
+    fn record(&self, calls: usize) {
+        let old = i64::from(self.0.load(Ordering::Relaxed));
+        let new = i64::try_from(calls.min(MAX_BATCH)).unwrap_or(0) * 16;
+        let next = old + (new - old) / 8;
+        self.0
+            .store(u32::try_from(next).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The mean calls per batch (0 before the first batch).
+    pub fn calls(&self) -> f64 {
+        f64::from(self.0.load(Ordering::Relaxed)) / 16.0
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -94,6 +123,7 @@ impl Conn {
             tally: Arc::default(),
             mode: Arc::default(),
             plain: None,
+            fill: Arc::default(),
         }
     }
 
@@ -113,14 +143,27 @@ impl Conn {
         let (tx, rx) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
         let mode = Arc::<Mode>::default();
-        tokio::spawn(run(inner.clone(), rx, tally.clone(), mode.clone()));
+        let fill = Arc::<Fill>::default();
+        tokio::spawn(run(
+            inner.clone(),
+            rx,
+            tally.clone(),
+            mode.clone(),
+            fill.clone(),
+        ));
         Conn {
             inner,
             batcher: Some(tx),
             tally,
             mode,
             plain: None,
+            fill,
         }
+    }
+
+    /// How full this connection's recent batches were (always 0 when it does not batch).
+    pub fn batch_fill(&self) -> f64 {
+        self.fill.calls()
     }
 
     /// Records its FUNCTION library's loads in `key` (`<ns>:locket:functions`) and deletes
@@ -252,6 +295,7 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Call>,
     tally: Arc<Tally>,
     mode: Arc<Mode>,
+    fill: Arc<Fill>,
 ) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
@@ -266,6 +310,7 @@ async fn run(
                 Err(_) => break,
             }
         }
+        fill.record(calls.len());
         let mut c = conn.clone();
         let (tally, mode) = (tally.clone(), mode.clone());
         tokio::spawn(async move {
@@ -400,5 +445,25 @@ mod tests {
             Value::BulkString(b"q".to_vec()),
         ]);
         assert_eq!(call_result(ok.clone()).expect("a reply"), ok);
+    }
+
+    #[test]
+    fn fill_is_a_moving_mean_of_the_batch_sizes() {
+        let f = Fill::default();
+        assert_eq!(f.calls(), 0.0);
+        for _ in 0..64 {
+            f.record(32);
+        }
+        assert!((f.calls() - 32.0).abs() < 1.0, "{}", f.calls());
+        // A run of single calls brings it down within a few dozen batches.
+        for _ in 0..40 {
+            f.record(1);
+        }
+        assert!(f.calls() < 2.0, "{}", f.calls());
+        // A batch is counted at most as MAX_BATCH calls.
+        for _ in 0..200 {
+            f.record(10_000);
+        }
+        assert!(f.calls() <= MAX_BATCH as f64, "{}", f.calls());
     }
 }

@@ -30,6 +30,28 @@ pub(super) struct TakeState {
     pub(super) published: AtomicBool,
     /// TAKE was refused by Redis (a script error): the slots send the two calls from then on.
     pub(super) refused: AtomicBool,
+    /// The multi-slot mode's choice: TAKE now, or the two calls ([`take_fits`]).
+    pub(super) batch_take: AtomicBool,
+}
+
+/// Whether a multi-slot process sends TAKE now (`on`: it did so far), given the mean calls per
+/// batch of its connection (`fill`, src/store/batch.rs) and its number of slots.
+///
+/// A TAKE saves a job one round trip and costs Redis more CPU than the two calls it replaces
+/// (its render and plan in Lua, and its ACQUIRE's reads are not in the batch's MGET). While
+/// batches run nearly full, the slots are waiting on Redis and the two calls drain faster
+/// (`noop --workers 2 --slots 4|8|32` ran at 0.80-0.88 of their jobs/s under TAKE); while they
+/// carry one or two calls, each job's own path (a persistent handler's frames and process
+/// switches) is the longer wait, and the round trip saved is the gain (`ruby --workers 2
+/// --slots 4|8`; docs/dev/performance-log.md, issue 40, fourth session). Between half and three
+/// quarters of the slots the choice stays as it was, so that it does not flip batch to batch.
+pub(super) fn take_fits(on: bool, fill: f64, slots: u32) -> bool {
+    let slots = f64::from(slots.max(1));
+    if on {
+        fill <= slots * 0.75
+    } else {
+        fill < slots * 0.5
+    }
 }
 
 /// The job TAKE left in the slot, with what the worker needs to go on from there.
@@ -45,11 +67,7 @@ pub(super) struct Took {
 impl Worker {
     /// The take plan of this worker's config and handlers (None when TAKE is off).
     pub(super) fn take_state(&self) -> Option<Arc<TakeState>> {
-        // The multi-slot mode gathers its slots' calls into one batch per round trip already;
-        // there TAKE measured slower (its reads are not in the batch's MGET, and its decode is
-        // Redis's CPU): `noop --workers 2 --slots 32`, 15,152-15,831 jobs/s against
-        // 21,853-23,441 (docs/dev/performance-log.md, issue 40).
-        if !self.config.locket.one_call_take || self.lock_queues.is_some() || self.multi {
+        if !self.config.locket.one_call_take || self.lock_queues.is_some() {
             return None;
         }
         let handled: Vec<&str> = self.handlers.classes().collect();
@@ -62,6 +80,7 @@ impl Worker {
             plan,
             published: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            batch_take: AtomicBool::new(true),
         }))
     }
 
@@ -77,6 +96,16 @@ impl Worker {
         }
         if t.refused.load(Ordering::Relaxed) {
             return false;
+        }
+        if self.multi {
+            let on = t.batch_take.load(Ordering::Relaxed);
+            let fits = take_fits(on, self.conn.batch_fill(), self.config.slots);
+            if fits != on {
+                t.batch_take.store(fits, Ordering::Relaxed);
+            }
+            if !fits {
+                return false;
+            }
         }
         if !self.take_handlers.iter().all(|h| h.ready_now()) {
             return false;
@@ -277,5 +306,25 @@ impl Worker {
             unique.map(|u| (u, false)),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_fits;
+
+    #[test]
+    fn multi_slot_take_follows_how_full_the_batches_run_with_a_dead_band() {
+        // Four slots: batches of one or two calls (a slow handler per job) take; full ones do not.
+        assert!(take_fits(true, 1.5, 4));
+        assert!(take_fits(false, 1.5, 4));
+        assert!(!take_fits(true, 3.5, 4));
+        assert!(!take_fits(false, 3.5, 4));
+        // Between half and three quarters of the slots, the choice made so far stands.
+        assert!(take_fits(true, 2.5, 4));
+        assert!(!take_fits(false, 2.5, 4));
+        // A fresh connection (no batch yet) takes.
+        assert!(take_fits(true, 0.0, 32));
+        assert!(!take_fits(true, 31.0, 32));
     }
 }

@@ -354,6 +354,20 @@ fn takes(d: &Daemon) -> HashMap<String, u64> {
 // no two jobs under one lock overlap and every job runs once.
 #[test]
 fn a7a_two_daemons_with_different_plans_run_both_paths_without_overlap() {
+    two_daemons_side_by_side(&[]);
+}
+
+// A-7a, the multi-slot mode: the same rolling deploy with three slots per process. Their jobs
+// (20 ms each) keep the batches light, so the first daemon's slots send TAKE in their batches
+// (`one_call` counted), beside the second's two calls; no overlap under one lock, every job once.
+#[test]
+fn a7a_multi_slot_daemons_take_in_their_batches_beside_two_call_ones_without_overlap() {
+    two_daemons_side_by_side(&["--slots", "3"]);
+}
+
+/// Two daemons started with `args`, the first with a take plan for `Same`, the second leaving
+/// `Same` to two calls, drain 60 jobs over 3 limit-1 locks; see the tests above.
+fn two_daemons_side_by_side(args: &[&str]) {
     let redis = RedisServer::start();
     let mut r = R::new(&redis);
     let work = workdir();
@@ -383,6 +397,7 @@ fn a7a_two_daemons_with_different_plans_run_both_paths_without_overlap() {
             .config(config)
             .arg("--metrics")
             .arg("127.0.0.1:0")
+            .args(args.iter().copied())
             .start()
     };
     let mut a = start(&one);

@@ -109,7 +109,8 @@ pub(super) const SETTINGS: &[Setting] = &[
         "Reserve a job and take its locks in one Redis call where its class allows it (lock \
          templates without {digest} or {args_digest}; no holds, locked_by, rates, fencing or \
          unique policy that follows the job; a conflict policy of requeue, park or discard; \
-         one slot per worker process): false sends the two calls of earlier versions."),
+         with slots > 1, while the process's batches run light): false sends the two calls of \
+         earlier versions."),
     set(LOCKET, "on_lock_lost", "string: kill, requeue or continue", Value("\"kill\""),
         &["A-11"],
         "What to do when a running job's lock is lost: \"kill\" (fail it as \

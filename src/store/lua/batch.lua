@@ -27,6 +27,7 @@ local reads_of = {
   acquire = acquire_reads,
   finish = finish_reads,
   finish_reserve = finish_reserve_reads,
+  take = take_reads,
 }
 local m = tonumber(ARGV[1])
 -- The calls' KEYS and ARGV, cut out first, so that one MGET reads what all of them read
