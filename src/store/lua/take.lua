@@ -102,7 +102,10 @@ if ARGV[t + 8] == '1' then
   local rec = redis.call('HMGET', s.inflight, 'rid', 'state', 'token', 'queue', 'payload')
   local mine = false
   for k = 1, most do
-    if rec[1] == take_rid(first_rid, k) then mine = true end
+    if rec[1] == take_rid(first_rid, k) then
+      mine = true
+      break
+    end
   end
   if mine and rec[4] and rec[5] then
     if fin then
