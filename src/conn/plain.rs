@@ -5,8 +5,8 @@
 //! command from a reused buffer and reads the RESP2 reply into a [`Value`] itself, a fifth of
 //! the worker's instructions per job (docs/dev/performance-log.md).
 //!
-//! It serves plain TCP URLs only ([`Plain::for_url`]: not TLS, not a Unix socket, not a
-//! sentinel's URL, whose calls stay on the [`super::Manager`]). It connects on first use and
+//! It serves plain TCP URLs and Unix socket URLs (`redis+unix://`, `unix://`) ([`Plain::for_url`]:
+//! not TLS, not a sentinel's URL, whose calls stay on the [`super::Manager`]). It connects on first use and
 //! after any failure, with the password and database of the URL. A call that fails, times out
 //! or is dropped half-way leaves the connection to be replaced at the next call, so that no
 //! reply is ever read as another command's; the failed call's error is an I/O error or a
@@ -21,9 +21,10 @@
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ConnectionAddr, ErrorKind, RedisError, RedisFuture, RedisResult, Value};
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 /// How deep a reply's arrays may nest: the job path's replies nest a few deep; the redis
 /// crate's own parser (the manager's) stops at 100 as well. Deeper is a parse error, not a
@@ -34,20 +35,57 @@ const MAX_DEPTH: usize = 100;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Where and how to connect: the URL's host, port, credentials and database (no `Debug`:
+/// Where the server is: a TCP host and port, or a Unix socket's path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Addr {
+    Tcp(String, u16),
+    Unix(PathBuf),
+}
+
+/// Where and how to connect: the URL's address, credentials and database (no `Debug`:
 /// it holds the password).
 struct Target {
-    host: String,
-    port: u16,
+    addr: Addr,
     username: Option<String>,
     password: Option<String>,
     db: i64,
 }
 
-/// One request at a time over its own TCP connection (see the module's text).
+/// The open connection: over TCP (no Nagle delay) or a Unix socket.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Reads what has arrived without waiting (`WouldBlock` when nothing has).
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read(buf),
+            Stream::Unix(s) => s.try_read(buf),
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(bytes).await,
+            Stream::Unix(s) => s.write_all(bytes).await,
+        }
+    }
+
+    /// Appends what the next read gives to `buf`; 0 at end of stream.
+    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_buf(buf).await,
+            Stream::Unix(s) => s.read_buf(buf).await,
+        }
+    }
+}
+
+/// One request at a time over its own connection (see the module's text).
 pub struct Plain {
     target: Target,
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     /// Set while a call is on the wire: a call dropped half-way leaves it set, and the next
     /// call then starts on a new connection.
     busy: bool,
@@ -59,29 +97,29 @@ pub struct Plain {
 impl std::fmt::Debug for Plain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plain")
-            .field("host", &self.target.host)
-            .field("port", &self.target.port)
+            .field("addr", &self.target.addr)
             .field("connected", &self.stream.is_some())
             .finish()
     }
 }
 
 impl Plain {
-    /// A connection for `url` if it is a plain `redis://` TCP URL (not TLS, a Unix socket or
-    /// sentinels), else None. It does not connect yet.
+    /// A connection for `url` if it is a plain `redis://` TCP URL or a Unix socket's URL (not
+    /// TLS, not sentinels), else None. It does not connect yet.
     pub fn for_url(url: &str) -> Option<Plain> {
         if super::is_sentinel(url) {
             return None;
         }
         let info = super::client(url).ok()?.get_connection_info().clone();
-        let ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return None;
+        let addr = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            _ => return None,
         };
         let settings = info.redis_settings();
         Some(Plain {
             target: Target {
-                host: host.clone(),
-                port: *port,
+                addr,
                 username: settings.username().map(str::to_string),
                 password: settings.password().map(str::to_string),
                 db: settings.db(),
@@ -178,14 +216,21 @@ impl Plain {
     }
 
     async fn connect(&mut self) -> RedisResult<()> {
-        let t = &self.target;
-        let connecting = TcpStream::connect((t.host.as_str(), t.port));
+        let connecting = async {
+            match &self.target.addr {
+                Addr::Tcp(host, port) => {
+                    let stream = TcpStream::connect((host.as_str(), *port)).await?;
+                    stream.set_nodelay(true)?;
+                    Ok::<_, io::Error>(Stream::Tcp(stream))
+                }
+                Addr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
+            }
+        };
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
             .map_err(|_| {
                 io::Error::new(io::ErrorKind::TimedOut, "connecting to Redis timed out")
             })??;
-        stream.set_nodelay(true)?;
         self.stream = Some(stream);
         self.input.clear();
         let mut setup = Vec::new();
@@ -542,12 +587,17 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_tcp_urls_get_one() {
+    fn plain_tcp_and_unix_socket_urls_get_one() {
         let p = Plain::for_url("redis://:secret@127.0.0.1:6390/3").expect("a TCP URL");
-        assert_eq!((p.target.port, p.target.db), (6390, 3));
+        assert_eq!(p.target.addr, Addr::Tcp("127.0.0.1".into(), 6390));
+        assert_eq!(p.target.db, 3);
         assert_eq!(p.target.password.as_deref(), Some("secret"));
+        let u = Plain::for_url("redis+unix:///tmp/redis.sock?db=2&pass=pw").expect("a socket");
+        assert_eq!(u.target.addr, Addr::Unix("/tmp/redis.sock".into()));
+        assert_eq!(u.target.db, 2);
+        assert_eq!(u.target.password.as_deref(), Some("pw"));
+        assert!(Plain::for_url("unix:///tmp/redis.sock").is_some());
         assert!(Plain::for_url("rediss://127.0.0.1:6390/0").is_none());
-        assert!(Plain::for_url("redis+unix:///tmp/redis.sock").is_none());
         assert!(Plain::for_url("redis+sentinel://127.0.0.1:26379/mymaster/0").is_none());
     }
 }

@@ -128,7 +128,7 @@ impl Conn {
     }
 
     /// A direct connection whose job-path scripts go out on a [`Plain`] connection to `url`
-    /// when it is a plain TCP URL (else on `inner`, like everything else).
+    /// when it is a plain TCP or Unix socket URL (else on `inner`, like everything else).
     pub fn with_plain(inner: impl Into<Manager>, url: &str) -> Conn {
         Conn {
             plain: Plain::for_url(url).map(|p| Arc::new(tokio::sync::Mutex::new(p))),

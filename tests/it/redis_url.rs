@@ -180,6 +180,39 @@ fn a_redis_password_on_the_command_line_is_scrubbed_before_connecting() {
 #[test]
 fn the_job_paths_own_connection_uses_the_urls_user_and_database_and_reconnects() {
     let redis = RedisServer::start();
+    let url = format!("redis://jobs:pw3@127.0.0.1:{}/3", redis.port());
+    own_connection_uses_user_database_and_reconnects(&redis, &url);
+}
+
+/// The same over a Unix socket's URL: the job path's own connection serves those too.
+#[test]
+fn the_job_paths_own_connection_over_a_unix_socket_uses_the_urls_user_and_database_and_reconnects()
+{
+    let sockets = tempfile::tempdir().unwrap();
+    let sock = sockets.path().join("redis.sock");
+    let sock_arg = sock.to_str().expect("a UTF-8 path");
+    let redis = RedisServer::start_with(&["--unixsocket", sock_arg, "--unixsocketperm", "700"]);
+    let url = format!("redis+unix://{sock_arg}?db=3&user=jobs&pass=pw3");
+    own_connection_uses_user_database_and_reconnects(&redis, &url);
+    // The connection itself: the socket, the URL's user and its database.
+    let mut plain = locketd::conn::Plain::for_url(&url).expect("a socket URL gets one");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let info = match rt.block_on(plain.call(&redis::cmd("CLIENT").arg("INFO").clone())) {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        other => panic!("CLIENT INFO: {other:?}"),
+    };
+    for part in [" db=3 ", " user=jobs ", &format!(" laddr={sock_arg}:0 ")] {
+        assert!(info.contains(part), "{part:?} in {info}");
+    }
+}
+
+/// `url` names the ACL user `jobs` (password `pw3`) and database 3 of `redis`, which this
+/// creates (and turns the default user off): a job pushed there runs, and runs again after
+/// Redis dropped every connection of the daemon.
+fn own_connection_uses_user_database_and_reconnects(redis: &RedisServer, url: &str) {
     let mut admin = redis.sync_conn();
     let _: () = redis::cmd("ACL")
         .arg(&["SETUSER", "jobs", "on", ">pw3", "~*", "&*", "+@all"])
@@ -194,10 +227,9 @@ fn the_job_paths_own_connection_uses_the_urls_user_and_database_and_reconnects()
         .get_connection()
         .unwrap();
     push_job(&mut db3);
-    let url = format!("redis://jobs:pw3@127.0.0.1:{}/3", redis.port());
-    let mut daemon = Daemon::builder(&redis)
+    let mut daemon = Daemon::builder(redis)
         .config(&CONFIG.replace("interval = 0", "interval = 1"))
-        .redis_url(&url)
+        .redis_url(url)
         .start();
     let ran = |conn: &mut redis::Connection, n: &str| {
         crate::support::wait_until(Duration::from_secs(20), "the job ran", || {
@@ -212,10 +244,7 @@ fn the_job_paths_own_connection_uses_the_urls_user_and_database_and_reconnects()
         .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
         .query(&mut admin)
         .unwrap();
-    let mut db3 = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut db3 = redis::Client::open(url).unwrap().get_connection().unwrap();
     push_job(&mut db3);
     ran(&mut db3, "2");
     let failed: i64 = redis::cmd("LLEN")
