@@ -5,12 +5,13 @@
 //! command from a reused buffer and reads the RESP2 reply into a [`Value`] itself, a fifth of
 //! the worker's instructions per job (docs/dev/performance-log.md).
 //!
-//! It serves plain TCP URLs and Unix socket URLs (`redis+unix://`, `unix://`) ([`Plain::for_url`]:
-//! not TLS, not a sentinel's URL, whose calls stay on the [`super::Manager`]). It connects on first use and
-//! after any failure, with the password and database of the URL. A call that fails, times out
-//! or is dropped half-way leaves the connection to be replaced at the next call, so that no
-//! reply is ever read as another command's; the failed call's error is an I/O error or a
-//! timeout, which [`super::classify`] calls an outage, as the manager's are.
+//! It serves plain TCP URLs and Unix socket URLs (`redis+unix://`, `unix://`;
+//! [`Plain::for_url`]): not TLS, not a sentinel's URL, whose calls stay on the
+//! [`super::Manager`]. It connects on first use and after any failure, with the password and
+//! database of the URL. A call that fails, times out or is dropped half-way leaves the
+//! connection to be replaced at the next call, so that no reply is ever read as another
+//! command's; the failed call's error is an I/O error or a timeout, which [`super::classify`]
+//! calls an outage, as the manager's are.
 //!
 //! Only one call is ever on the wire, so a byte that no call asked for (a second reply, bytes
 //! after a reply, bytes that arrive while no call waits) is a protocol error: the connection
