@@ -258,7 +258,7 @@ impl ConnectionLike for Conn {
                 (self.inner.clone(), self.tally.clone(), self.mode.clone());
             let plain = self.plain.clone();
             return Box::pin(async move {
-                let fill = |out: &mut Cmd| {
+                let copy_args = |out: &mut Cmd| {
                     for a in cmd.args_iter().skip(2) {
                         if let Arg::Simple(b) = a {
                             out.arg(b);
@@ -267,7 +267,7 @@ impl ConnectionLike for Conn {
                 };
                 let v = match plain {
                     Some(plain) => mode.call_plain(&mut *plain.lock().await, op, cmd).await?,
-                    None => mode.call(&mut inner, op, fill).await?,
+                    None => mode.call(&mut inner, op, copy_args).await?,
                 };
                 tally.split_reply(v)
             });

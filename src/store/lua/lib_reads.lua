@@ -216,3 +216,24 @@ local function finish_reserve_reads(K, A)
   for _, k in ipairs(reserve_reads(rk, ra)) do reads[#reads + 1] = k end
   return reads
 end
+
+-- TAKE's KEYS and ARGV cut into its inner call's (take.lua gives the layout), once per call
+-- and kept in `splits` as FINISH+RESERVE's are: a batch cuts them for its MGET (take_reads)
+-- and the call uses the same tables, so the inner FINISH+RESERVE's own cut is found too.
+local function split_take(K, A)
+  local s = splits[K]
+  if s == nil then
+    local nk, na = tonumber(A[2]), tonumber(A[3])
+    s = {slice(K, 1, nk), slice(A, 4, 3 + na)}
+    splits[K] = s
+  end
+  return s[1], s[2]
+end
+-- The keys TAKE's inner RESERVE (or FINISH+RESERVE) reads, for a batch's one MGET
+-- (batch.lua). The reserved job's ACQUIRE reads are not known before its pop:
+-- take.acquire_call reads them itself.
+local function take_reads(K, A)
+  local ik, ia = split_take(K, A)
+  if A[1] == 'finish_reserve' then return finish_reserve_reads(ik, ia) end
+  return reserve_reads(ik, ia)
+end

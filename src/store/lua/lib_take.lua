@@ -139,13 +139,3 @@ function take.acquire_call(s, res, again)
   s.job = job
   return K, A, job.class, ids, limits
 end
-
--- The keys TAKE's inner RESERVE (or FINISH+RESERVE) reads (take.lua's KEYS and ARGV layout),
--- for a batch's one MGET (batch.lua). The reserved job's ACQUIRE reads are not known before
--- its pop: take.acquire_call reads them itself.
-local function take_reads(K, A)
-  local nk, na = tonumber(A[2]), tonumber(A[3])
-  local ik, ia = slice(K, 1, nk), slice(A, 4, 3 + na)
-  if A[1] == 'finish_reserve' then return finish_reserve_reads(ik, ia) end
-  return reserve_reads(ik, ia)
-end

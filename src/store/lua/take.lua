@@ -45,7 +45,7 @@
 
 local nk, na = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = 3 + na
-local ik, ia = slice(KEYS, 1, nk), slice(ARGV, 4, t)
+local ik, ia = split_take(KEYS, ARGV)
 -- RESERVE's keys and arguments: the last two inner keys, the inner arguments after FINISH's
 -- (finish_reserve.lua's layout).
 local rk = {ik[nk - 1], ik[nk]}
